@@ -1,0 +1,209 @@
+#include "engine/config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include <tbb/parallel_for.h>
+
+#include "engine/permutation.h"
+
+namespace tailcut::detail {
+
+uint64_t HashBytes(const void* data, size_t size, uint64_t seed) noexcept {
+  // FNV-1a, finished with SplitMix64 so that small inputs spread over 64 bits.
+  uint64_t h = 0xcbf29ce484222325ull ^ seed;
+  auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return SplitMix64(h);
+}
+
+namespace {
+
+uint64_t Mix(uint64_t h, uint64_t v) { return SplitMix64(h ^ v) + 0x9e37; }
+
+std::string Quote(const std::string& s) { return "'" + s + "'"; }
+
+}  // namespace
+
+uint64_t QueueConfig::PathsHash() const {
+  uint64_t h = paths.size();
+  for (const auto& p : paths) h = Mix(h, HashBytes(p.data(), p.size()));
+  return h;
+}
+
+uint64_t QueueConfig::SizesHash() const {
+  uint64_t h = sizes.size();
+  for (uint64_t s : sizes) h = Mix(h, s);
+  return h;
+}
+
+uint64_t QueueConfig::Fingerprint() const {
+  uint64_t h = Mix(PathsHash(), SizesHash());
+  h = Mix(h, num_slices);
+  h = Mix(h, items.size());
+  h = Mix(h, num_epochs);
+  h = Mix(h, shuffle ? 1 : 0);
+  h = Mix(h, seed_explicit ? seed : 0x5eed);
+  h = Mix(h, HashBytes(format.data(), format.size()));
+  return h;
+}
+
+void ValidateQueueName(const std::string& name) {
+  if (name.empty())
+    throw Error(ErrorKind::kInvalidArgument, "queue name is empty; pass name='something'");
+  if (name.size() > kMaxNameLength)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue name is " + std::to_string(name.size()) + " characters long; the limit is " +
+                    std::to_string(kMaxNameLength));
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue name " + Quote(name) + " contains '" + std::string(1, c) +
+                      "'; use only letters, digits, '.', '_' and '-'");
+  }
+  if (name == "." || name == "..")
+    throw Error(ErrorKind::kInvalidArgument, "queue name " + Quote(name) + " is reserved");
+}
+
+std::vector<WorkQueue::Item> SliceFiles(const std::vector<uint64_t>& sizes, uint64_t num_slices) {
+  // Slices per file: largest-remainder apportionment of num_slices by size,
+  // at least one per file and never more than a file has bytes. The result
+  // is exactly num_slices whenever num_slices >= the number of files.
+  size_t n = sizes.size();
+  std::vector<uint64_t> count(n, 1);
+  unsigned __int128 total = 0;
+  for (uint64_t s : sizes) total += s;
+  if (num_slices > n && total > 0) {
+    std::vector<std::pair<unsigned __int128, size_t>> remainders;
+    uint64_t given = 0;
+    for (size_t f = 0; f < n; ++f) {
+      unsigned __int128 exact = static_cast<unsigned __int128>(num_slices) * sizes[f];
+      uint64_t share = static_cast<uint64_t>(exact / total);
+      count[f] = std::clamp<uint64_t>(share, 1, std::max<uint64_t>(sizes[f], 1));
+      given += count[f];
+      if (count[f] < sizes[f]) remainders.push_back({exact % total, f});
+    }
+    std::stable_sort(remainders.begin(), remainders.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t k = 0; given < num_slices && k < remainders.size(); ++k) {
+      ++count[remainders[k].second];
+      ++given;
+    }
+  }
+  std::vector<WorkQueue::Item> items;
+  for (size_t f = 0; f < n; ++f) {
+    uint64_t size = sizes[f], k = count[f];
+    for (uint64_t j = 0; j < k; ++j) {
+      uint64_t begin = static_cast<uint64_t>(static_cast<unsigned __int128>(size) * j / k);
+      uint64_t end = static_cast<uint64_t>(static_cast<unsigned __int128>(size) * (j + 1) / k);
+      items.push_back({static_cast<uint32_t>(f), begin, end});
+    }
+  }
+  return items;
+}
+
+QueueConfig ResolveConfig(const WorkQueueOptions& options) {
+  ValidateQueueName(options.name);
+  if (options.works.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': works is empty; pass at least one file path");
+  if (options.works.size() > UINT32_MAX)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': too many works");
+  if (options.num_epochs == 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': num_epochs is 0; it must be at least 1");
+  if (options.num_slices && *options.num_slices == 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': num_slices is 0; pass None (one item per file) or >= 1");
+  if (options.num_clients == 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': num_clients is 0; it must be at least 1");
+  if (options.max_clients == 0 || options.max_clients > kMaxClients)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': max_clients must be 1.." +
+                                                 std::to_string(kMaxClients));
+  if (options.leases_per_client == 0 || options.leases_per_client > kMaxLeasesPerClient)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
+                                                 "': leases_per_client must be 1.." +
+                                                 std::to_string(kMaxLeasesPerClient));
+  if (options.format.size() >= kFormatTagBytes)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag longer than " +
+                                                 std::to_string(kFormatTagBytes - 1) + " bytes");
+
+  QueueConfig config;
+  config.num_epochs = options.num_epochs;
+  config.shuffle = options.shuffle;
+  config.seed_explicit = options.seed.has_value();
+  config.seed = options.seed.value_or(0);
+  config.num_slices = options.num_slices.value_or(0);
+  config.num_clients = options.num_clients;
+  config.max_clients = options.max_clients;
+  config.leases_per_client = options.leases_per_client;
+  config.format = options.format;
+
+  size_t n = options.works.size();
+  config.paths.resize(n);
+  config.sizes.resize(n);
+  for (size_t i = 0; i < n; ++i) config.paths[i] = options.prefix + options.works[i];
+
+  // Stat in parallel: millions of files on a network filesystem take minutes
+  // one by one. The first error by index wins, so the message is stable.
+  std::mutex error_mu;
+  size_t error_index = n;
+  std::string error_message;
+  ErrorKind error_kind = ErrorKind::kNotFound;
+  auto fail = [&](size_t i, ErrorKind kind, std::string message) {
+    std::lock_guard<std::mutex> lock(error_mu);
+    if (i < error_index) {
+      error_index = i;
+      error_kind = kind;
+      error_message = std::move(message);
+    }
+  };
+  tbb::parallel_for(size_t{0}, n, [&](size_t i) {
+    const std::string& path = config.paths[i];
+    std::string where = "work file " + Quote(path) + " (works[" + std::to_string(i) + "])";
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) {
+      int err = errno;
+      fail(i, err == ENOENT || err == ENOTDIR ? ErrorKind::kNotFound : ErrorKind::kPermission,
+           where + ": " + std::strerror(err) +
+               (err == ENOENT ? "; check the path and the prefix" : ""));
+      return;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      fail(i, ErrorKind::kInvalidArgument, where + " is a directory; list the files in it instead");
+      return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      fail(i, ErrorKind::kInvalidArgument, where + " is not a regular file");
+      return;
+    }
+    if (::access(path.c_str(), R_OK) != 0) {
+      fail(i, ErrorKind::kPermission,
+           where + " is not readable: " + std::strerror(errno) + "; fix its permissions");
+      return;
+    }
+    config.sizes[i] = static_cast<uint64_t>(st.st_size);
+  });
+  if (error_index < n)
+    throw Error(error_kind, "queue '" + options.name + "': " + error_message);
+
+  for (uint64_t s : config.sizes) config.total_bytes += s;
+  config.items = SliceFiles(config.sizes, config.num_slices);
+  unsigned __int128 tickets = static_cast<unsigned __int128>(config.items.size()) * config.num_epochs;
+  if (tickets > kMaxTickets)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': " + std::to_string(config.items.size()) +
+                    " items x " + std::to_string(config.num_epochs) + " epochs exceeds " +
+                    std::to_string(kMaxTickets) + " tickets; use fewer slices or epochs");
+  return config;
+}
+
+}  // namespace tailcut::detail

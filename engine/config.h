@@ -1,0 +1,61 @@
+// The resolved configuration of a queue: stat'ed files, the item table and
+// the fingerprint that every process of one queue must share.
+#ifndef TAILCUT_ENGINE_CONFIG_H_
+#define TAILCUT_ENGINE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tailcut/work_queue.h"
+
+namespace tailcut::detail {
+
+// Upper bound on num_items * num_epochs: the done bitmap is one bit per
+// ticket, so this caps it at 512 MiB of /dev/shm.
+inline constexpr uint64_t kMaxTickets = uint64_t{1} << 32;
+inline constexpr uint32_t kMaxClients = 4096;
+inline constexpr uint32_t kMaxLeasesPerClient = 256;
+inline constexpr size_t kMaxNameLength = 200;
+inline constexpr size_t kFormatTagBytes = 64;
+
+struct QueueConfig {
+  std::vector<std::string> paths;   // prefix applied
+  std::vector<uint64_t> sizes;
+  std::vector<WorkQueue::Item> items;
+  uint64_t num_epochs = 1;
+  bool shuffle = true;
+  bool seed_explicit = false;
+  uint64_t seed = 0;
+  uint64_t num_slices = 0;          // 0: one item per file
+  uint32_t num_clients = 1;
+  uint32_t max_clients = 0;
+  uint32_t leases_per_client = 0;
+  std::string format;
+  uint64_t total_bytes = 0;
+
+  uint64_t total_tickets() const { return items.size() * num_epochs; }
+  uint64_t PathsHash() const;
+  uint64_t SizesHash() const;
+  // Hash of everything that defines the data set and its order (seed only
+  // when explicit): what a checkpoint must match.
+  uint64_t Fingerprint() const;
+};
+
+// Validates options, stats every work file (in parallel) and slices them.
+// Throws tailcut::Error naming the bad option or file.
+QueueConfig ResolveConfig(const WorkQueueOptions& options);
+
+// Throws kInvalidArgument unless name is 1..200 characters of [A-Za-z0-9._-].
+void ValidateQueueName(const std::string& name);
+
+// Items of files with the given sizes: one per file, or about num_slices
+// spread by size with at least one per file and no empty slice of a
+// non-empty file.
+std::vector<WorkQueue::Item> SliceFiles(const std::vector<uint64_t>& sizes, uint64_t num_slices);
+
+uint64_t HashBytes(const void* data, size_t size, uint64_t seed = 0) noexcept;
+
+}  // namespace tailcut::detail
+
+#endif  // TAILCUT_ENGINE_CONFIG_H_

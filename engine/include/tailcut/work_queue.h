@@ -1,0 +1,232 @@
+// tailcut/work_queue.h: the host-wide work queue.
+//
+// Every process on a host that opens a WorkQueue with the same name and
+// configuration shares one queue in POSIX shared memory. The queue hands out
+// work items (file slices) so that each item is used exactly once per epoch
+// across all processes: fast processes take more, slow ones fewer.
+//
+// Contract
+//  * Thread safety: a WorkQueue may be used by many threads of one process at
+//    once. Take/TryTake/Ack/GiveBack/Progress are lock-free, noexcept, make no
+//    allocation and no system call unless they have to wait (Take at the end
+//    of the data) or wake a waiter.
+//  * Process safety: any number of processes (up to Options::max_clients) may
+//    open the same queue. A process that dies at any point, kill -9 included,
+//    loses no items: its open items are handed to others exactly once, found
+//    without its help (a robust mutex it holds for its lifetime, not its pid).
+//  * Fork: a WorkQueue belongs to the process that opened it. A forked child
+//    must open its own; it must not use, close or destroy the parent's object
+//    (it may only let it leak or _exit).
+//  * Items: an item is taken, then either acked (done), given back (handed
+//    out again), or lost with its process (handed out again). An ack for an
+//    item that was meanwhile reassigned (lease timeout) is refused: kStale.
+//  * End of data: Take returns kEnd once every item of every epoch is acked.
+//    While nothing is left to hand out but other live processes hold open
+//    items (which come back if they die), Take sleeps (futex) until an item
+//    comes back, all are acked, or its deadline passes (kEmpty).
+//  * Lifetime: the segment is created by the first process and removed by the
+//    last one to close once every epoch is done and at least num_clients
+//    processes have joined. A queue whose processes all died is stale: the
+//    next open with the same configuration resumes it, with a different one
+//    replaces it; both say so through Options::on_notice.
+//  * Errors: Open/SaveState throw tailcut::Error with a message that names the
+//    queue, segment, file or field and what to do.
+#ifndef TAILCUT_WORK_QUEUE_H_
+#define TAILCUT_WORK_QUEUE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tailcut/error.h"
+#include "tailcut/export.h"
+
+namespace tailcut {
+
+struct WorkQueueOptions {
+  // The PAI WorkQueue options.
+  std::vector<std::string> works;        // file paths; prefix is prepended
+  uint64_t num_epochs = 1;
+  bool shuffle = true;
+  std::optional<uint64_t> seed;          // unset: the creator draws one, all use it
+  std::string prefix;
+  std::optional<uint64_t> num_slices;    // unset: one item per file
+  uint32_t num_clients = 1;              // processes expected to join
+  std::string name = "work_queue";
+
+  // Fingerprinted tag of how items are read (e.g. "tfrecord"); processes that
+  // read the same works differently must not share a queue.
+  std::string format;
+  uint32_t max_clients = 256;            // client slots in the segment
+  uint32_t leases_per_client = 8;        // open items one process may hold
+  // How long an attacher waits for the creator to publish the queue.
+  std::chrono::milliseconds attach_timeout{10000};
+  // A live client that makes no progress (take, ack, Progress) for longer than
+  // this has its open items reassigned; its later acks are refused. 0: never.
+  std::chrono::milliseconds lease_timeout{0};
+  // A state from WorkQueue::SaveState(): a newly created queue continues from
+  // it. Every process of the job may pass the same state.
+  std::string restore_state;
+  // Where one-line notices go (resume, replace, waiting). Default: stderr.
+  std::function<void(const std::string&)> on_notice;
+};
+
+// An item one process holds (a lease). Plain data; copy it freely. path points
+// into the queue's own table and lives as long as the WorkQueue.
+struct WorkItem {
+  uint64_t ticket = 0;       // epoch * num_items + position
+  uint64_t epoch = 0;
+  uint64_t index = 0;        // item index in [0, num_items): which slice
+  uint32_t file = 0;         // index into works
+  std::string_view path;     // prefix + works[file]
+  uint64_t begin = 0;        // byte range [begin, end) of the file
+  uint64_t end = 0;
+  uint32_t lease = 0;        // lease slot, for Ack/GiveBack/Progress
+  uint64_t generation = 0;   // lease generation, to refuse stale acks
+};
+
+enum class TakeStatus {
+  kOk,     // *item is valid
+  kEnd,    // every item of every epoch is done
+  kEmpty,  // nothing to hand out before the deadline; others still hold items
+  kLimit,  // this process already holds leases_per_client items: ack or give one back
+};
+
+enum class AckStatus {
+  kOk,
+  kStale,    // the item was reassigned (lease timeout); the ack was refused
+  kInvalid,  // not an item of this queue and process
+};
+
+// Per-client counters, kept in the segment.
+struct ClientStats {
+  uint32_t slot = 0;
+  int32_t pid = 0;
+  bool alive = false;
+  uint64_t items_taken = 0;
+  uint64_t items_acked = 0;
+  uint64_t items_given_back = 0;
+  uint64_t items_recovered = 0;  // others' items this client recovered
+  uint64_t bytes_acked = 0;      // slice bytes of acked items
+  uint64_t records = 0;          // reported by readers
+  uint64_t stale_acks = 0;
+  uint64_t open_items = 0;
+  uint64_t busy_ns = 0;          // time registered minus idle time
+  uint64_t idle_ns = 0;          // time spent waiting in Take
+  uint64_t last_progress_ns = 0; // CLOCK_MONOTONIC of last take/ack/progress
+  uint64_t joined_ns = 0;        // CLOCK_MONOTONIC when it joined
+};
+
+struct QueueStats {
+  std::string name;
+  std::string segment_path;       // e.g. /dev/shm/tailcut.1000.work_queue
+  uint64_t num_items = 0;
+  uint64_t num_epochs = 0;
+  uint64_t total = 0;             // num_items * num_epochs
+  uint64_t done = 0;              // acked tickets
+  uint64_t in_flight = 0;         // open leases (taken, not acked)
+  uint64_t handed_out = 0;        // tickets the cursor has passed
+  uint64_t epoch = 0;             // epoch of the next ticket (num_epochs at the end)
+  uint64_t seed = 0;
+  bool shuffle = false;
+  uint32_t num_clients = 0;       // expected
+  uint32_t clients_joined = 0;    // ever registered
+  uint64_t recovered_items = 0;   // items taken back from dead or hung clients
+  uint64_t stale_acks = 0;
+  uint64_t now_ns = 0;            // CLOCK_MONOTONIC when read
+  std::vector<ClientStats> clients;  // registered clients (alive or dead)
+};
+
+class TAILCUT_EXPORT WorkQueue {
+ public:
+  // Creates or attaches to the queue named options.name for this user. Stats
+  // every work file (missing, unreadable or non-regular files are errors).
+  // Throws tailcut::Error.
+  static std::unique_ptr<WorkQueue> Open(WorkQueueOptions options);
+
+  // Closes (see Close()).
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // Hands out the next item. Waits at the end of the data as described above,
+  // at most until deadline. Thread-safe, noexcept.
+  TakeStatus Take(WorkItem* item,
+                  std::chrono::steady_clock::time_point deadline =
+                      std::chrono::steady_clock::time_point::max()) noexcept;
+  // Take that never waits: kEmpty when nothing can be handed out right now.
+  TakeStatus TryTake(WorkItem* item) noexcept;
+
+  // Marks a held item done. kStale if it was reassigned meanwhile.
+  AckStatus Ack(const WorkItem& item) noexcept;
+  // Returns a held item unfinished; another take hands it out again.
+  AckStatus GiveBack(const WorkItem& item) noexcept;
+  // Reports progress: the item's bytes before `offset` are consumed (a
+  // checkpoint resumes there) and `records` more records were read. Refreshes
+  // the lease timeout. kStale if the item was reassigned.
+  AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
+
+  // A compact state of the whole queue (cursor, done tickets, open items and
+  // their progress) to save with a training checkpoint and pass back through
+  // WorkQueueOptions::restore_state. Items open now are handed out again after
+  // a restore, from their last Progress offset. Throws tailcut::Error.
+  std::string SaveState() const;
+
+  // Counters of the queue and every client. Safe from any thread.
+  QueueStats Stats() const;
+
+  // Gives back this process's open items, leaves the queue, and removes the
+  // segment if this was the last process and the queue is finished.
+  // Idempotent. After Close only Stats-free destruction is allowed.
+  void Close() noexcept;
+
+  const std::string& name() const noexcept;
+  uint64_t num_items() const noexcept;
+  uint64_t num_epochs() const noexcept;
+  uint64_t seed() const noexcept;
+  // The paths (prefix applied) in works order.
+  const std::vector<std::string>& paths() const noexcept;
+  // The item table: item i covers [begin, end) of paths()[file].
+  struct Item {
+    uint32_t file;
+    uint64_t begin;
+    uint64_t end;
+  };
+  const std::vector<Item>& items() const noexcept;
+  // The item handed out at `position` of `epoch` (the shuffle bijection).
+  uint64_t ItemAt(uint64_t epoch, uint64_t position) const noexcept;
+
+  class Impl;
+
+ private:
+  explicit WorkQueue(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Queues of this user, for tools. Each is read without joining it.
+struct QueueListing {
+  std::string name;
+  std::string segment_path;
+  bool valid = false;       // false: not a tailcut segment we can read
+  std::string problem;      // why not valid
+};
+TAILCUT_EXPORT std::vector<QueueListing> ListQueues();
+// Stats of an existing queue without joining it. Dead clients found on the way
+// are recovered (their items handed back). Throws tailcut::Error (kNotFound,
+// kCorrupt, kPermission).
+TAILCUT_EXPORT QueueStats InspectQueue(const std::string& name);
+// Removes the queue's segment. Refuses (kInvalidArgument, naming the live
+// pids) while live clients are registered, unless force. Throws kNotFound.
+TAILCUT_EXPORT void RemoveQueue(const std::string& name, bool force);
+// The shm object path of a queue name for this user, e.g.
+// "/dev/shm/tailcut.1000.work_queue". Throws kInvalidArgument for bad names.
+TAILCUT_EXPORT std::string SegmentPath(const std::string& name);
+
+}  // namespace tailcut
+
+#endif  // TAILCUT_WORK_QUEUE_H_

@@ -1,0 +1,533 @@
+#include "engine/queue_core.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include "engine/crash_point.h"
+#include "engine/permutation.h"
+
+namespace tailcut::detail {
+
+uint64_t MonotonicNs() noexcept {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+void InitRobustMutex(pthread_mutex_t* mu) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(mu, &attr);
+  pthread_mutexattr_destroy(&attr);
+}
+
+bool LockRobust(pthread_mutex_t* mu) {
+  int rc = pthread_mutex_lock(mu);
+  if (rc == EOWNERDEAD) {
+    pthread_mutex_consistent(mu);
+    return true;
+  }
+  return false;
+}
+
+QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
+                     uint64_t seed, bool shuffle)
+    : seg_(segment),
+      items_(std::move(items)),
+      num_epochs_(num_epochs),
+      total_(items_.size() * num_epochs),
+      seed_(seed),
+      shuffle_(shuffle),
+      num_leases_(segment->geometry().num_leases()) {}
+
+uint64_t QueueCore::ItemAt(uint64_t epoch, uint64_t position) const noexcept {
+  if (!shuffle_) return position;
+  return Permutation(items_.size(), seed_, epoch)(position);
+}
+
+void QueueCore::WakeWaiters() noexcept {
+  Counters& c = seg_->counters();
+  // seq_cst pairs with the waiter's increment of waiters before it re-checks
+  // the queue (Dekker): either it sees our change or we see it waiting.
+  if (c.waiters.load(std::memory_order_seq_cst) == 0) return;
+  c.wake_seq.fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.wake_seq), FUTEX_WAKE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+
+bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,
+                              uint64_t begin, uint64_t end, uint32_t flags) noexcept {
+  LeaseSlot& ls = seg_->lease(lease);
+  ls.ticket.store(ticket, std::memory_order_relaxed);
+  ls.begin.store(begin, std::memory_order_relaxed);
+  ls.end.store(end, std::memory_order_relaxed);
+  ls.progress.store(begin, std::memory_order_relaxed);
+  ls.flags.store(flags, std::memory_order_relaxed);
+  // Release pairs with the claimer's acquire CAS: it sees the fields above.
+  if (!ls.word.compare_exchange_strong(expected_word,
+                                       NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner),
+                                       std::memory_order_acq_rel))
+    return false;
+  seg_->counters().orphans.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
+  LeaseSlot& ls = seg_->lease(lease);
+  Counters& c = seg_->counters();
+  uint64_t state = LeaseStateOf(word);
+  uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+  if (state == kLeaseTaking) {
+    if (ticket == kNoTicket) {
+      // Died between fetch_add and recording its ticket: the ticket (if it
+      // got one) is below the cursor, not done and held by nobody. Count the
+      // sweep before freeing the slot, so a crash here over-counts, never
+      // under-counts (I3).
+      c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
+      ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
+                                      std::memory_order_acq_rel);
+      return;
+    }
+    if (ticket >= total_ || seg_->IsDone(ticket)) {
+      // Past the end, or a done ticket it was skipping.
+      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
+                                      std::memory_order_acq_rel);
+      return;
+    }
+    const WorkQueue::Item& item = items_[ItemAt(ticket / items_.size(), ticket % items_.size())];
+    if (PublishOrphan(lease, word, ticket, item.begin, item.end, 0))
+      c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (state == kLeaseOpen) {
+    ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if (ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseOrphan, kNoOwner),
+                                        std::memory_order_acq_rel)) {
+      c.orphans.fetch_add(1, std::memory_order_acq_rel);
+      c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+    }
+    return;
+  }
+  if (state == kLeaseAcking) {
+    // The owner decided to ack; finish it for them.
+    if (ticket < total_ && !(ls.flags.load(std::memory_order_relaxed) & kLeasePreset))
+      seg_->done_word(ticket / 64).fetch_or(uint64_t{1} << (ticket % 64), std::memory_order_acq_rel);
+    ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+    ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
+                                    std::memory_order_acq_rel);
+  }
+}
+
+void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
+  ClientSlot& cs = seg_->client(slot);
+  CrashPoint("recover.after_claim");
+  bool first = true;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    uint64_t w = seg_->lease(l).word.load(std::memory_order_acquire);
+    uint64_t state = LeaseStateOf(w);
+    if (state == kLeaseFree || state == kLeaseOrphan || LeaseOwnerOf(w) != slot) continue;
+    RecoverLease(l, w);
+    if (first) CrashPoint("recover.mid_leases");
+    first = false;
+  }
+  pthread_mutex_consistent(&cs.life);
+  if (!admin_held) LockRobust(&seg_->header().admin_mutex);
+  cs.state.store(kClientFree, std::memory_order_release);
+  cs.left_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  if (!admin_held) pthread_mutex_unlock(&seg_->header().admin_mutex);
+  pthread_mutex_unlock(&cs.life);
+  WakeWaiters();
+}
+
+int QueueCore::CheckClients(uint64_t self, bool admin_held) noexcept {
+  int recovered = 0;
+  for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
+    if (s == self) continue;
+    ClientSlot& cs = seg_->client(s);
+    if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
+    int rc = pthread_mutex_trylock(&cs.life);
+    if (rc == EOWNERDEAD) {
+      RecoverClient(s, admin_held);
+      ++recovered;
+    } else if (rc == 0) {
+      // Not held: the client is leaving (or left) cleanly.
+      pthread_mutex_unlock(&cs.life);
+    }
+  }
+  return recovered;
+}
+
+int QueueCore::LiveClients(uint64_t self, bool admin_held) noexcept {
+  return static_cast<int>(LivePidsImpl(self, admin_held).size());
+}
+
+std::vector<int> QueueCore::LivePids(uint64_t self) noexcept { return LivePidsImpl(self, false); }
+
+std::vector<int> QueueCore::LivePidsImpl(uint64_t self, bool admin_held) noexcept {
+  std::vector<int> live;
+  for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
+    if (s == self) continue;
+    ClientSlot& cs = seg_->client(s);
+    if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
+    int rc = pthread_mutex_trylock(&cs.life);
+    if (rc == EBUSY) {
+      live.push_back(cs.pid.load(std::memory_order_relaxed));
+    } else if (rc == EOWNERDEAD) {
+      RecoverClient(s, admin_held);
+    } else if (rc == 0) {
+      pthread_mutex_unlock(&cs.life);
+    }
+  }
+  return live;
+}
+
+int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
+  int reassigned = 0;
+  uint64_t now = MonotonicNs();
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    uint64_t w = ls.word.load(std::memory_order_acquire);
+    uint64_t state = LeaseStateOf(w);
+    uint64_t owner = LeaseOwnerOf(w);
+    if ((state != kLeaseOpen && state != kLeaseTaking) || owner == self ||
+        owner >= seg_->geometry().max_clients)
+      continue;
+    ClientSlot& cs = seg_->client(owner);
+    uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
+    if (last + timeout_ns > now) continue;
+    if (state == kLeaseOpen) {
+      ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      if (ls.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseOrphan, kNoOwner),
+                                          std::memory_order_acq_rel)) {
+        seg_->counters().orphans.fetch_add(1, std::memory_order_acq_rel);
+        seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
+        ++reassigned;
+      }
+    } else {
+      uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+      if (ticket == kNoTicket) continue;  // mid-fetch_add; it will record it when it runs
+      if (ticket >= total_ || seg_->IsDone(ticket)) continue;  // it will free it itself
+      const WorkQueue::Item& item = items_[ItemAt(ticket / items_.size(), ticket % items_.size())];
+      if (PublishOrphan(l, w, ticket, item.begin, item.end, 0)) {
+        seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
+        ++reassigned;
+      }
+    }
+  }
+  if (reassigned > 0) WakeWaiters();
+  return reassigned;
+}
+
+void QueueCore::TrySweep(uint64_t self) noexcept {
+  Counters& c = seg_->counters();
+  if (self == kNoOwner || c.sweeps_pending.load(std::memory_order_acquire) == 0) return;
+  pthread_mutex_t* mu = &seg_->header().sweep_mutex;
+  int rc = pthread_mutex_trylock(mu);
+  if (rc == EOWNERDEAD) {
+    pthread_mutex_consistent(mu);  // a sweep is idempotent: just run it again
+  } else if (rc != 0) {
+    return;
+  }
+  uint64_t pending = c.sweeps_pending.load(std::memory_order_acquire);
+  uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
+
+  // A live taker between fetch_add and recording its ticket holds a ticket
+  // below `cursor` that we cannot see yet: wait until none is in that window.
+  uint64_t deadline = MonotonicNs() + 200'000'000;
+  for (;;) {
+    bool in_window = false;
+    for (uint64_t l = 0; l < num_leases_ && !in_window; ++l) {
+      LeaseSlot& ls = seg_->lease(l);
+      uint64_t w = ls.word.load(std::memory_order_acquire);
+      in_window = LeaseStateOf(w) == kLeaseTaking &&
+                  ls.ticket.load(std::memory_order_acquire) == kNoTicket;
+    }
+    if (!in_window) break;
+    if (MonotonicNs() > deadline) {
+      pthread_mutex_unlock(mu);
+      return;  // try again later
+    }
+    CheckClients(self);
+    std::this_thread::yield();
+  }
+
+  // Tickets held by some lease; read each slot's word and ticket as a pair.
+  std::vector<uint64_t> held;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    for (;;) {
+      uint64_t w1 = ls.word.load(std::memory_order_acquire);
+      uint64_t t = ls.ticket.load(std::memory_order_acquire);
+      uint64_t w2 = ls.word.load(std::memory_order_acquire);
+      if (w1 != w2) continue;
+      if (LeaseStateOf(w1) != kLeaseFree && t != kNoTicket) held.push_back(t);
+      break;
+    }
+  }
+  std::sort(held.begin(), held.end());
+
+  // Every ticket below the cursor that is not done and not held was lost.
+  // Read the bitmap after the leases: an ack sets the bit before freeing.
+  bool complete = true;
+  uint64_t words = (cursor + 63) / 64;
+  for (uint64_t i = 0; i < words && complete; ++i) {
+    uint64_t bits = seg_->done_word(i).load(std::memory_order_acquire);
+    if (bits == ~uint64_t{0}) continue;
+    for (uint64_t b = 0; b < 64 && complete; ++b) {
+      uint64_t t = i * 64 + b;
+      if (t >= cursor) break;
+      if ((bits >> b) & 1) continue;
+      if (std::binary_search(held.begin(), held.end(), t)) continue;
+      // Re-issue t through a lease of our own region, as a take would.
+      bool issued = false;
+      uint64_t first = self * seg_->geometry().leases_per_client;
+      for (uint64_t l = first; l < first + seg_->geometry().leases_per_client && !issued; ++l) {
+        LeaseSlot& ls = seg_->lease(l);
+        uint64_t w = ls.word.load(std::memory_order_acquire);
+        if (LeaseStateOf(w) != kLeaseFree) continue;
+        uint64_t taking = NextLeaseWord(w, kLeaseTaking, self);
+        if (!ls.word.compare_exchange_strong(w, taking, std::memory_order_acq_rel)) continue;
+        ls.ticket.store(t, std::memory_order_release);
+        const WorkQueue::Item& item = items_[ItemAt(t / items_.size(), t % items_.size())];
+        issued = PublishOrphan(l, taking, t, item.begin, item.end, 0);
+        if (issued) c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (!issued) complete = false;  // no free lease now; sweep again later
+    }
+  }
+  if (complete) c.sweeps_pending.fetch_sub(pending, std::memory_order_acq_rel);
+  pthread_mutex_unlock(mu);
+  WakeWaiters();
+}
+
+bool QueueCore::AllDone() noexcept {
+  Counters& c = seg_->counters();
+  if (seg_->cursor().next_ticket.load(std::memory_order_acquire) < total_) return false;
+  if (c.sweeps_pending.load(std::memory_order_acquire) != 0) return false;
+  for (uint64_t l = 0; l < num_leases_; ++l)
+    if (LeaseStateOf(seg_->lease(l).word.load(std::memory_order_acquire)) != kLeaseFree) return false;
+  // Trust, but verify: count the done bits. A shortfall means a ticket was
+  // lost without a trace we know of; a sweep finds and re-issues it.
+  uint64_t done = 0;
+  uint64_t words = (total_ + 63) / 64;
+  for (uint64_t i = 0; i < words; ++i) {
+    uint64_t bits = seg_->done_word(i).load(std::memory_order_acquire);
+    if (i == words - 1 && total_ % 64 != 0) bits &= (uint64_t{1} << (total_ % 64)) - 1;
+    done += static_cast<uint64_t>(__builtin_popcountll(bits));
+  }
+  if (done != total_) {
+    c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
+    return false;
+  }
+  return true;
+}
+
+QueueStats QueueCore::Stats(const std::string& name) noexcept {
+  QueueStats s;
+  const Header& h = seg_->header();
+  s.name = name;
+  s.segment_path = seg_->path();
+  s.num_items = items_.size();
+  s.num_epochs = num_epochs_;
+  s.total = total_;
+  s.seed = seed_;
+  s.shuffle = shuffle_;
+  s.num_clients = h.num_clients;
+  Counters& c = seg_->counters();
+  s.clients_joined = static_cast<uint32_t>(c.clients_joined.load(std::memory_order_relaxed));
+  s.recovered_items = c.recovered_items.load(std::memory_order_relaxed);
+  s.stale_acks = c.stale_acks.load(std::memory_order_relaxed);
+  uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
+  s.handed_out = cursor;
+  s.epoch = cursor / items_.size();
+  uint64_t words = (total_ + 63) / 64;
+  for (uint64_t i = 0; i < words; ++i) {
+    uint64_t bits = seg_->done_word(i).load(std::memory_order_relaxed);
+    if (i == words - 1 && total_ % 64 != 0) bits &= (uint64_t{1} << (total_ % 64)) - 1;
+    s.done += static_cast<uint64_t>(__builtin_popcountll(bits));
+  }
+  std::vector<uint64_t> open_by_client(seg_->geometry().max_clients, 0);
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    uint64_t w = ls.word.load(std::memory_order_relaxed);
+    uint64_t state = LeaseStateOf(w);
+    if (state == kLeaseOpen || state == kLeaseOrphan || state == kLeaseAcking) {
+      ++s.in_flight;
+      // A restored piece keeps its done bit set while open: count it once.
+      if (ls.flags.load(std::memory_order_relaxed) & kLeasePreset) --s.done;
+    }
+    if (state == kLeaseOpen && LeaseOwnerOf(w) < open_by_client.size())
+      ++open_by_client[LeaseOwnerOf(w)];
+  }
+  s.now_ns = MonotonicNs();
+  for (uint64_t i = 0; i < seg_->geometry().max_clients; ++i) {
+    ClientSlot& cs = seg_->client(i);
+    uint64_t joined = cs.joined_ns.load(std::memory_order_relaxed);
+    if (joined == 0) continue;  // never used
+    ClientStats cl;
+    cl.slot = static_cast<uint32_t>(i);
+    cl.pid = cs.pid.load(std::memory_order_relaxed);
+    cl.alive = cs.state.load(std::memory_order_acquire) == kClientActive;
+    cl.items_taken = cs.items_taken.load(std::memory_order_relaxed);
+    cl.items_acked = cs.items_acked.load(std::memory_order_relaxed);
+    cl.items_given_back = cs.items_given_back.load(std::memory_order_relaxed);
+    cl.items_recovered = cs.items_recovered.load(std::memory_order_relaxed);
+    cl.bytes_acked = cs.bytes_acked.load(std::memory_order_relaxed);
+    cl.records = cs.records.load(std::memory_order_relaxed);
+    cl.stale_acks = cs.stale_acks.load(std::memory_order_relaxed);
+    cl.open_items = open_by_client[i];
+    cl.idle_ns = cs.idle_ns.load(std::memory_order_relaxed);
+    cl.joined_ns = joined;
+    cl.last_progress_ns = cs.last_progress_ns.load(std::memory_order_relaxed);
+    uint64_t left = cs.left_ns.load(std::memory_order_relaxed);
+    uint64_t until = cl.alive || left == 0 ? s.now_ns : left;
+    uint64_t lived = until > joined ? until - joined : 0;
+    cl.busy_ns = lived > cl.idle_ns ? lived - cl.idle_ns : 0;
+    s.clients.push_back(cl);
+  }
+  return s;
+}
+
+void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g) {
+  Header& h = segment->header();
+  h.layout_version = kLayoutVersion;
+  h.total_size = g.total;
+  h.creator_uid = ::geteuid();
+  h.creator_pid = ::getpid();
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  h.created_unix_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+  h.fingerprint = config.Fingerprint();
+  h.num_files = config.paths.size();
+  h.num_items = config.items.size();
+  h.num_epochs = config.num_epochs;
+  h.total_tickets = config.total_tickets();
+  h.total_bytes = config.total_bytes;
+  h.num_slices = config.num_slices;
+  h.seed = config.seed;
+  h.seed_explicit = config.seed_explicit ? 1 : 0;
+  h.shuffle = config.shuffle ? 1 : 0;
+  h.paths_hash = config.PathsHash();
+  h.sizes_hash = config.SizesHash();
+  h.num_clients = config.num_clients;
+  h.max_clients = config.max_clients;
+  h.leases_per_client = config.leases_per_client;
+  h.path_bytes = g.path_bytes;
+  std::memset(h.format, 0, sizeof(h.format));
+  std::memcpy(h.format, config.format.data(), config.format.size());
+  InitRobustMutex(&h.sweep_mutex);
+  segment->SetGeometry(g);
+  for (uint64_t i = 0; i < g.max_clients; ++i) InitRobustMutex(&segment->client(i).life);
+  uint64_t offset = 0;
+  for (uint64_t f = 0; f < g.num_files; ++f) {
+    const std::string& p = config.paths[f];
+    std::memcpy(segment->path_bytes() + offset, p.data(), p.size());
+    segment->file(f) = FileEntry{offset, p.size(), config.sizes[f]};
+    offset += p.size();
+  }
+  for (uint64_t i = 0; i < g.num_items; ++i) {
+    const WorkQueue::Item& it = config.items[i];
+    segment->item(i) = ItemEntry{it.file, it.begin, it.end};
+  }
+  for (uint64_t l = 0; l < g.num_leases(); ++l)
+    segment->lease(l).ticket.store(kNoTicket, std::memory_order_relaxed);
+}
+
+namespace {
+
+std::string SegmentPathString(const Segment& s, uint64_t f) {
+  const FileEntry& e = s.file(f);
+  return std::string(s.path_bytes() + e.path_offset, e.path_length);
+}
+
+std::string Opt(uint64_t v) { return v == 0 ? "None" : std::to_string(v); }
+
+}  // namespace
+
+void CompareConfig(const Segment& s, const QueueConfig& config) {
+  const Header& h = s.header();
+  auto mismatch = [&](const std::string& what) {
+    return Error(ErrorKind::kConfigMismatch,
+                 "queue '" + s.queue_name() + "' exists with a different configuration: " + what +
+                     ". Use the same options in every process of a job, or another queue name "
+                     "(remove the old queue with `tailcut rm " + s.queue_name() +
+                     "` once its jobs are gone)");
+  };
+  if (h.num_files != config.paths.size())
+    throw mismatch("works differ: " + std::to_string(config.paths.size()) + " files here, " +
+                   std::to_string(h.num_files) + " in segment");
+  if (h.paths_hash != config.PathsHash()) {
+    for (uint64_t f = 0; f < h.num_files; ++f) {
+      std::string theirs = SegmentPathString(s, f);
+      if (theirs != config.paths[f])
+        throw mismatch("works[" + std::to_string(f) + "] differs: '" + config.paths[f] +
+                       "' here, '" + theirs + "' in segment");
+    }
+  }
+  if (h.sizes_hash != config.SizesHash()) {
+    for (uint64_t f = 0; f < h.num_files; ++f)
+      if (s.file(f).size != config.sizes[f])
+        throw mismatch("size of '" + config.paths[f] + "' differs: " +
+                       std::to_string(config.sizes[f]) + " bytes here, " +
+                       std::to_string(s.file(f).size) +
+                       " in segment (the file changed after the queue was created)");
+  }
+  if (h.num_slices != config.num_slices)
+    throw mismatch("num_slices differs: " + Opt(config.num_slices) + " here, " + Opt(h.num_slices) +
+                   " in segment");
+  if (h.num_items != config.items.size())
+    throw mismatch("item count differs: " + std::to_string(config.items.size()) + " here, " +
+                   std::to_string(h.num_items) + " in segment");
+  if (h.num_epochs != config.num_epochs)
+    throw mismatch("num_epochs differs: " + std::to_string(config.num_epochs) + " here, " +
+                   std::to_string(h.num_epochs) + " in segment");
+  if ((h.shuffle != 0) != config.shuffle)
+    throw mismatch(std::string("shuffle differs: ") + (config.shuffle ? "True" : "False") +
+                   " here, " + (h.shuffle ? "True" : "False") + " in segment");
+  if (config.seed_explicit && (h.seed_explicit == 0 || h.seed != config.seed))
+    throw mismatch("seed differs: " + std::to_string(config.seed) + " here, " +
+                   (h.seed_explicit ? std::to_string(h.seed)
+                                    : "None (drawn by the creator: " + std::to_string(h.seed) + ")") +
+                   " in segment");
+  if (!config.seed_explicit && h.seed_explicit != 0)
+    throw mismatch("seed differs: None here, " + std::to_string(h.seed) + " in segment");
+  if (std::string(h.format) != config.format)
+    throw mismatch("format differs: '" + config.format + "' here, '" + std::string(h.format) +
+                   "' in segment");
+  if (h.max_clients != config.max_clients)
+    throw mismatch("max_clients differs: " + std::to_string(config.max_clients) + " here, " +
+                   std::to_string(h.max_clients) + " in segment");
+  if (h.leases_per_client != config.leases_per_client)
+    throw mismatch("leases_per_client differs: " + std::to_string(config.leases_per_client) +
+                   " here, " + std::to_string(h.leases_per_client) + " in segment");
+  // The same works, sizes and slicing always give the same items; check the
+  // table anyway, since the hot path uses our copy, never the segment's.
+  for (uint64_t i = 0; i < h.num_items; ++i) {
+    const ItemEntry& e = s.item(i);
+    const WorkQueue::Item& it = config.items[i];
+    if (e.file != it.file || e.begin != it.begin || e.end != it.end)
+      throw mismatch("item " + std::to_string(i) + " differs (a different tailcut version?)");
+  }
+}
+
+std::vector<WorkQueue::Item> ReadItems(const Segment& s) {
+  std::vector<WorkQueue::Item> items(s.geometry().num_items);
+  for (uint64_t i = 0; i < items.size(); ++i) {
+    const ItemEntry& e = s.item(i);
+    items[i] = {static_cast<uint32_t>(e.file), e.begin, e.end};
+  }
+  return items;
+}
+
+}  // namespace tailcut::detail

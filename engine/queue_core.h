@@ -1,0 +1,90 @@
+// The queue protocol over a mapped, validated segment: what every process
+// (a WorkQueue or a tool) may do to shared state — find and recover dead
+// clients, sweep lost tickets, decide the end of data, read statistics.
+//
+// Thread- and process-safe: every method works on shared state with atomics
+// or under the segment's robust mutexes. Not copyable; borrows the Segment.
+#ifndef TAILCUT_ENGINE_QUEUE_CORE_H_
+#define TAILCUT_ENGINE_QUEUE_CORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/segment.h"
+#include "tailcut/work_queue.h"
+
+namespace tailcut::detail {
+
+uint64_t MonotonicNs() noexcept;
+
+// Locks a robust mutex, making it consistent if its holder died. Returns
+// true if the previous holder died (the caller must repair what it guards).
+bool LockRobust(pthread_mutex_t* mu);
+void InitRobustMutex(pthread_mutex_t* mu);
+
+class QueueCore {
+ public:
+  // items: the trusted local item table (equal to the segment's).
+  QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
+            uint64_t seed, bool shuffle);
+
+  Segment& segment() const { return *seg_; }
+  const std::vector<WorkQueue::Item>& items() const { return items_; }
+  uint64_t num_items() const { return items_.size(); }
+  uint64_t total() const { return total_; }
+  uint64_t num_leases() const { return num_leases_; }
+  uint64_t seed() const { return seed_; }
+  uint64_t ItemAt(uint64_t epoch, uint64_t position) const noexcept;
+
+  // Trylocks the life mutex of every active client other than `self` (may
+  // be kNoOwner); recovers each dead one. Returns how many it recovered.
+  // admin_held: the caller holds the admin mutex (recovery needs it).
+  int CheckClients(uint64_t self, bool admin_held = false) noexcept;
+  // Reassigns open items of live clients (other than self) whose last
+  // progress is older than timeout_ns. Returns how many.
+  int ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept;
+  // Re-issues tickets lost by processes that died between fetch_add and
+  // recording their ticket (I3). Uses a lease slot of `self`'s region.
+  void TrySweep(uint64_t self) noexcept;
+  // True once every ticket is done and no lease is held.
+  bool AllDone() noexcept;
+  // Number of live clients other than self, after recovering dead ones.
+  int LiveClients(uint64_t self, bool admin_held = false) noexcept;
+  // Pids of live clients other than self.
+  std::vector<int> LivePids(uint64_t self) noexcept;
+  // Wakes processes sleeping in Take, if any.
+  void WakeWaiters() noexcept;
+
+  // Moves a lease that is FREE to ORPHAN with [begin, end) of ticket. The
+  // lease must belong to the caller (TAKING). Returns false if it changed.
+  bool PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket, uint64_t begin,
+                     uint64_t end, uint32_t flags) noexcept;
+
+  QueueStats Stats(const std::string& name) noexcept;
+
+ private:
+  void RecoverClient(uint64_t slot, bool admin_held) noexcept;
+  std::vector<int> LivePidsImpl(uint64_t self, bool admin_held) noexcept;
+  void RecoverLease(uint64_t lease, uint64_t word) noexcept;
+
+  Segment* seg_;
+  std::vector<WorkQueue::Item> items_;
+  uint64_t num_epochs_;
+  uint64_t total_;
+  uint64_t seed_;
+  bool shuffle_;
+  uint64_t num_leases_;
+};
+
+// Creator side: writes the header, tables and initial state (not READY).
+void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& geometry);
+// Attacher side: throws kConfigMismatch naming the first field that differs.
+void CompareConfig(const Segment& segment, const QueueConfig& config);
+// Reads the item table of a validated segment.
+std::vector<WorkQueue::Item> ReadItems(const Segment& segment);
+
+}  // namespace tailcut::detail
+
+#endif  // TAILCUT_ENGINE_QUEUE_CORE_H_

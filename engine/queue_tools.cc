@@ -1,0 +1,106 @@
+// Tools' view of queues: list, inspect and remove without joining.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "engine/config.h"
+#include "engine/queue_core.h"
+#include "engine/segment.h"
+#include "tailcut/work_queue.h"
+
+namespace tailcut {
+
+using namespace detail;
+
+namespace {
+
+struct Opened {
+  std::unique_ptr<Segment> segment;
+  std::unique_ptr<QueueCore> core;
+};
+
+// Opens and fully validates a queue that is READY. Throws kNotFound,
+// kCorrupt, kPermission.
+Opened OpenForTools(const std::string& name) {
+  ValidateQueueName(name);
+  Opened o;
+  o.segment = Segment::OpenExisting(name, std::chrono::milliseconds(0));
+  o.segment->CheckPreamble();
+  const Header& h = o.segment->header();
+  if (h.state.load(std::memory_order_acquire) != kReady)
+    throw Error(ErrorKind::kCorrupt, "queue '" + name + "': segment " + o.segment->path() +
+                " is not ready (being created, removed, or its creator died); retry, or remove it "
+                "with `tailcut rm --force " + name + "`");
+  o.segment->Validate();
+  o.core = std::make_unique<QueueCore>(o.segment.get(), ReadItems(*o.segment), h.num_epochs, h.seed,
+                                       h.shuffle != 0);
+  return o;
+}
+
+}  // namespace
+
+std::string SegmentPath(const std::string& name) {
+  ValidateQueueName(name);
+  return Segment::PathOf(name);
+}
+
+std::vector<QueueListing> ListQueues() {
+  std::vector<QueueListing> out;
+  std::string prefix = "tailcut." + std::to_string(::geteuid()) + ".";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return out;
+  while (struct dirent* e = ::readdir(dir)) {
+    std::string file = e->d_name;
+    if (file.rfind(prefix, 0) != 0) continue;
+    QueueListing q;
+    q.name = file.substr(prefix.size());
+    q.segment_path = "/dev/shm/" + file;
+    try {
+      OpenForTools(q.name);
+      q.valid = true;
+    } catch (const Error& err) {
+      q.problem = err.what();
+    }
+    out.push_back(std::move(q));
+  }
+  ::closedir(dir);
+  std::sort(out.begin(), out.end(),
+            [](const QueueListing& a, const QueueListing& b) { return a.name < b.name; });
+  return out;
+}
+
+QueueStats InspectQueue(const std::string& name) {
+  Opened o = OpenForTools(name);
+  o.core->CheckClients(kNoOwner);
+  return o.core->Stats(name);
+}
+
+void RemoveQueue(const std::string& name, bool force) {
+  ValidateQueueName(name);
+  try {
+    Opened o = OpenForTools(name);
+    std::vector<int> pids = o.core->LivePids(kNoOwner);
+    if (!pids.empty() && !force) {
+      std::string list;
+      for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue '" + name + "' has " + std::to_string(pids.size()) +
+                      " live process(es) (pids " + list +
+                      "); stop them first, or remove it anyway with --force (they keep running "
+                      "on the removed segment)");
+    }
+    o.segment->header().state.store(kRemoved, std::memory_order_release);
+    o.segment->UnlinkIfSame();
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kNotFound || !force) throw;
+    // A segment we cannot validate: --force removes the name anyway.
+    if (::unlink(Segment::PathOf(name).c_str()) != 0)
+      throw Error(ErrorKind::kIo, "queue '" + name + "': cannot remove " + Segment::PathOf(name) +
+                                      ": " + std::strerror(errno));
+  }
+}
+
+}  // namespace tailcut

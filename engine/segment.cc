@@ -1,0 +1,269 @@
+#include "engine/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+
+#include "engine/crash_point.h"
+#include "tailcut/error.h"
+
+namespace bip = boost::interprocess;
+
+namespace tailcut::detail {
+
+namespace {
+
+size_t AlignUp(size_t v) { return (v + kCacheLine - 1) / kCacheLine * kCacheLine; }
+
+std::string MiB(uint64_t bytes) {
+  return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB";
+}
+
+std::string ShmFree() {
+  struct statvfs vfs;
+  if (statvfs("/dev/shm", &vfs) != 0) return "unknown";
+  return MiB(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+}
+
+}  // namespace
+
+Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
+                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client) {
+  Geometry g;
+  g.num_files = num_files;
+  g.num_items = num_items;
+  g.total_tickets = total_tickets;
+  g.path_bytes = path_bytes;
+  g.max_clients = max_clients;
+  g.leases_per_client = leases_per_client;
+  // Reject counts that could overflow the sums below before using them.
+  if (num_files == 0 || num_files > UINT32_MAX || num_items == 0 || num_items > kMaxTickets ||
+      total_tickets == 0 || total_tickets > kMaxTickets || total_tickets % num_items != 0 ||
+      path_bytes > (uint64_t{1} << 36) || max_clients == 0 || max_clients > kMaxClients ||
+      leases_per_client == 0 || leases_per_client > kMaxLeasesPerClient) {
+    g.total = 0;
+    return g;
+  }
+  size_t off = AlignUp(sizeof(Header));
+  g.counters = off;
+  off = AlignUp(off + sizeof(Counters));
+  g.cursor = off;
+  off = AlignUp(off + sizeof(Cursor));
+  g.clients = off;
+  off = AlignUp(off + sizeof(ClientSlot) * max_clients);
+  g.leases = off;
+  off = AlignUp(off + sizeof(LeaseSlot) * g.num_leases());
+  g.files = off;
+  off = AlignUp(off + sizeof(FileEntry) * num_files);
+  g.items = off;
+  off = AlignUp(off + sizeof(ItemEntry) * num_items);
+  g.paths = off;
+  off = AlignUp(off + path_bytes);
+  g.bitmap = off;
+  off = AlignUp(off + sizeof(uint64_t) * g.bitmap_words());
+  g.total = off;
+  return g;
+}
+
+std::string Segment::ObjectName(const std::string& queue_name) {
+  return "tailcut." + std::to_string(::geteuid()) + "." + queue_name;
+}
+
+std::string Segment::PathOf(const std::string& queue_name) {
+  return "/dev/shm/" + ObjectName(queue_name);
+}
+
+Segment::Segment(std::string queue_name, int fd, bool created)
+    : queue_name_(std::move(queue_name)), path_(PathOf(queue_name_)), fd_(fd), created_(created) {
+  struct stat st;
+  if (::fstat(fd_, &st) == 0) {
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+  }
+}
+
+Segment::~Segment() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Segment::Map(size_t size) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED)
+    throw Error(ErrorKind::kIo, "queue '" + queue_name_ + "': cannot map segment " + path_ + ": " +
+                                    std::strerror(errno));
+  base_ = static_cast<char*>(p);
+  size_ = size;
+}
+
+std::unique_ptr<Segment> Segment::CreateExclusive(const std::string& queue_name, size_t size) {
+  std::string object = ObjectName(queue_name);
+  int fd = -1;
+  try {
+    // Boost opens with O_CREAT | O_EXCL and sets the mode with fchmod, so the
+    // umask cannot widen it; we keep the descriptor and drop the wrapper.
+    bip::shared_memory_object shm(bip::create_only, object.c_str(), bip::read_write,
+                                  bip::permissions(0600));
+    fd = ::dup(shm.get_mapping_handle().handle);
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::already_exists_error) return nullptr;
+    int err = e.get_native_error();
+    throw Error(err == EACCES || err == EPERM ? ErrorKind::kPermission : ErrorKind::kIo,
+                "queue '" + queue_name + "': cannot create segment " + PathOf(queue_name) + ": " +
+                    e.what());
+  }
+  if (fd < 0)
+    throw Error(ErrorKind::kIo, "queue '" + queue_name + "': dup failed: " + std::strerror(errno));
+  std::unique_ptr<Segment> seg(new Segment(queue_name, fd, true));
+  // Reserve every page now: a full /dev/shm must fail here with a message,
+  // not with SIGBUS on first touch in the middle of training.
+  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (err != 0) {
+    std::string free = ShmFree();
+    seg->UnlinkIfSame();
+    throw Error(err == ENOSPC ? ErrorKind::kNoSpace : ErrorKind::kIo,
+                "queue '" + queue_name + "': cannot reserve " + MiB(size) + " for segment " +
+                    seg->path() + ": " + std::strerror(err) + " (/dev/shm has " + free +
+                    " free); free space in /dev/shm (see `tailcut ls`, `tailcut rm NAME`) "
+                    "or use fewer items or epochs");
+  }
+  CrashPoint("create.after_excl");
+  seg->Map(size);
+  return seg;
+}
+
+std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
+                                               std::chrono::milliseconds wait, bool* abandoned) {
+  std::string object = ObjectName(queue_name);
+  std::string path = PathOf(queue_name);
+  int fd = -1;
+  try {
+    bip::shared_memory_object shm(bip::open_only, object.c_str(), bip::read_write);
+    fd = ::dup(shm.get_mapping_handle().handle);
+  } catch (const bip::interprocess_exception& e) {
+    int err = e.get_native_error();
+    if (e.get_error_code() == bip::not_found_error || err == ENOENT)
+      throw Error(ErrorKind::kNotFound, "queue '" + queue_name + "' does not exist (no " + path + ")");
+    throw Error(err == EACCES || err == EPERM ? ErrorKind::kPermission : ErrorKind::kIo,
+                "queue '" + queue_name + "': cannot open segment " + path + ": " + e.what() +
+                    (err == EACCES ? "; it belongs to another user: remove it or pick another name"
+                                   : ""));
+  }
+  std::unique_ptr<Segment> seg(new Segment(queue_name, fd, false));
+  struct stat st;
+  if (::fstat(fd, &st) != 0)
+    throw Error(ErrorKind::kIo, "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
+  // Never adopt an object someone else made: it could hold anything.
+  if (st.st_uid != ::geteuid())
+    throw Error(ErrorKind::kPermission,
+                "queue '" + queue_name + "': segment " + path + " is owned by uid " +
+                    std::to_string(st.st_uid) + ", not by you (uid " + std::to_string(::geteuid()) +
+                    "); remove it (as its owner or root) or pick another queue name");
+  if ((st.st_mode & 0022) != 0)
+    throw Error(ErrorKind::kPermission,
+                "queue '" + queue_name + "': segment " + path + " has mode 0" +
+                    std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) +
+                    std::to_string(st.st_mode & 7) +
+                    ", writable by other users; tailcut makes 0600 segments. Remove it with "
+                    "`tailcut rm --force " + queue_name + "`");
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  while (static_cast<size_t>(st.st_size) < kMinSegmentSize) {
+    if (std::chrono::steady_clock::now() >= deadline && abandoned != nullptr) {
+      *abandoned = seg->UnlinkIfSame();
+      return nullptr;
+    }
+    if (std::chrono::steady_clock::now() >= deadline)
+      throw Error(ErrorKind::kTimeout,
+                  "queue '" + queue_name + "': segment " + path + " is " + std::to_string(st.st_size) +
+                      " bytes, too small for a queue, and did not grow for " +
+                      std::to_string(wait.count()) + " ms (its creator probably died)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (::fstat(fd, &st) != 0)
+      throw Error(ErrorKind::kIo, "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
+  }
+  seg->Map(static_cast<size_t>(st.st_size));
+  return seg;
+}
+
+bool Segment::WaitForMagic(std::chrono::milliseconds wait) const {
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  // Acquire pairs with the creator's release store of magic, made after the
+  // admin mutex is initialised.
+  while (header().magic.load(std::memory_order_acquire) != kSegmentMagic) {
+    uint64_t m = header().magic.load(std::memory_order_acquire);
+    if (m != 0 && m != kSegmentMagic) return true;  // garbage: let Validate name it
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+namespace {
+
+Error Corrupt(const Segment& s, const std::string& what) {
+  return Error(ErrorKind::kCorrupt, "queue '" + s.queue_name() + "': segment " + s.path() +
+                                        " is not a valid tailcut queue: " + what +
+                                        ". Remove it with `tailcut rm --force " + s.queue_name() + "`");
+}
+
+}  // namespace
+
+void Segment::CheckPreamble() const {
+  const Header& h = header();
+  if (h.magic.load(std::memory_order_acquire) != kSegmentMagic) throw Corrupt(*this, "bad magic number");
+  if (h.layout_version != kLayoutVersion)
+    throw Corrupt(*this, "layout version " + std::to_string(h.layout_version) +
+                             ", this tailcut reads " + std::to_string(kLayoutVersion) +
+                             " (a different tailcut version made it)");
+  if (h.total_size != size_)
+    throw Corrupt(*this, "header says " + std::to_string(h.total_size) + " bytes, object has " +
+                             std::to_string(size_));
+}
+
+void Segment::Validate() {
+  const Header& h = header();
+  auto corrupt = [&](const std::string& what) { return Corrupt(*this, what); };
+  CheckPreamble();
+  if (h.num_items == 0 || h.num_epochs == 0 || h.total_tickets / h.num_epochs != h.num_items ||
+      h.total_tickets % h.num_epochs != 0)
+    throw corrupt("inconsistent counts (items " + std::to_string(h.num_items) + ", epochs " +
+                  std::to_string(h.num_epochs) + ", tickets " + std::to_string(h.total_tickets) + ")");
+  Geometry g = ComputeGeometry(h.num_files, h.num_items, h.total_tickets, h.path_bytes,
+                               h.max_clients, h.leases_per_client);
+  if (g.total == 0) throw corrupt("counts out of range");
+  if (g.total != size_)
+    throw corrupt("counts need " + std::to_string(g.total) + " bytes, object has " +
+                  std::to_string(size_));
+  if (h.format[kFormatTagBytes - 1] != '\0') throw corrupt("format tag not terminated");
+  geometry_ = g;
+  // The file and item tables are read by tools that have no configuration of
+  // their own: check every entry once, here.
+  for (uint64_t f = 0; f < g.num_files; ++f) {
+    const FileEntry& e = file(f);
+    if (e.path_offset > g.path_bytes || e.path_length > g.path_bytes - e.path_offset)
+      throw corrupt("file entry " + std::to_string(f) + " points outside the path table");
+  }
+  for (uint64_t i = 0; i < g.num_items; ++i) {
+    const ItemEntry& e = item(i);
+    if (e.file >= g.num_files || e.begin > e.end || e.end > file(e.file).size)
+      throw corrupt("item " + std::to_string(i) + " is out of range");
+  }
+}
+
+bool Segment::UnlinkIfSame() const {
+  struct stat st;
+  if (::stat(path_.c_str(), &st) != 0) return false;
+  if (st.st_dev != dev_ || st.st_ino != ino_) return false;
+  return ::shm_unlink(ObjectName(queue_name_).c_str()) == 0;
+}
+
+}  // namespace tailcut::detail

@@ -1,0 +1,106 @@
+// One mapped queue segment: opening, creating, validating and removing the
+// POSIX shared-memory object behind a queue name.
+//
+// A Segment owns its mapping and descriptor; accessors return references
+// into the mapping, valid for the Segment's lifetime. Accessors take indices
+// that the caller has bounds-checked against geometry(). Not thread-safe to
+// open or close; the mapped contents are shared and accessed with atomics.
+#ifndef TAILCUT_ENGINE_SEGMENT_H_
+#define TAILCUT_ENGINE_SEGMENT_H_
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "engine/segment_layout.h"
+
+namespace tailcut::detail {
+
+class Segment {
+ public:
+  // "tailcut.<uid>.<name>" (the shm_open name without the slash).
+  static std::string ObjectName(const std::string& queue_name);
+  static std::string PathOf(const std::string& queue_name);  // /dev/shm/...
+
+  // Creates the object exclusively (O_EXCL, 0600) with `size` bytes reserved
+  // (posix_fallocate). Returns nullptr if it already exists. Throws kNoSpace,
+  // kPermission, kIo.
+  static std::unique_ptr<Segment> CreateExclusive(const std::string& queue_name, size_t size);
+
+  // Opens an existing object and maps it once its size is at least a header,
+  // waiting up to `wait` for a creator that has not sized it yet. Checks the
+  // owner and mode. Throws kNotFound, kPermission, kTimeout (abandoned empty
+  // object), kCorrupt. With `abandoned` set, an object that stays too small
+  // is removed instead (*abandoned = true) and nullptr returned.
+  static std::unique_ptr<Segment> OpenExisting(const std::string& queue_name,
+                                               std::chrono::milliseconds wait,
+                                               bool* abandoned = nullptr);
+  // Checks what a creator writes before the magic: version and size.
+  // Throws kCorrupt.
+  void CheckPreamble() const;
+
+  ~Segment();
+
+  // Waits up to `wait` for the magic (creator has set up the admin mutex).
+  // Returns false on timeout.
+  bool WaitForMagic(std::chrono::milliseconds wait) const;
+  // Checks magic, version, size and counts, and computes the geometry.
+  // Throws kCorrupt naming the segment and the bad field.
+  void Validate();
+  // Sets the geometry while creating (before Validate could succeed).
+  void SetGeometry(const Geometry& g) { geometry_ = g; }
+
+  // Removes the name if it still refers to this object (another process may
+  // have replaced it already). Returns true if it removed it.
+  bool UnlinkIfSame() const;
+
+  const std::string& queue_name() const { return queue_name_; }
+  const std::string& path() const { return path_; }
+  size_t size() const { return size_; }
+  const Geometry& geometry() const { return geometry_; }
+  bool created() const { return created_; }
+
+  Header& header() const { return *reinterpret_cast<Header*>(base_); }
+  Counters& counters() const { return *At<Counters>(geometry_.counters); }
+  Cursor& cursor() const { return *At<Cursor>(geometry_.cursor); }
+  ClientSlot& client(uint64_t i) const { return At<ClientSlot>(geometry_.clients)[i]; }
+  LeaseSlot& lease(uint64_t i) const { return At<LeaseSlot>(geometry_.leases)[i]; }
+  FileEntry& file(uint64_t i) const { return At<FileEntry>(geometry_.files)[i]; }
+  ItemEntry& item(uint64_t i) const { return At<ItemEntry>(geometry_.items)[i]; }
+  char* path_bytes() const { return At<char>(geometry_.paths); }
+  std::atomic<uint64_t>& done_word(uint64_t i) const {
+    return At<std::atomic<uint64_t>>(geometry_.bitmap)[i];
+  }
+  bool IsDone(uint64_t ticket) const {
+    return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;
+  }
+
+ private:
+  Segment(std::string queue_name, int fd, bool created);
+  void Map(size_t size);
+  template <typename T>
+  T* At(size_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
+
+  std::string queue_name_;
+  std::string path_;
+  int fd_ = -1;
+  bool created_ = false;
+  char* base_ = nullptr;
+  size_t size_ = 0;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  Geometry geometry_;
+};
+
+// The size of the largest header a segment can start with; objects smaller
+// than this cannot be queues.
+inline constexpr size_t kMinSegmentSize = sizeof(Header);
+
+}  // namespace tailcut::detail
+
+#endif  // TAILCUT_ENGINE_SEGMENT_H_

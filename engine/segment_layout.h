@@ -1,0 +1,182 @@
+// The layout of a queue's shared-memory segment.
+//
+// Plain fixed-size structs at offsets computed from a few counts in the
+// header; nothing in the segment is a pointer, and every index read from it
+// is bounds-checked before use. Offsets are never stored: an attacher
+// recomputes them from the counts and checks they match the object's size.
+//
+//   Header | Counters | ClientSlot[max_clients] | LeaseSlot[max_clients * leases_per_client]
+//   | FileEntry[num_files] | ItemEntry[num_items] | path bytes | done bitmap (u64 words)
+//
+// Invariants (the numbers are referred to in work_queue.cc):
+//  I1. Ticket t in [0, total) is handed out by the cursor at most once: the
+//      cursor only grows (fetch_add).
+//  I2. A ticket's done bit is set at most once per item completion and never
+//      cleared; bit set and no lease holding the ticket means done.
+//  I3. Every ticket below the cursor that is not done is held by exactly one
+//      lease (TAKING with its ticket, OPEN, ORPHAN or ACKING), or was lost by
+//      a process that died between fetch_add and recording the ticket; such a
+//      death leaves a TAKING lease with no ticket, counted in sweeps_pending,
+//      and a sweep (under sweep_mutex) re-issues the lost ticket.
+//  I4. A lease word changes only by CAS and every change bumps its
+//      generation, so a holder whose lease was reassigned cannot ack it.
+//  I6. A FREE lease's ticket is kNoTicket: whoever frees a lease clears the
+//      ticket first, so a taker never writes a slot it does not own yet.
+//  I5. A client slot is ACTIVE only while its life mutex is held by the
+//      client's holder thread, or by nobody after the client died (the next
+//      trylock gets EOWNERDEAD and recovers it exactly once; a recoverer that
+//      dies passes EOWNERDEAD on to the next).
+#ifndef TAILCUT_ENGINE_SEGMENT_LAYOUT_H_
+#define TAILCUT_ENGINE_SEGMENT_LAYOUT_H_
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "engine/config.h"
+
+namespace tailcut::detail {
+
+inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr size_t kCacheLine = 64;
+
+enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
+enum ClientState : uint32_t { kClientFree = 0, kClientActive = 1 };
+
+// Lease word: state (3 bits) | owner client slot (13 bits) | generation (48 bits).
+enum LeaseState : uint64_t {
+  kLeaseFree = 0,
+  kLeaseTaking = 1,   // owner reserved it; ticket may still be kNoTicket
+  kLeaseOpen = 2,     // owner holds [begin, end) of ticket
+  kLeaseOrphan = 3,   // waiting to be handed out again
+  kLeaseAcking = 4,   // owner decided to ack; a recoverer completes it
+};
+inline constexpr uint64_t kNoTicket = ~uint64_t{0};
+inline constexpr uint64_t kNoOwner = (uint64_t{1} << 13) - 1;
+static_assert(kMaxClients < kNoOwner);
+
+inline uint64_t LeaseWord(uint64_t state, uint64_t owner, uint64_t generation) {
+  return state | (owner << 3) | (generation << 16);
+}
+inline uint64_t LeaseStateOf(uint64_t word) { return word & 7; }
+inline uint64_t LeaseOwnerOf(uint64_t word) { return (word >> 3) & kNoOwner; }
+inline uint64_t LeaseGenOf(uint64_t word) { return word >> 16; }
+// The same lease in a new state and owner, one generation later (I4).
+inline uint64_t NextLeaseWord(uint64_t word, uint64_t state, uint64_t owner) {
+  return LeaseWord(state, owner, (LeaseGenOf(word) + 1) & ((uint64_t{1} << 48) - 1));
+}
+
+// Lease flag: the ticket's done bit was set when the lease was made (a piece
+// restored from a checkpoint), so its ack must not set it again.
+inline constexpr uint32_t kLeasePreset = 1;
+
+struct alignas(kCacheLine) Header {
+  std::atomic<uint64_t> magic;       // written after the admin mutex exists
+  uint32_t layout_version;
+  std::atomic<uint32_t> state;       // SegmentState; READY is published last
+  uint64_t total_size;
+  uint32_t creator_uid;
+  int32_t creator_pid;
+  uint64_t created_unix_ns;
+
+  // Configuration, compared field by field on attach.
+  uint64_t fingerprint;
+  uint64_t num_files;
+  uint64_t num_items;
+  uint64_t num_epochs;
+  uint64_t total_tickets;
+  uint64_t total_bytes;
+  uint64_t num_slices;
+  uint64_t seed;
+  uint32_t seed_explicit;
+  uint32_t shuffle;
+  uint64_t paths_hash;
+  uint64_t sizes_hash;
+  uint32_t num_clients;
+  uint32_t max_clients;
+  uint32_t leases_per_client;
+  uint32_t reserved0;
+  uint64_t path_bytes;
+  char format[kFormatTagBytes];
+  uint64_t restore_hash;             // hash of the checkpoint it started from, or 0
+
+  // Serialises joins, leaves, removal and creation. Robust: a holder that
+  // dies hands the next locker EOWNERDEAD.
+  pthread_mutex_t admin_mutex;
+  // Serialises sweeps for lost tickets (I3).
+  pthread_mutex_t sweep_mutex;
+};
+
+struct alignas(kCacheLine) Cursor {
+  std::atomic<uint64_t> next_ticket;  // I1
+};
+
+struct alignas(kCacheLine) Counters {
+  std::atomic<uint32_t> wake_seq;     // futex word: bumped when waiters should look again
+  std::atomic<uint32_t> waiters;      // processes sleeping on wake_seq
+  std::atomic<uint64_t> orphans;      // hint: ORPHAN leases may exist (self-healing)
+  std::atomic<uint64_t> sweeps_pending;
+  std::atomic<uint64_t> clients_joined;
+  std::atomic<uint64_t> recovered_items;
+  std::atomic<uint64_t> stale_acks;
+  std::atomic<uint64_t> duplicate_acks;  // must stay 0; counted, never trusted
+};
+
+struct alignas(kCacheLine) ClientSlot {
+  pthread_mutex_t life;               // held by the client's holder thread (I5)
+  std::atomic<uint32_t> state;        // ClientState
+  std::atomic<int32_t> pid;
+  std::atomic<uint64_t> joined_ns;
+  std::atomic<uint64_t> last_progress_ns;
+  std::atomic<uint64_t> items_taken;
+  std::atomic<uint64_t> items_acked;
+  std::atomic<uint64_t> items_given_back;
+  std::atomic<uint64_t> items_recovered;
+  std::atomic<uint64_t> bytes_acked;
+  std::atomic<uint64_t> records;
+  std::atomic<uint64_t> stale_acks;
+  std::atomic<uint64_t> idle_ns;
+  std::atomic<uint64_t> left_ns;      // when it left (0 while active)
+};
+
+struct alignas(kCacheLine) LeaseSlot {
+  std::atomic<uint64_t> word;
+  std::atomic<uint64_t> ticket;
+  std::atomic<uint64_t> begin;
+  std::atomic<uint64_t> end;
+  std::atomic<uint64_t> progress;     // resume offset for checkpoints
+  std::atomic<uint32_t> flags;
+};
+
+struct FileEntry {
+  uint64_t path_offset;               // into the path bytes
+  uint64_t path_length;
+  uint64_t size;
+};
+
+struct ItemEntry {
+  uint64_t file;
+  uint64_t begin;
+  uint64_t end;
+};
+
+// Offsets of each region, computed from counts; total == 0 when the counts
+// overflow or exceed the limits.
+struct Geometry {
+  uint64_t num_files = 0, num_items = 0, total_tickets = 0, path_bytes = 0;
+  uint32_t max_clients = 0, leases_per_client = 0;
+  size_t counters = 0, cursor = 0, clients = 0, leases = 0, files = 0, items = 0, paths = 0,
+         bitmap = 0, total = 0;
+  uint64_t num_leases() const { return uint64_t{max_clients} * leases_per_client; }
+  uint64_t bitmap_words() const { return (total_tickets + 63) / 64; }
+};
+
+Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
+                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client);
+
+}  // namespace tailcut::detail
+
+#endif  // TAILCUT_ENGINE_SEGMENT_LAYOUT_H_

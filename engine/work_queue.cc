@@ -1,0 +1,869 @@
+#include "tailcut/work_queue.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/random.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "engine/config.h"
+#include "engine/crash_point.h"
+#include "engine/queue_core.h"
+#include "engine/segment.h"
+
+namespace tailcut {
+
+namespace detail {
+
+std::atomic<bool> g_crash_points_armed{false};
+namespace {
+std::string g_crash_point;
+std::atomic<long> g_crash_countdown{1};
+}  // namespace
+
+void LoadCrashPointFromEnvironment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* spec = std::getenv("TAILCUT_CRASH_AT");
+    if (spec == nullptr || *spec == '\0') return;
+    std::string s(spec);
+    size_t colon = s.find(':');
+    g_crash_point = s.substr(0, colon);
+    if (colon != std::string::npos) g_crash_countdown = std::max(1L, std::atol(s.c_str() + colon + 1));
+    g_crash_points_armed.store(true);
+  });
+}
+
+void CrashPointSlow(const char* point) noexcept {
+  if (g_crash_point != point) return;
+  if (g_crash_countdown.fetch_sub(1) == 1) ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+constexpr uint64_t kHousekeepingNs = 100'000'000;  // dead-client checks while busy
+constexpr uint64_t kWaitSliceNs = 50'000'000;      // longest futex sleep: deaths wake nobody
+constexpr uint64_t kWaitNoticeNs = 30'000'000'000;
+
+void DefaultNotice(const std::string& line) { std::fprintf(stderr, "tailcut: %s\n", line.c_str()); }
+
+// Holds a client's life mutex on a thread of its own, so the mutex lives as
+// long as the WorkQueue rather than the thread that opened it (robust mutexes
+// belong to threads; Python threads come and go).
+class LifeHolder {
+ public:
+  // Returns false if the mutex is held by someone else.
+  bool Start(pthread_mutex_t* life) {
+    life_ = life;
+    thread_ = std::thread([this] {
+      int rc = pthread_mutex_trylock(life_);
+      if (rc == EOWNERDEAD) {
+        // A recoverer died after freeing the slot: nothing left to repair.
+        pthread_mutex_consistent(life_);
+        rc = 0;
+      }
+      std::unique_lock<std::mutex> lock(mu_);
+      locked_ = rc == 0;
+      started_ = true;
+      cv_.notify_all();
+      if (!locked_) return;
+      cv_.wait(lock, [this] { return release_; });
+      pthread_mutex_unlock(life_);
+    });
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return started_; });
+    if (!locked_) thread_.join();
+    return locked_;
+  }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      release_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  ~LifeHolder() { Stop(); }
+
+ private:
+  pthread_mutex_t* life_ = nullptr;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false, locked_ = false, release_ = false;
+};
+
+// Locks a robust mutex with a deadline. Returns 0, ETIMEDOUT or EINVAL; sets
+// *died if the previous holder died.
+int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died) {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = static_cast<uint64_t>(ts.tv_nsec) + static_cast<uint64_t>(timeout.count()) * 1000000ull;
+  ts.tv_sec += static_cast<time_t>(ns / 1000000000ull);
+  ts.tv_nsec = static_cast<long>(ns % 1000000000ull);
+  int rc = pthread_mutex_timedlock(mu, &ts);
+  *died = rc == EOWNERDEAD;
+  if (rc == EOWNERDEAD) {
+    pthread_mutex_consistent(mu);
+    rc = 0;
+  }
+  return rc;
+}
+
+class AdminLock {
+ public:
+  explicit AdminLock(Segment& seg) : mu_(&seg.header().admin_mutex) {}
+  int Lock(std::chrono::milliseconds timeout, bool* died) {
+    int rc = LockRobustFor(mu_, timeout, died);
+    locked_ = rc == 0;
+    return rc;
+  }
+  void Unlock() {
+    if (locked_) pthread_mutex_unlock(mu_);
+    locked_ = false;
+  }
+  ~AdminLock() { Unlock(); }
+
+ private:
+  pthread_mutex_t* mu_;
+  bool locked_ = false;
+};
+
+// Checkpoint state, serialised little-endian:
+//   magic, version, data fingerprint, items, epochs, seed, low, cursor,
+//   done words from low/64 up to the cursor, pieces (ticket, begin, end),
+//   and a hash of everything before it.
+constexpr uint64_t kStateMagic = 0x3145544154534354ull;  // "TCSTATE1"
+constexpr uint64_t kStateVersion = 1;
+
+struct Piece {
+  uint64_t ticket, begin, end;
+};
+
+struct SavedState {
+  uint64_t fingerprint = 0, num_items = 0, num_epochs = 0, seed = 0, low = 0, cursor = 0;
+  std::vector<uint64_t> words;  // done bits for tickets [low/64*64, cursor)
+  std::vector<Piece> pieces;
+};
+
+void Put(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+
+std::string Serialize(const SavedState& s) {
+  std::string out;
+  for (uint64_t v : {kStateMagic, kStateVersion, s.fingerprint, s.num_items, s.num_epochs, s.seed,
+                     s.low, s.cursor, static_cast<uint64_t>(s.words.size())})
+    Put(&out, v);
+  for (uint64_t w : s.words) Put(&out, w);
+  Put(&out, s.pieces.size());
+  for (const Piece& p : s.pieces) {
+    Put(&out, p.ticket);
+    Put(&out, p.begin);
+    Put(&out, p.end);
+  }
+  Put(&out, HashBytes(out.data(), out.size()));
+  return out;
+}
+
+SavedState Deserialize(const std::string& name, const std::string& bytes) {
+  auto corrupt = [&](const std::string& what) {
+    return Error(ErrorKind::kCorrupt, "queue '" + name + "': restore_state is not a valid tailcut "
+                                      "checkpoint (" + what + "); pass the bytes SaveState() returned");
+  };
+  size_t pos = 0;
+  auto get = [&]() {
+    if (bytes.size() - pos < 8) throw corrupt("truncated at byte " + std::to_string(pos));
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + pos, 8);
+    pos += 8;
+    return v;
+  };
+  if (bytes.size() < 8 * 11 || bytes.size() % 8 != 0)
+    throw corrupt(std::to_string(bytes.size()) + " bytes");
+  uint64_t stored_hash;
+  std::memcpy(&stored_hash, bytes.data() + bytes.size() - 8, 8);
+  if (get() != kStateMagic) throw corrupt("bad magic");
+  if (uint64_t v = get(); v != kStateVersion) throw corrupt("version " + std::to_string(v));
+  if (HashBytes(bytes.data(), bytes.size() - 8) != stored_hash) throw corrupt("checksum mismatch");
+  SavedState s;
+  s.fingerprint = get();
+  s.num_items = get();
+  s.num_epochs = get();
+  s.seed = get();
+  s.low = get();
+  s.cursor = get();
+  uint64_t nwords = get();
+  if (nwords > bytes.size() / 8) throw corrupt("word count out of range");
+  s.words.resize(nwords);
+  for (auto& w : s.words) w = get();
+  uint64_t npieces = get();
+  if (npieces > bytes.size() / 24) throw corrupt("piece count out of range");
+  s.pieces.resize(npieces);
+  for (auto& p : s.pieces) p = {get(), get(), get()};
+  if (pos + 8 != bytes.size()) throw corrupt("trailing bytes");
+  uint64_t total = s.num_items * s.num_epochs;
+  if (s.num_items == 0 || s.num_epochs == 0 || total / s.num_epochs != s.num_items ||
+      s.low > s.cursor || s.cursor > total || nwords != (s.cursor + 63) / 64 - s.low / 64)
+    throw corrupt("inconsistent counts");
+  for (const Piece& p : s.pieces)
+    if (p.ticket >= total || p.begin > p.end) throw corrupt("piece out of range");
+  return s;
+}
+
+uint64_t DataFingerprint(QueueConfig config) {
+  config.seed_explicit = false;  // the seed is compared on its own
+  return config.Fingerprint();
+}
+
+}  // namespace
+
+class WorkQueue::Impl {
+ public:
+  Impl(WorkQueueOptions options, QueueConfig config)
+      : options_(std::move(options)), config_(std::move(config)) {
+    if (!options_.on_notice) options_.on_notice = DefaultNotice;
+  }
+  ~Impl() { Close(); }
+
+  void Open();
+  TakeStatus Take(WorkItem* item, bool wait, std::chrono::steady_clock::time_point deadline) noexcept;
+  AckStatus Ack(const WorkItem& item) noexcept;
+  AckStatus GiveBack(const WorkItem& item) noexcept;
+  AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
+  std::string SaveState() const;
+  QueueStats Stats() const { return core_->Stats(options_.name); }
+  void Close() noexcept;
+
+  const std::string& name() const { return options_.name; }
+  const QueueConfig& config() const { return config_; }
+  const QueueCore& core() const { return *core_; }
+
+ private:
+  void Notice(const std::string& line) const {
+    try {
+      options_.on_notice(line);
+    } catch (...) {
+    }
+  }
+  // One attempt to create or attach. Returns false to retry from scratch.
+  bool TryCreate(const Geometry& g);
+  bool TryAttach();
+  void Register();  // admin held
+  void ApplyRestore(const SavedState& state);
+  bool TakeOnce(WorkItem* out, bool* limit) noexcept;
+  bool ClaimOrphan(WorkItem* out) noexcept;
+  void FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket, uint64_t begin,
+                uint64_t end) const noexcept;
+  void Housekeep() noexcept;
+  ClientSlot& me() const { return segment_->client(slot_); }
+
+  WorkQueueOptions options_;
+  QueueConfig config_;
+  std::unique_ptr<Segment> segment_;
+  std::unique_ptr<QueueCore> core_;
+  LifeHolder holder_;
+  SavedState restore_;
+  uint64_t slot_ = kNoOwner;
+  uint64_t lease_base_ = 0;
+  uint64_t timeout_ns_ = 0;
+  std::atomic<uint64_t> next_housekeeping_ns_{0};
+  std::atomic<uint64_t> orphan_scan_start_{0};
+  bool closed_ = true;
+};
+
+void WorkQueue::Impl::Open() {
+  LoadCrashPointFromEnvironment();
+  timeout_ns_ = static_cast<uint64_t>(options_.lease_timeout.count()) * 1000000ull;
+  if (!options_.restore_state.empty()) {
+    // Check the state before touching shared memory.
+    restore_ = Deserialize(options_.name, options_.restore_state);
+    auto mismatch = [&](const std::string& what) {
+      return Error(ErrorKind::kConfigMismatch, "queue '" + options_.name + "': restore_state " +
+                                                   "was saved from a different configuration: " + what);
+    };
+    if (restore_.num_items != config_.items.size())
+      throw mismatch("it has " + std::to_string(restore_.num_items) + " items, this queue " +
+                     std::to_string(config_.items.size()));
+    if (restore_.num_epochs != config_.num_epochs)
+      throw mismatch("num_epochs " + std::to_string(restore_.num_epochs) + " there, " +
+                     std::to_string(config_.num_epochs) + " here");
+    if (config_.seed_explicit && restore_.seed != config_.seed)
+      throw mismatch("seed " + std::to_string(restore_.seed) + " there, " + std::to_string(config_.seed) +
+                     " here");
+    if (restore_.fingerprint != DataFingerprint(config_))
+      throw mismatch("works, file sizes, num_slices, shuffle or format differ");
+  }
+  uint64_t path_bytes = 0;
+  for (const auto& p : config_.paths) path_bytes += p.size();
+  Geometry g = ComputeGeometry(config_.paths.size(), config_.items.size(), config_.total_tickets(),
+                               path_bytes, config_.max_clients, config_.leases_per_client);
+  if (g.total == 0)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "': configuration too large");
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (TryCreate(g) || TryAttach()) {
+      closed_ = false;
+      return;
+    }
+  }
+  throw Error(ErrorKind::kTimeout, "queue '" + options_.name + "': gave up after 16 attempts to create "
+              "or join it while other processes kept replacing it; retry, or pick another name");
+}
+
+bool WorkQueue::Impl::TryCreate(const Geometry& g) {
+  segment_ = Segment::CreateExclusive(options_.name, g.total);
+  if (!segment_) return false;
+  Header& h = segment_->header();
+  InitRobustMutex(&h.admin_mutex);
+  AdminLock admin(*segment_);
+  bool died;
+  admin.Lock(options_.attach_timeout, &died);
+  CrashPoint("create.after_mutex");
+  h.layout_version = kLayoutVersion;
+  h.total_size = g.total;
+  // Release pairs with the attacher's acquire in WaitForMagic: the mutex
+  // and the preamble above are visible before it touches them.
+  h.magic.store(kSegmentMagic, std::memory_order_release);
+
+  bool restoring = !options_.restore_state.empty();
+  if (restoring) {
+    config_.seed = restore_.seed;
+  } else if (!config_.seed_explicit) {
+    uint64_t seed = 0;
+    if (::getrandom(&seed, sizeof(seed), 0) != sizeof(seed)) seed = MonotonicNs() ^ ::getpid();
+    config_.seed = seed;
+  }
+  WriteLayout(segment_.get(), config_, g);
+  core_ = std::make_unique<QueueCore>(segment_.get(), config_.items, config_.num_epochs,
+                                      config_.seed, config_.shuffle);
+  if (restoring) {
+    try {
+      ApplyRestore(restore_);
+    } catch (...) {
+      segment_->UnlinkIfSame();
+      throw;
+    }
+    h.restore_hash = HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1;
+  }
+  CrashPoint("create.before_ready");
+  h.state.store(kReady, std::memory_order_release);
+  Register();
+  return true;
+}
+
+void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
+  Segment& seg = *segment_;
+  uint64_t first_word = s.low / 64;
+  for (uint64_t i = 0; i < first_word; ++i) seg.done_word(i).store(~uint64_t{0}, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < s.words.size(); ++i)
+    seg.done_word(first_word + i).store(s.words[i], std::memory_order_relaxed);
+  uint64_t lease = 0;
+  for (const Piece& p : s.pieces) {
+    uint64_t epoch = p.ticket / core_->num_items();
+    const WorkQueue::Item& item = config_.items[core_->ItemAt(epoch, p.ticket % core_->num_items())];
+    if (p.begin < item.begin || p.end > item.end)
+      throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': restore_state has a piece of "
+                  "ticket " + std::to_string(p.ticket) + " outside its item");
+    seg.done_word(p.ticket / 64).fetch_or(uint64_t{1} << (p.ticket % 64), std::memory_order_relaxed);
+    if (p.begin >= p.end) continue;  // consumed to its end: done
+    if (lease >= core_->num_leases())
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue '" + options_.name + "': restore_state has " + std::to_string(s.pieces.size()) +
+                      " open items but this queue has room for " + std::to_string(core_->num_leases()) +
+                      "; raise max_clients or leases_per_client");
+    uint64_t w = seg.lease(lease).word.load(std::memory_order_relaxed);
+    core_->PublishOrphan(lease, w, p.ticket, p.begin, p.end, kLeasePreset);
+    ++lease;
+  }
+  seg.cursor().next_ticket.store(s.low, std::memory_order_release);
+}
+
+bool WorkQueue::Impl::TryAttach() {
+  bool abandoned = false;
+  try {
+    segment_ = Segment::OpenExisting(options_.name, options_.attach_timeout, &abandoned);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kNotFound) return false;  // removed meanwhile: create it
+    throw;
+  }
+  if (!segment_) {
+    if (abandoned) Notice("queue '" + options_.name + "': removed an empty segment left by a creator that died");
+    return false;
+  }
+  if (!segment_->WaitForMagic(options_.attach_timeout)) {
+    if (segment_->UnlinkIfSame())
+      Notice("queue '" + options_.name + "': removed a segment whose creator died before setting it up");
+    segment_.reset();
+    return false;
+  }
+  segment_->CheckPreamble();
+  Header& h = segment_->header();
+  AdminLock admin(*segment_);
+  bool died = false;
+  int rc = admin.Lock(options_.attach_timeout, &died);
+  if (rc == ETIMEDOUT)
+    throw Error(ErrorKind::kTimeout, "queue '" + options_.name + "': process " +
+                std::to_string(h.creator_pid) + " has been creating or changing it for more than " +
+                std::to_string(options_.attach_timeout.count()) + " ms; is it stopped? (attach_timeout)");
+  if (rc != 0)
+    throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': segment " + segment_->path() +
+                " has an unusable lock (" + std::strerror(rc) + "); remove it with `tailcut rm --force " +
+                options_.name + "`");
+  uint32_t state = h.state.load(std::memory_order_acquire);
+  if (state == kRemoved) {
+    segment_.reset();
+    return false;
+  }
+  if (state != kReady) {
+    if (!died && state != kCreating)
+      throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': segment " + segment_->path() +
+                  " is in an unknown state; remove it with `tailcut rm --force " + options_.name + "`");
+    h.state.store(kRemoved, std::memory_order_release);
+    segment_->UnlinkIfSame();
+    Notice("queue '" + options_.name + "': replaced a segment whose creator died while setting it up");
+    segment_.reset();
+    return false;
+  }
+  segment_->Validate();
+  config_.seed = h.seed;
+  core_ = std::make_unique<QueueCore>(segment_.get(), ReadItems(*segment_), h.num_epochs, h.seed,
+                                      h.shuffle != 0);
+  int live = core_->LiveClients(kNoOwner, /*admin_held=*/true);
+  auto replace = [&](const std::string& why) {
+    h.state.store(kRemoved, std::memory_order_release);
+    segment_->UnlinkIfSame();
+    Notice("queue '" + options_.name + "': " + why);
+    core_.reset();
+    admin.Unlock();
+    segment_.reset();
+    return false;
+  };
+  if (live == 0) {
+    try {
+      CompareConfig(*segment_, config_);
+    } catch (const Error& e) {
+      return replace("replacing a stale queue (all its processes are gone) made with another "
+                     "configuration: " + std::string(e.what()).substr(0, std::string(e.what()).find(". Use")));
+    }
+    QueueStats st = core_->Stats(options_.name);
+    if (!options_.restore_state.empty())
+      return replace("replacing a stale queue (all its processes are gone) to start from restore_state");
+    if (core_->AllDone() && st.clients_joined >= h.num_clients)
+      return replace("replacing a finished queue left behind by an earlier run");
+    if (st.clients_joined > 0 && !core_->AllDone())
+      Notice("queue '" + options_.name + "': resuming a stale queue (all its processes are gone): " +
+             std::to_string(st.done) + " of " + std::to_string(st.total) + " items done");
+  } else {
+    CompareConfig(*segment_, config_);
+    if (!options_.restore_state.empty() &&
+        h.restore_hash != (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
+      throw Error(ErrorKind::kConfigMismatch,
+                  "queue '" + options_.name + "' is already running from " +
+                      (h.restore_hash == 0 ? std::string("a fresh start") : "another checkpoint") +
+                      ", not from this restore_state; pass the same state in every process, or "
+                      "wait for the running job to finish");
+  }
+  Register();
+  return true;
+}
+
+void WorkQueue::Impl::Register() {
+  Geometry g = segment_->geometry();
+  for (uint64_t s = 0; s < g.max_clients; ++s) {
+    ClientSlot& cs = segment_->client(s);
+    if (cs.state.load(std::memory_order_acquire) != kClientFree) continue;
+    if (!holder_.Start(&cs.life)) continue;
+    uint64_t now = MonotonicNs();
+    for (auto* c : {&cs.items_taken, &cs.items_acked, &cs.items_given_back, &cs.items_recovered,
+                    &cs.bytes_acked, &cs.records, &cs.stale_acks, &cs.idle_ns, &cs.left_ns})
+      c->store(0, std::memory_order_relaxed);
+    cs.pid.store(::getpid(), std::memory_order_relaxed);
+    cs.joined_ns.store(now, std::memory_order_relaxed);
+    cs.last_progress_ns.store(now, std::memory_order_relaxed);
+    cs.state.store(kClientActive, std::memory_order_release);
+    segment_->counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
+    slot_ = s;
+    lease_base_ = s * g.leases_per_client;
+    return;
+  }
+  throw Error(ErrorKind::kInvalidArgument,
+              "queue '" + options_.name + "': all " + std::to_string(g.max_clients) +
+                  " client slots are in use; open it with a larger max_clients (in every process)");
+}
+
+void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket,
+                               uint64_t begin, uint64_t end) const noexcept {
+  uint64_t n = core_->num_items();
+  out->ticket = ticket;
+  out->epoch = ticket / n;
+  out->index = core_->ItemAt(out->epoch, ticket % n);
+  const WorkQueue::Item& item = config_.items[out->index];
+  out->file = item.file;
+  out->path = config_.paths[item.file];
+  out->begin = begin;
+  out->end = end;
+  out->lease = static_cast<uint32_t>(lease);
+  out->generation = LeaseGenOf(open_word);
+}
+
+bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
+  Counters& c = segment_->counters();
+  uint64_t n = core_->num_leases();
+  uint64_t start = orphan_scan_start_.fetch_add(1, std::memory_order_relaxed) % n;
+  for (uint64_t k = 0; k < n; ++k) {
+    uint64_t l = (start + k) % n;
+    LeaseSlot& ls = segment_->lease(l);
+    uint64_t w = ls.word.load(std::memory_order_acquire);
+    if (LeaseStateOf(w) != kLeaseOrphan) continue;
+    uint64_t open = NextLeaseWord(w, kLeaseOpen, slot_);
+    // Acquire pairs with PublishOrphan's release: the fields are complete.
+    if (!ls.word.compare_exchange_strong(w, open, std::memory_order_acq_rel)) continue;
+    uint64_t prev = c.orphans.load(std::memory_order_relaxed);
+    while (prev > 0 && !c.orphans.compare_exchange_weak(prev, prev - 1, std::memory_order_acq_rel)) {
+    }
+    uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
+    uint64_t begin = ls.begin.load(std::memory_order_relaxed);
+    uint64_t end = ls.end.load(std::memory_order_relaxed);
+    // Never trust the segment: a piece must lie inside its ticket's item.
+    bool valid = ticket < core_->total();
+    if (valid) {
+      const WorkQueue::Item& item =
+          config_.items[core_->ItemAt(ticket / core_->num_items(), ticket % core_->num_items())];
+      valid = begin <= end && begin >= item.begin && end <= item.end;
+    }
+    if (!valid) {
+      // Drop the bad lease; if it stood for a real ticket, a sweep re-issues it.
+      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ls.word.compare_exchange_strong(open, NextLeaseWord(open, kLeaseFree, kNoOwner),
+                                      std::memory_order_acq_rel);
+      c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
+      continue;
+    }
+    ls.progress.store(begin, std::memory_order_relaxed);
+    me().items_taken.fetch_add(1, std::memory_order_relaxed);
+    me().items_recovered.fetch_add(1, std::memory_order_relaxed);
+    FillItem(out, l, open, ticket, begin, end);
+    return true;
+  }
+  // None found: the hint was stale (a claimer died before decrementing).
+  uint64_t seen = c.orphans.load(std::memory_order_acquire);
+  if (seen > 0) c.orphans.compare_exchange_strong(seen, 0, std::memory_order_acq_rel);
+  return false;
+}
+
+bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
+  Counters& c = segment_->counters();
+  if (c.orphans.load(std::memory_order_acquire) > 0 && ClaimOrphan(out)) return true;
+  std::atomic<uint64_t>& cursor = segment_->cursor().next_ticket;
+  const uint64_t total = core_->total();
+  const uint64_t per_client = segment_->geometry().leases_per_client;
+  while (cursor.load(std::memory_order_relaxed) < total) {
+    // Reserve a lease of our region before taking a ticket, so that a death
+    // right after fetch_add leaves a trace (I3).
+    uint64_t l = 0, taking = 0;
+    bool reserved = false;
+    for (uint64_t k = 0; k < per_client && !reserved; ++k) {
+      l = lease_base_ + k;
+      uint64_t w = segment_->lease(l).word.load(std::memory_order_acquire);
+      if (LeaseStateOf(w) != kLeaseFree) continue;
+      taking = NextLeaseWord(w, kLeaseTaking, slot_);
+      reserved = segment_->lease(l).word.compare_exchange_strong(w, taking, std::memory_order_acq_rel);
+    }
+    if (!reserved) {
+      *limit = true;
+      return false;
+    }
+    LeaseSlot& ls = segment_->lease(l);
+    CrashPoint("take.after_reserve");
+    uint64_t ticket = cursor.fetch_add(1, std::memory_order_acq_rel);
+    CrashPoint("take.after_fetch_add");
+    auto release = [&] {
+      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ls.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
+                                      std::memory_order_acq_rel);
+    };
+    if (ticket >= total) {
+      release();
+      break;
+    }
+    ls.ticket.store(ticket, std::memory_order_release);
+    CrashPoint("take.after_ticket");
+    if (segment_->IsDone(ticket)) {  // done before a restore
+      release();
+      continue;
+    }
+    uint64_t n = core_->num_items();
+    const WorkQueue::Item& item = config_.items[core_->ItemAt(ticket / n, ticket % n)];
+    ls.begin.store(item.begin, std::memory_order_relaxed);
+    ls.end.store(item.end, std::memory_order_relaxed);
+    ls.progress.store(item.begin, std::memory_order_relaxed);
+    ls.flags.store(0, std::memory_order_relaxed);
+    uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
+    // Fails only if a lease timeout reassigned the ticket while we were paused.
+    if (!ls.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel)) continue;
+    me().items_taken.fetch_add(1, std::memory_order_relaxed);
+    FillItem(out, l, open, ticket, item.begin, item.end);
+    return true;
+  }
+  return false;
+}
+
+void WorkQueue::Impl::Housekeep() noexcept {
+  core_->CheckClients(slot_);
+  if (timeout_ns_ > 0) core_->ReassignHung(slot_, timeout_ns_);
+  core_->TrySweep(slot_);
+}
+
+TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
+                                 std::chrono::steady_clock::time_point deadline) noexcept {
+  if (closed_ || out == nullptr) return TakeStatus::kEnd;
+  uint64_t now = MonotonicNs();
+  me().last_progress_ns.store(now, std::memory_order_relaxed);
+  uint64_t next = next_housekeeping_ns_.load(std::memory_order_relaxed);
+  if (now >= next && next_housekeeping_ns_.compare_exchange_strong(next, now + kHousekeepingNs))
+    Housekeep();
+  Counters& c = segment_->counters();
+  uint64_t wait_start = 0;
+  bool noticed = false;
+  for (;;) {
+    bool limit = false;
+    if (TakeOnce(out, &limit)) break;
+    if (limit) return TakeStatus::kLimit;
+    // Nothing to hand out: see whether anything can still come back.
+    Housekeep();
+    if (c.orphans.load(std::memory_order_acquire) > 0 && ClaimOrphan(out)) break;
+    if (core_->AllDone()) return TakeStatus::kEnd;
+    if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kEmpty;
+    uint64_t t0 = MonotonicNs();
+    if (wait_start == 0) wait_start = t0;
+    uint32_t seq = c.wake_seq.load(std::memory_order_seq_cst);
+    c.waiters.fetch_add(1, std::memory_order_seq_cst);
+    // Re-check after announcing ourselves (pairs with WakeWaiters).
+    bool changed = c.orphans.load(std::memory_order_seq_cst) > 0 || core_->AllDone() ||
+                   c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
+    if (!changed) {
+      auto left = deadline - std::chrono::steady_clock::now();
+      uint64_t slice = kWaitSliceNs;
+      if (left < std::chrono::nanoseconds(slice))
+        slice = left.count() > 0 ? static_cast<uint64_t>(
+                                       std::chrono::duration_cast<std::chrono::nanoseconds>(left).count())
+                                 : 0;
+      struct timespec ts = {static_cast<time_t>(slice / 1000000000ull), static_cast<long>(slice % 1000000000ull)};
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.wake_seq), FUTEX_WAIT, seq, &ts, nullptr, 0);
+    }
+    c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    uint64_t t1 = MonotonicNs();
+    me().idle_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+    me().last_progress_ns.store(t1, std::memory_order_relaxed);
+    if (!noticed && t1 - wait_start > kWaitNoticeNs) {
+      noticed = true;
+      std::vector<int> pids = core_->LivePids(slot_);
+      std::string list;
+      for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);
+      Notice("queue '" + options_.name + "': waiting " + std::to_string((t1 - wait_start) / 1000000000ull) +
+             " s for items still held by other processes (pids " + list +
+             "); they come back if those die. Set lease_timeout to reassign items of hung processes");
+    }
+  }
+  return TakeStatus::kOk;
+}
+
+AckStatus WorkQueue::Impl::Ack(const WorkItem& item) noexcept {
+  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
+  LeaseSlot& ls = segment_->lease(item.lease);
+  uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
+  uint64_t acking = NextLeaseWord(expected, kLeaseAcking, slot_);
+  if (!ls.word.compare_exchange_strong(expected, acking, std::memory_order_acq_rel)) {
+    me().stale_acks.fetch_add(1, std::memory_order_relaxed);
+    segment_->counters().stale_acks.fetch_add(1, std::memory_order_relaxed);
+    return AckStatus::kStale;
+  }
+  CrashPoint("ack.after_mark");
+  uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
+  if (!(ls.flags.load(std::memory_order_relaxed) & kLeasePreset) && ticket < core_->total()) {
+    uint64_t bit = uint64_t{1} << (ticket % 64);
+    if (segment_->done_word(ticket / 64).fetch_or(bit, std::memory_order_acq_rel) & bit)
+      segment_->counters().duplicate_acks.fetch_add(1, std::memory_order_relaxed);
+  }
+  CrashPoint("ack.after_bit");
+  ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+  ls.flags.store(0, std::memory_order_relaxed);
+  ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseFree, kNoOwner),
+                                  std::memory_order_acq_rel);
+  ClientSlot& cs = me();
+  cs.items_acked.fetch_add(1, std::memory_order_relaxed);
+  cs.bytes_acked.fetch_add(item.end - item.begin, std::memory_order_relaxed);
+  cs.last_progress_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  core_->WakeWaiters();
+  return AckStatus::kOk;
+}
+
+AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
+  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
+  LeaseSlot& ls = segment_->lease(item.lease);
+  uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
+  if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
+  ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  CrashPoint("giveback.after_mark");
+  if (!ls.word.compare_exchange_strong(expected, NextLeaseWord(expected, kLeaseOrphan, kNoOwner),
+                                       std::memory_order_acq_rel))
+    return AckStatus::kStale;
+  segment_->counters().orphans.fetch_add(1, std::memory_order_acq_rel);
+  me().items_given_back.fetch_add(1, std::memory_order_relaxed);
+  core_->WakeWaiters();
+  return AckStatus::kOk;
+}
+
+AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
+  LeaseSlot& ls = segment_->lease(item.lease);
+  if (ls.word.load(std::memory_order_acquire) != LeaseWord(kLeaseOpen, slot_, item.generation))
+    return AckStatus::kStale;
+  ls.progress.store(std::clamp(offset, item.begin, item.end), std::memory_order_relaxed);
+  me().records.fetch_add(records, std::memory_order_relaxed);
+  me().last_progress_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  return AckStatus::kOk;
+}
+
+std::string WorkQueue::Impl::SaveState() const {
+  if (closed_) throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "' is closed");
+  Segment& seg = *segment_;
+  SavedState s;
+  s.fingerprint = DataFingerprint(config_);
+  s.num_items = core_->num_items();
+  s.num_epochs = config_.num_epochs;
+  s.seed = config_.seed;
+  uint64_t total = core_->total();
+  s.cursor = std::min(seg.cursor().next_ticket.load(std::memory_order_acquire), total);
+  // Leases first, then bits: an ack sets its bit before freeing its lease,
+  // so nothing acked is missed, and an item acked meanwhile is merely
+  // handed out again after a restore.
+  std::vector<uint64_t> acking;
+  for (uint64_t l = 0; l < core_->num_leases(); ++l) {
+    LeaseSlot& ls = seg.lease(l);
+    for (;;) {
+      uint64_t w1 = ls.word.load(std::memory_order_acquire);
+      uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+      uint64_t begin = ls.begin.load(std::memory_order_relaxed);
+      uint64_t end = ls.end.load(std::memory_order_relaxed);
+      uint64_t progress = ls.progress.load(std::memory_order_relaxed);
+      uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+      if (ls.word.load(std::memory_order_acquire) != w1) continue;
+      uint64_t state = LeaseStateOf(w1);
+      if (ticket >= total) break;
+      if (state == kLeaseAcking) {
+        acking.push_back(ticket);
+      } else if (state == kLeaseOpen || state == kLeaseOrphan) {
+        s.pieces.push_back({ticket, std::clamp(progress, begin, end), end});
+      } else if (state == kLeaseTaking && !(seg.IsDone(ticket) && !(flags & kLeasePreset))) {
+        const WorkQueue::Item& item =
+            config_.items[core_->ItemAt(ticket / s.num_items, ticket % s.num_items)];
+        s.pieces.push_back({ticket, item.begin, item.end});
+      }
+      break;
+    }
+  }
+  uint64_t words = (s.cursor + 63) / 64;
+  std::vector<uint64_t> bits(words);
+  for (uint64_t i = 0; i < words; ++i) bits[i] = seg.done_word(i).load(std::memory_order_acquire);
+  for (uint64_t t : acking) bits[t / 64] |= uint64_t{1} << (t % 64);
+  for (const Piece& p : s.pieces)
+    if (p.ticket < s.cursor) bits[p.ticket / 64] |= uint64_t{1} << (p.ticket % 64);
+  s.low = 0;
+  while (s.low < s.cursor && ((bits[s.low / 64] >> (s.low % 64)) & 1)) ++s.low;
+  s.words.assign(bits.begin() + static_cast<long>(s.low / 64), bits.end());
+  return Serialize(s);
+}
+
+void WorkQueue::Impl::Close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  Segment& seg = *segment_;
+  for (uint64_t l = 0; l < core_->num_leases(); ++l) {
+    LeaseSlot& ls = seg.lease(l);
+    uint64_t w = ls.word.load(std::memory_order_acquire);
+    if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) != slot_) continue;
+    ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if (ls.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseOrphan, kNoOwner),
+                                        std::memory_order_acq_rel)) {
+      seg.counters().orphans.fetch_add(1, std::memory_order_acq_rel);
+      me().items_given_back.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  core_->CheckClients(slot_);
+  bool died;
+  AdminLock admin(seg);
+  admin.Lock(std::chrono::milliseconds(60000), &died);
+  me().state.store(kClientFree, std::memory_order_release);
+  me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  holder_.Stop();
+  CrashPoint("close.after_unregister");
+  int active = 0;
+  for (uint64_t s = 0; s < seg.geometry().max_clients; ++s)
+    active += seg.client(s).state.load(std::memory_order_acquire) == kClientActive;
+  if (active == 0) {
+    bool done = core_->AllDone();
+    uint64_t joined = seg.counters().clients_joined.load(std::memory_order_relaxed);
+    if (done && joined >= seg.header().num_clients) {
+      seg.header().state.store(kRemoved, std::memory_order_release);
+      seg.UnlinkIfSame();
+    } else if (!done) {
+      QueueStats st = core_->Stats(options_.name);
+      Notice("queue '" + options_.name + "' left unfinished (" + std::to_string(st.done) + " of " +
+             std::to_string(st.total) + " items done); the next job with the same configuration "
+             "resumes it, `tailcut rm " + options_.name + "` discards it");
+    }
+  }
+  admin.Unlock();
+  core_->WakeWaiters();
+}
+
+WorkQueue::WorkQueue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+WorkQueue::~WorkQueue() = default;
+
+std::unique_ptr<WorkQueue> WorkQueue::Open(WorkQueueOptions options) {
+  QueueConfig config = ResolveConfig(options);
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(config));
+  impl->Open();
+  return std::unique_ptr<WorkQueue>(new WorkQueue(std::move(impl)));
+}
+
+TakeStatus WorkQueue::Take(WorkItem* item, std::chrono::steady_clock::time_point deadline) noexcept {
+  return impl_->Take(item, true, deadline);
+}
+TakeStatus WorkQueue::TryTake(WorkItem* item) noexcept {
+  return impl_->Take(item, false, std::chrono::steady_clock::time_point::min());
+}
+AckStatus WorkQueue::Ack(const WorkItem& item) noexcept { return impl_->Ack(item); }
+AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept { return impl_->GiveBack(item); }
+AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+  return impl_->Progress(item, offset, records);
+}
+std::string WorkQueue::SaveState() const { return impl_->SaveState(); }
+QueueStats WorkQueue::Stats() const { return impl_->Stats(); }
+void WorkQueue::Close() noexcept { impl_->Close(); }
+const std::string& WorkQueue::name() const noexcept { return impl_->name(); }
+uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.size(); }
+uint64_t WorkQueue::num_epochs() const noexcept { return impl_->config().num_epochs; }
+uint64_t WorkQueue::seed() const noexcept { return impl_->config().seed; }
+const std::vector<std::string>& WorkQueue::paths() const noexcept { return impl_->config().paths; }
+const std::vector<WorkQueue::Item>& WorkQueue::items() const noexcept { return impl_->config().items; }
+uint64_t WorkQueue::ItemAt(uint64_t epoch, uint64_t position) const noexcept {
+  return impl_->core().ItemAt(epoch, position);
+}
+
+}  // namespace tailcut
