@@ -31,13 +31,45 @@ void InitRobustMutex(pthread_mutex_t* mu) {
   pthread_mutexattr_destroy(&attr);
 }
 
-bool LockRobust(pthread_mutex_t* mu) {
-  int rc = pthread_mutex_lock(mu);
+namespace {
+
+int RobustMutexKind() {
+  static const int kind = [] {
+    pthread_mutex_t mu;
+    InitRobustMutex(&mu);
+    int k = mu.__data.__kind;
+    pthread_mutex_destroy(&mu);
+    return k;
+  }();
+  return kind;
+}
+
+}  // namespace
+
+bool IsRobustMutex(const pthread_mutex_t* mu) noexcept {
+  return __atomic_load_n(&mu->__data.__kind, __ATOMIC_RELAXED) == RobustMutexKind();
+}
+
+int TryLockRobust(pthread_mutex_t* mu) noexcept {
+  if (!IsRobustMutex(mu)) return EINVAL;
+  return pthread_mutex_trylock(mu);
+}
+
+int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died) {
+  *died = false;
+  if (!IsRobustMutex(mu)) return EINVAL;
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = static_cast<uint64_t>(ts.tv_nsec) + static_cast<uint64_t>(timeout.count()) * 1000000ull;
+  ts.tv_sec += static_cast<time_t>(ns / 1000000000ull);
+  ts.tv_nsec = static_cast<long>(ns % 1000000000ull);
+  int rc = pthread_mutex_timedlock(mu, &ts);
+  *died = rc == EOWNERDEAD;
   if (rc == EOWNERDEAD) {
     pthread_mutex_consistent(mu);
-    return true;
+    rc = 0;
   }
-  return false;
+  return rc;
 }
 
 QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
@@ -142,10 +174,14 @@ void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
     first = false;
   }
   pthread_mutex_consistent(&cs.life);
-  if (!admin_held) LockRobust(&seg_->header().admin_mutex);
+  bool died = false;
+  bool locked = !admin_held && LockRobustFor(&seg_->header().admin_mutex,
+                                             std::chrono::milliseconds(5000), &died) == 0;
+  // Without the admin lock (only a broken segment withholds it) the slot is
+  // still freed: its leases are recovered, which is what matters.
   cs.state.store(kClientFree, std::memory_order_release);
   cs.left_ns.store(MonotonicNs(), std::memory_order_relaxed);
-  if (!admin_held) pthread_mutex_unlock(&seg_->header().admin_mutex);
+  if (locked) pthread_mutex_unlock(&seg_->header().admin_mutex);
   pthread_mutex_unlock(&cs.life);
   WakeWaiters();
 }
@@ -156,7 +192,7 @@ int QueueCore::CheckClients(uint64_t self, bool admin_held) noexcept {
     if (s == self) continue;
     ClientSlot& cs = seg_->client(s);
     if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
-    int rc = pthread_mutex_trylock(&cs.life);
+    int rc = TryLockRobust(&cs.life);
     if (rc == EOWNERDEAD) {
       RecoverClient(s, admin_held);
       ++recovered;
@@ -180,7 +216,7 @@ std::vector<int> QueueCore::LivePidsImpl(uint64_t self, bool admin_held) noexcep
     if (s == self) continue;
     ClientSlot& cs = seg_->client(s);
     if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
-    int rc = pthread_mutex_trylock(&cs.life);
+    int rc = TryLockRobust(&cs.life);
     if (rc == EBUSY) {
       live.push_back(cs.pid.load(std::memory_order_relaxed));
     } else if (rc == EOWNERDEAD) {
@@ -233,7 +269,7 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
   Counters& c = seg_->counters();
   if (self == kNoOwner || c.sweeps_pending.load(std::memory_order_acquire) == 0) return;
   pthread_mutex_t* mu = &seg_->header().sweep_mutex;
-  int rc = pthread_mutex_trylock(mu);
+  int rc = TryLockRobust(mu);
   if (rc == EOWNERDEAD) {
     pthread_mutex_consistent(mu);  // a sweep is idempotent: just run it again
   } else if (rc != 0) {

@@ -7,6 +7,7 @@
 #ifndef TAILCUT_ENGINE_QUEUE_CORE_H_
 #define TAILCUT_ENGINE_QUEUE_CORE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,10 +20,18 @@ namespace tailcut::detail {
 
 uint64_t MonotonicNs() noexcept;
 
-// Locks a robust mutex, making it consistent if its holder died. Returns
-// true if the previous holder died (the caller must repair what it guards).
-bool LockRobust(pthread_mutex_t* mu);
+// Locks a robust mutex with a deadline. Returns 0 (locked), ETIMEDOUT or
+// another errno (a garbage mutex); sets *died if the previous holder died.
+// Every lock of a mutex in the segment is bounded: a hostile segment can
+// claim a holder that never lets go.
+int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died);
 void InitRobustMutex(pthread_mutex_t* mu);
+// glibc trusts a mutex's kind field (a bad one can select lock elision and
+// die with SIGILL), so every mutex read from a segment is checked to carry
+// exactly the kind InitRobustMutex gives before any pthread call touches it.
+bool IsRobustMutex(const pthread_mutex_t* mu) noexcept;
+// pthread_mutex_trylock behind IsRobustMutex: EINVAL for a damaged mutex.
+int TryLockRobust(pthread_mutex_t* mu) noexcept;
 
 class QueueCore {
  public:

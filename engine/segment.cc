@@ -14,6 +14,7 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 
 #include "engine/crash_point.h"
+#include "engine/queue_core.h"
 #include "tailcut/error.h"
 
 namespace bip = boost::interprocess;
@@ -245,6 +246,11 @@ void Segment::Validate() {
                   std::to_string(size_));
   if (h.format[kFormatTagBytes - 1] != '\0') throw corrupt("format tag not terminated");
   geometry_ = g;
+  if (!IsRobustMutex(&h.admin_mutex) || !IsRobustMutex(&h.sweep_mutex))
+    throw corrupt("its admin or sweep lock is damaged");
+  for (uint64_t c = 0; c < g.max_clients; ++c)
+    if (!IsRobustMutex(&client(c).life))
+      throw corrupt("the lock of client slot " + std::to_string(c) + " is damaged");
   // The file and item tables are read by tools that have no configuration of
   // their own: check every entry once, here.
   for (uint64_t f = 0; f < g.num_files; ++f) {

@@ -70,8 +70,9 @@ class LifeHolder {
   // Returns false if the mutex is held by someone else.
   bool Start(pthread_mutex_t* life) {
     life_ = life;
+    started_ = locked_ = release_ = false;
     thread_ = std::thread([this] {
-      int rc = pthread_mutex_trylock(life_);
+      int rc = TryLockRobust(life_);
       if (rc == EOWNERDEAD) {
         // A recoverer died after freeing the slot: nothing left to repair.
         pthread_mutex_consistent(life_);
@@ -108,23 +109,6 @@ class LifeHolder {
   std::condition_variable cv_;
   bool started_ = false, locked_ = false, release_ = false;
 };
-
-// Locks a robust mutex with a deadline. Returns 0, ETIMEDOUT or EINVAL; sets
-// *died if the previous holder died.
-int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died) {
-  struct timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = static_cast<uint64_t>(ts.tv_nsec) + static_cast<uint64_t>(timeout.count()) * 1000000ull;
-  ts.tv_sec += static_cast<time_t>(ns / 1000000000ull);
-  ts.tv_nsec = static_cast<long>(ns % 1000000000ull);
-  int rc = pthread_mutex_timedlock(mu, &ts);
-  *died = rc == EOWNERDEAD;
-  if (rc == EOWNERDEAD) {
-    pthread_mutex_consistent(mu);
-    rc = 0;
-  }
-  return rc;
-}
 
 class AdminLock {
  public:
@@ -425,6 +409,7 @@ bool WorkQueue::Impl::TryAttach() {
                 options_.name + "`");
   uint32_t state = h.state.load(std::memory_order_acquire);
   if (state == kRemoved) {
+    admin.Unlock();
     segment_.reset();
     return false;
   }
@@ -435,6 +420,7 @@ bool WorkQueue::Impl::TryAttach() {
     h.state.store(kRemoved, std::memory_order_release);
     segment_->UnlinkIfSame();
     Notice("queue '" + options_.name + "': replaced a segment whose creator died while setting it up");
+    admin.Unlock();
     segment_.reset();
     return false;
   }
@@ -807,7 +793,7 @@ void WorkQueue::Impl::Close() noexcept {
   core_->CheckClients(slot_);
   bool died;
   AdminLock admin(seg);
-  admin.Lock(std::chrono::milliseconds(60000), &died);
+  admin.Lock(std::max(options_.attach_timeout, std::chrono::milliseconds(100)), &died);
   me().state.store(kClientFree, std::memory_order_release);
   me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);
   holder_.Stop();

@@ -1,0 +1,115 @@
+// Fuzzes what a process does with a segment it finds under a queue's name:
+// attach, validate, inspect, recover dead clients, take and ack. The input
+// patches a valid segment image (so that fuzzing gets past the magic number)
+// as records of [u32 offset][u8 length][length bytes]; an input starting
+// with 0xFF is written raw instead. Anything may fail with tailcut::Error;
+// nothing may crash, hang or touch memory outside the segment.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tailcut/work_queue.h"
+
+namespace {
+
+std::string g_dir;
+std::vector<std::string> g_works;
+std::string g_template;  // bytes of a healthy segment with live-looking state
+
+tailcut::WorkQueueOptions Options(const std::string& name) {
+  tailcut::WorkQueueOptions o;
+  o.works = g_works;
+  o.num_slices = 7;
+  o.num_epochs = 2;
+  o.seed = 1;
+  o.name = name;
+  o.max_clients = 4;
+  o.leases_per_client = 2;
+  o.attach_timeout = std::chrono::milliseconds(5);
+  o.on_notice = [](const std::string&) {};
+  return o;
+}
+
+void Init() {
+  char tmpl[] = "/tmp/tailcut-fuzz-XXXXXX";
+  g_dir = ::mkdtemp(tmpl);
+  for (int i = 0; i < 3; ++i) {
+    std::string p = g_dir + "/w" + std::to_string(i);
+    int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    if (::ftruncate(fd, 1000 * (i + 1)) != 0) std::abort();
+    ::close(fd);
+    g_works.push_back(p);
+  }
+  // A segment with an open item, a done item and a closed client in it.
+  std::string name = "fuzz-template-" + std::to_string(::getpid());
+  auto q = tailcut::WorkQueue::Open(Options(name));
+  tailcut::WorkItem a, b;
+  q->Take(&a);
+  q->Take(&b);
+  q->Ack(a);
+  std::string path = tailcut::SegmentPath(name);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  off_t size = ::lseek(fd, 0, SEEK_END);
+  g_template.resize(static_cast<size_t>(size));
+  if (::pread(fd, g_template.data(), g_template.size(), 0) != size) std::abort();
+  ::close(fd);
+  q->GiveBack(b);
+  q.reset();
+  try {
+    tailcut::RemoveQueue(name, true);
+  } catch (const tailcut::Error&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static bool initialised = (Init(), true);
+  (void)initialised;
+  std::string image;
+  if (size > 0 && data[0] == 0xFF) {
+    image.assign(reinterpret_cast<const char*>(data + 1), size - 1);
+  } else {
+    image = g_template;
+    size_t pos = 0;
+    while (pos + 5 <= size) {
+      uint32_t offset;
+      std::memcpy(&offset, data + pos, 4);
+      size_t len = data[pos + 4];
+      pos += 5;
+      len = std::min(len, size - pos);
+      offset %= static_cast<uint32_t>(image.size());
+      len = std::min(len, image.size() - offset);
+      std::memcpy(image.data() + offset, data + pos, len);
+      pos += len;
+    }
+  }
+  std::string name = "fuzz-" + std::to_string(::getpid());
+  std::string path = tailcut::SegmentPath(name);
+  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  if (fd < 0 || ::write(fd, image.data(), image.size()) != static_cast<ssize_t>(image.size())) std::abort();
+  ::close(fd);
+  try {
+    tailcut::InspectQueue(name);
+  } catch (const tailcut::Error&) {
+  }
+  try {
+    auto q = tailcut::WorkQueue::Open(Options(name));
+    tailcut::WorkItem item;
+    for (int i = 0; i < 20 && q->TryTake(&item) == tailcut::TakeStatus::kOk; ++i) {
+      if (i % 3 == 0) q->GiveBack(item); else q->Ack(item);
+    }
+    q->SaveState();
+    q->Stats();
+  } catch (const tailcut::Error&) {
+  }
+  ::unlink(path.c_str());
+  return 0;
+}
