@@ -24,6 +24,9 @@ uint64_t HashBytes(const void* data, size_t size, uint64_t seed) noexcept {
 
 namespace {
 
+// Below this many works a thread pool costs more than it saves.
+constexpr size_t kParallelStatThreshold = 256;
+
 uint64_t Mix(uint64_t h, uint64_t v) { return SplitMix64(h ^ v) + 0x9e37; }
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
@@ -166,7 +169,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
       error_message = std::move(message);
     }
   };
-  tbb::parallel_for(size_t{0}, n, [&](size_t i) {
+  auto stat_one = [&](size_t i) {
     const std::string& path = config.paths[i];
     std::string where = "work file " + Quote(path) + " (works[" + std::to_string(i) + "])";
     struct stat st;
@@ -191,7 +194,12 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
       return;
     }
     config.sizes[i] = static_cast<uint64_t>(st.st_size);
-  });
+  };
+  if (n < kParallelStatThreshold) {
+    for (size_t i = 0; i < n; ++i) stat_one(i);
+  } else {
+    tbb::parallel_for(size_t{0}, n, stat_one);
+  }
   if (error_index < n)
     throw Error(error_kind, "queue '" + options.name + "': " + error_message);
 

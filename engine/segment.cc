@@ -176,6 +176,13 @@ std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
                     std::to_string(st.st_mode & 7) +
                     ", writable by other users; tailcut makes 0600 segments. Remove it with "
                     "`tailcut rm --force " + queue_name + "`");
+  // A creator sizes the object in one posix_fallocate, so a size between
+  // zero and a header was never made by tailcut.
+  if (st.st_size > 0 && static_cast<size_t>(st.st_size) < kMinSegmentSize)
+    throw Error(ErrorKind::kCorrupt,
+                "queue '" + queue_name + "': segment " + path + " is " + std::to_string(st.st_size) +
+                    " bytes, smaller than any tailcut queue; remove it with `tailcut rm --force " +
+                    queue_name + "`");
   auto deadline = std::chrono::steady_clock::now() + wait;
   while (static_cast<size_t>(st.st_size) < kMinSegmentSize) {
     if (std::chrono::steady_clock::now() >= deadline && abandoned != nullptr) {

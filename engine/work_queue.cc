@@ -425,7 +425,6 @@ bool WorkQueue::Impl::TryAttach() {
     return false;
   }
   segment_->Validate();
-  config_.seed = h.seed;
   core_ = std::make_unique<QueueCore>(segment_.get(), ReadItems(*segment_), h.num_epochs, h.seed,
                                       h.shuffle != 0);
   int live = core_->LiveClients(kNoOwner, /*admin_held=*/true);
@@ -446,7 +445,10 @@ bool WorkQueue::Impl::TryAttach() {
                      "configuration: " + std::string(e.what()).substr(0, std::string(e.what()).find(". Use")));
     }
     QueueStats st = core_->Stats(options_.name);
-    if (!options_.restore_state.empty())
+    // A queue started from this same state belongs to this job (its first
+    // processes may have finished before we came): join it.
+    if (!options_.restore_state.empty() &&
+        h.restore_hash != (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
       return replace("replacing a stale queue (all its processes are gone) to start from restore_state");
     if (core_->AllDone() && st.clients_joined >= h.num_clients)
       return replace("replacing a finished queue left behind by an earlier run");
@@ -463,6 +465,7 @@ bool WorkQueue::Impl::TryAttach() {
                       ", not from this restore_state; pass the same state in every process, or "
                       "wait for the running job to finish");
   }
+  config_.seed = h.seed;  // after CompareConfig: with seed=None we adopt the creator's
   Register();
   return true;
 }
