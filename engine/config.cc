@@ -135,6 +135,11 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
                                                  "': leases_per_client must be 1.." +
                                                  std::to_string(kMaxLeasesPerClient));
+  if (uint64_t{options.max_clients} * options.leases_per_client > kMaxLeases)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': max_clients x leases_per_client is " +
+                    std::to_string(uint64_t{options.max_clients} * options.leases_per_client) +
+                    "; the limit is " + std::to_string(kMaxLeases));
   if (options.format.size() >= kFormatTagBytes)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag longer than " +
                                                  std::to_string(kFormatTagBytes - 1) + " bytes");

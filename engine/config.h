@@ -16,6 +16,8 @@ namespace tailcut::detail {
 inline constexpr uint64_t kMaxTickets = uint64_t{1} << 32;
 inline constexpr uint32_t kMaxClients = 4096;
 inline constexpr uint32_t kMaxLeasesPerClient = 256;
+// Lease indices must fit the 14-bit pending field of an extent word.
+inline constexpr uint64_t kMaxLeases = (uint64_t{1} << 14) - 2;
 inline constexpr size_t kMaxNameLength = 200;
 inline constexpr size_t kFormatTagBytes = 64;
 

@@ -1,8 +1,8 @@
 // Crash injection for tests of kill -9 at exact points.
 //
 // TAILCUT_CRASH_AT=<point>[:<n>] makes the process SIGKILL itself the n-th
-// time (default 1st) it reaches <point>. Read once, when the first queue is
-// opened; costs one predictable branch per point when unset.
+// time (default 1st) it reaches <point>. Read when a queue is opened, until
+// one is armed; costs one predictable branch per point when unset.
 #ifndef TAILCUT_ENGINE_CRASH_POINT_H_
 #define TAILCUT_ENGINE_CRASH_POINT_H_
 

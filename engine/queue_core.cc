@@ -60,7 +60,8 @@ int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* 
   if (!IsRobustMutex(mu)) return EINVAL;
   struct timespec ts;
   ::clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = static_cast<uint64_t>(ts.tv_nsec) + static_cast<uint64_t>(timeout.count()) * 1000000ull;
+  uint64_t ns =
+      static_cast<uint64_t>(ts.tv_nsec) + static_cast<uint64_t>(timeout.count()) * 1000000ull;
   ts.tv_sec += static_cast<time_t>(ns / 1000000000ull);
   ts.tv_nsec = static_cast<long>(ns % 1000000000ull);
   int rc = pthread_mutex_timedlock(mu, &ts);
@@ -104,6 +105,9 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
   ls.begin.store(begin, std::memory_order_relaxed);
   ls.end.store(end, std::memory_order_relaxed);
   ls.progress.store(begin, std::memory_order_relaxed);
+  ls.extent.store(
+      Extent{ExtentUnits(end - begin, SplitUnit(end - begin)), 0, 0, false, false}.Word(),
+      std::memory_order_relaxed);
   ls.flags.store(flags, std::memory_order_relaxed);
   // Release pairs with the claimer's acquire CAS: it sees the fields above.
   if (!ls.word.compare_exchange_strong(expected_word,
@@ -114,11 +118,111 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
   return true;
 }
 
+void QueueCore::SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept {
+  if (anchor >= num_leases_) return;
+  LeaseSlot& as = seg_->lease(anchor);
+  uint64_t e = as.extent.load(std::memory_order_acquire);
+  for (;;) {
+    Extent x = Extent::Of(e);
+    if (x.pending != thief + 1) break;
+    x.pending = 0;
+    if (as.extent.compare_exchange_weak(e, x.Word(), std::memory_order_acq_rel)) break;
+  }
+  uint64_t w = as.word.load(std::memory_order_acquire);
+  if (LeaseStateOf(w) == kLeaseDoneWait &&
+      Extent::Of(as.extent.load(std::memory_order_acquire)).pending == 0) {
+    as.ticket.store(kNoTicket, std::memory_order_relaxed);
+    as.flags.store(0, std::memory_order_relaxed);
+    as.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseFree, kNoOwner),
+                                    std::memory_order_acq_rel);
+    WakeWaiters();
+  }
+}
+
+void QueueCore::FinishAck(uint64_t lease, uint64_t acking) noexcept {
+  LeaseSlot& ls = seg_->lease(lease);
+  // Seal: claim everything, so that no split can start any more; the same
+  // CAS tells whether one is in flight.
+  uint64_t e = ls.extent.load(std::memory_order_acquire);
+  Extent x = Extent::Of(e);
+  while (x.splittable && x.claim < x.end) {
+    Extent sealed = x;
+    sealed.claim = x.end;
+    if (ls.extent.compare_exchange_weak(e, sealed.Word(), std::memory_order_acq_rel)) {
+      x = sealed;
+      break;
+    }
+    x = Extent::Of(e);
+  }
+  uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
+  uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+  if (ticket < total_ && !(flags & (kLeasePreset | kLeasePiece))) {
+    uint64_t bit = uint64_t{1} << (ticket % 64);
+    if (seg_->done_word(ticket / 64).fetch_or(bit, std::memory_order_acq_rel) & bit)
+      seg_->counters().duplicate_acks.fetch_add(1, std::memory_order_relaxed);
+  }
+  CrashPoint("ack.after_bit");
+  if (x.pending != 0) {
+    // A thief is between its split CAS and publishing its piece: keep the
+    // slot (I7); the thief, or whoever recovers it, frees it.
+    ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseDoneWait, kNoOwner),
+                                    std::memory_order_acq_rel);
+    return;
+  }
+  ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+  ls.flags.store(0, std::memory_order_relaxed);
+  ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseFree, kNoOwner),
+                                  std::memory_order_acq_rel);
+}
+
+void QueueCore::ReleaseSettledAnchors() noexcept {
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    if (LeaseStateOf(ls.word.load(std::memory_order_acquire)) != kLeaseDoneWait) continue;
+    Extent x = Extent::Of(ls.extent.load(std::memory_order_acquire));
+    uint64_t thief = x.pending == 0 ? kNoOwner : x.pending - 1;
+    // The pending thief must hold a TAKING or OPEN piece of this anchor;
+    // otherwise the mark is left over from a crash that was settled.
+    bool live_piece = false;
+    if (thief < num_leases_) {
+      LeaseSlot& ts = seg_->lease(thief);
+      uint64_t tw = ts.word.load(std::memory_order_acquire);
+      live_piece = (LeaseStateOf(tw) == kLeaseTaking || LeaseStateOf(tw) == kLeaseOpen) &&
+                   (ts.flags.load(std::memory_order_relaxed) & kLeasePiece) &&
+                   ts.anchor.load(std::memory_order_relaxed) == l;
+    }
+    if (!live_piece) SettleSplit(l, thief, kNoOwner);
+  }
+}
+
 void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
   Counters& c = seg_->counters();
   uint64_t state = LeaseStateOf(word);
   uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+  bool piece = ls.flags.load(std::memory_order_relaxed) & kLeasePiece;
+  if (state == kLeaseTaking && piece) {
+    // A thief that died mid-split: its split happened exactly when the
+    // anchor's pending mark names this lease (I7).
+    uint64_t anchor = ls.anchor.load(std::memory_order_relaxed);
+    bool happened =
+        anchor < num_leases_ &&
+        Extent::Of(seg_->lease(anchor).extent.load(std::memory_order_acquire)).pending == lease + 1;
+    if (happened && ticket < total_) {
+      if (ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseOrphan, kNoOwner),
+                                          std::memory_order_acq_rel)) {
+        c.orphans.fetch_add(1, std::memory_order_acq_rel);
+        c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+      }
+    } else {
+      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ls.flags.store(0, std::memory_order_relaxed);
+      ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
+                                      std::memory_order_acq_rel);
+    }
+    SettleSplit(anchor, lease, kNoOwner);
+    return;
+  }
   if (state == kLeaseTaking) {
     if (ticket == kNoTicket) {
       // Died between fetch_add and recording its ticket: the ticket (if it
@@ -149,16 +253,11 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
       c.orphans.fetch_add(1, std::memory_order_acq_rel);
       c.recovered_items.fetch_add(1, std::memory_order_relaxed);
     }
+    // A thief that died after publishing its piece but before settling.
+    if (piece) SettleSplit(ls.anchor.load(std::memory_order_relaxed), lease, kNoOwner);
     return;
   }
-  if (state == kLeaseAcking) {
-    // The owner decided to ack; finish it for them.
-    if (ticket < total_ && !(ls.flags.load(std::memory_order_relaxed) & kLeasePreset))
-      seg_->done_word(ticket / 64).fetch_or(uint64_t{1} << (ticket % 64), std::memory_order_acq_rel);
-    ls.ticket.store(kNoTicket, std::memory_order_relaxed);
-    ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
-                                    std::memory_order_acq_rel);
-  }
+  if (state == kLeaseAcking) FinishAck(lease, word);  // the owner decided to ack
 }
 
 void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
@@ -251,6 +350,7 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
         ++reassigned;
       }
     } else {
+      if (ls.flags.load(std::memory_order_relaxed) & kLeasePiece) continue;  // mid-split
       uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
       if (ticket == kNoTicket) continue;  // mid-fetch_add; it will record it when it runs
       if (ticket >= total_ || seg_->IsDone(ticket)) continue;  // it will free it itself
@@ -286,8 +386,8 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
     for (uint64_t l = 0; l < num_leases_ && !in_window; ++l) {
       LeaseSlot& ls = seg_->lease(l);
       uint64_t w = ls.word.load(std::memory_order_acquire);
-      in_window = LeaseStateOf(w) == kLeaseTaking &&
-                  ls.ticket.load(std::memory_order_acquire) == kNoTicket;
+      in_window =
+          LeaseStateOf(w) == kLeaseTaking && ls.ticket.load(std::memory_order_acquire) == kNoTicket;
     }
     if (!in_window) break;
     if (MonotonicNs() > deadline) {
@@ -352,7 +452,8 @@ bool QueueCore::AllDone() noexcept {
   if (seg_->cursor().next_ticket.load(std::memory_order_acquire) < total_) return false;
   if (c.sweeps_pending.load(std::memory_order_acquire) != 0) return false;
   for (uint64_t l = 0; l < num_leases_; ++l)
-    if (LeaseStateOf(seg_->lease(l).word.load(std::memory_order_acquire)) != kLeaseFree) return false;
+    if (LeaseStateOf(seg_->lease(l).word.load(std::memory_order_acquire)) != kLeaseFree)
+      return false;
   // Trust, but verify: count the done bits. A shortfall means a ticket was
   // lost without a trace we know of; a sweep finds and re-issues it.
   uint64_t done = 0;
@@ -384,6 +485,7 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   s.clients_joined = static_cast<uint32_t>(c.clients_joined.load(std::memory_order_relaxed));
   s.recovered_items = c.recovered_items.load(std::memory_order_relaxed);
   s.stale_acks = c.stale_acks.load(std::memory_order_relaxed);
+  s.splits = c.splits.load(std::memory_order_relaxed);
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
   s.handed_out = cursor;
   s.epoch = cursor / items_.size();
@@ -394,18 +496,23 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
     s.done += static_cast<uint64_t>(__builtin_popcountll(bits));
   }
   std::vector<uint64_t> open_by_client(seg_->geometry().max_clients, 0);
+  std::vector<uint64_t> held_done;  // tickets whose bit is set but a piece is still out
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
     uint64_t w = ls.word.load(std::memory_order_relaxed);
     uint64_t state = LeaseStateOf(w);
     if (state == kLeaseOpen || state == kLeaseOrphan || state == kLeaseAcking) {
       ++s.in_flight;
-      // A restored piece keeps its done bit set while open: count it once.
-      if (ls.flags.load(std::memory_order_relaxed) & kLeasePreset) --s.done;
+      uint64_t t = ls.ticket.load(std::memory_order_relaxed);
+      if (t < total_ && seg_->IsDone(t)) held_done.push_back(t);
     }
     if (state == kLeaseOpen && LeaseOwnerOf(w) < open_by_client.size())
       ++open_by_client[LeaseOwnerOf(w)];
   }
+  std::sort(held_done.begin(), held_done.end());
+  uint64_t not_yet =
+      static_cast<uint64_t>(std::unique(held_done.begin(), held_done.end()) - held_done.begin());
+  s.done = s.done > not_yet ? s.done - not_yet : 0;
   s.now_ns = MonotonicNs();
   for (uint64_t i = 0; i < seg_->geometry().max_clients; ++i) {
     ClientSlot& cs = seg_->client(i);
@@ -422,6 +529,7 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
     cl.bytes_acked = cs.bytes_acked.load(std::memory_order_relaxed);
     cl.records = cs.records.load(std::memory_order_relaxed);
     cl.stale_acks = cs.stale_acks.load(std::memory_order_relaxed);
+    cl.splits = cs.splits.load(std::memory_order_relaxed);
     cl.open_items = open_by_client[i];
     cl.idle_ns = cs.idle_ns.load(std::memory_order_relaxed);
     cl.joined_ns = joined;
@@ -497,8 +605,8 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     return Error(ErrorKind::kConfigMismatch,
                  "queue '" + s.queue_name() + "' exists with a different configuration: " + what +
                      ". Use the same options in every process of a job, or another queue name "
-                     "(remove the old queue with `tailcut rm " + s.queue_name() +
-                     "` once its jobs are gone)");
+                     "(remove the old queue with `tailcut rm " +
+                     s.queue_name() + "` once its jobs are gone)");
   };
   if (h.num_files != config.paths.size())
     throw mismatch("works differ: " + std::to_string(config.paths.size()) + " files here, " +
@@ -514,8 +622,8 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
   if (h.sizes_hash != config.SizesHash()) {
     for (uint64_t f = 0; f < h.num_files; ++f)
       if (s.file(f).size != config.sizes[f])
-        throw mismatch("size of '" + config.paths[f] + "' differs: " +
-                       std::to_string(config.sizes[f]) + " bytes here, " +
+        throw mismatch("size of '" + config.paths[f] +
+                       "' differs: " + std::to_string(config.sizes[f]) + " bytes here, " +
                        std::to_string(s.file(f).size) +
                        " in segment (the file changed after the queue was created)");
   }
@@ -533,8 +641,9 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
                    " here, " + (h.shuffle ? "True" : "False") + " in segment");
   if (config.seed_explicit && (h.seed_explicit == 0 || h.seed != config.seed))
     throw mismatch("seed differs: " + std::to_string(config.seed) + " here, " +
-                   (h.seed_explicit ? std::to_string(h.seed)
-                                    : "None (drawn by the creator: " + std::to_string(h.seed) + ")") +
+                   (h.seed_explicit
+                        ? std::to_string(h.seed)
+                        : "None (drawn by the creator: " + std::to_string(h.seed) + ")") +
                    " in segment");
   if (!config.seed_explicit && h.seed_explicit != 0)
     throw mismatch("seed differs: None here, " + std::to_string(h.seed) + " in segment");

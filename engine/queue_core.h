@@ -54,6 +54,8 @@ class QueueCore {
   // Reassigns open items of live clients (other than self) whose last
   // progress is older than timeout_ns. Returns how many.
   int ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept;
+  // Frees DONE_WAIT anchors whose pending split was settled.
+  void ReleaseSettledAnchors() noexcept;
   // Re-issues tickets lost by processes that died between fetch_add and
   // recording their ticket (I3). Uses a lease slot of `self`'s region.
   void TrySweep(uint64_t self) noexcept;
@@ -66,10 +68,18 @@ class QueueCore {
   // Wakes processes sleeping in Take, if any.
   void WakeWaiters() noexcept;
 
-  // Moves a lease that is FREE to ORPHAN with [begin, end) of ticket. The
-  // lease must belong to the caller (TAKING). Returns false if it changed.
+  // Moves a TAKING lease (the caller's, or a dead client's) to ORPHAN with
+  // [begin, end) of ticket and a fresh extent. Returns false if it changed.
   bool PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket, uint64_t begin,
                      uint64_t end, uint32_t flags) noexcept;
+  // Clears the anchor's pending mark if it names `thief`, and frees the
+  // anchor if it was only kept for that mark (I7).
+  void SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept;
+  // Completes an ack whose owner set ACKING (the owner itself, or whoever
+  // recovers it): seals the extent, sets the done bit unless the lease is a
+  // piece or preset, and frees the lease (or keeps it in DONE_WAIT while a
+  // thief's split of it is pending).
+  void FinishAck(uint64_t lease, uint64_t acking_word) noexcept;
 
   QueueStats Stats(const std::string& name) noexcept;
 

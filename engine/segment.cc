@@ -50,7 +50,8 @@ Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_
   if (num_files == 0 || num_files > UINT32_MAX || num_items == 0 || num_items > kMaxTickets ||
       total_tickets == 0 || total_tickets > kMaxTickets || total_tickets % num_items != 0 ||
       path_bytes > (uint64_t{1} << 36) || max_clients == 0 || max_clients > kMaxClients ||
-      leases_per_client == 0 || leases_per_client > kMaxLeasesPerClient) {
+      leases_per_client == 0 || leases_per_client > kMaxLeasesPerClient ||
+      uint64_t{max_clients} * leases_per_client > kMaxLeases) {
     g.total = 0;
     return g;
   }

@@ -22,6 +22,11 @@
 //      generation, so a holder whose lease was reassigned cannot ack it.
 //  I6. A FREE lease's ticket is kNoTicket: whoever frees a lease clears the
 //      ticket first, so a taker never writes a slot it does not own yet.
+//  I7. A split is one CAS on the anchor's extent word, made only after the
+//      thief filled its own TAKING lease with the piece; the CAS records the
+//      thief's lease as pending until the piece is OPEN. So a recoverer knows
+//      whether a dead thief's split happened: exactly when pending names it.
+//      An anchor is never freed (reused) while pending is set.
 //  I5. A client slot is ACTIVE only while its life mutex is held by the
 //      client's holder thread, or by nobody after the client died (the next
 //      trylock gets EOWNERDEAD and recovers it exactly once; a recoverer that
@@ -49,10 +54,11 @@ enum ClientState : uint32_t { kClientFree = 0, kClientActive = 1 };
 // Lease word: state (3 bits) | owner client slot (13 bits) | generation (48 bits).
 enum LeaseState : uint64_t {
   kLeaseFree = 0,
-  kLeaseTaking = 1,   // owner reserved it; ticket may still be kNoTicket
-  kLeaseOpen = 2,     // owner holds [begin, end) of ticket
-  kLeaseOrphan = 3,   // waiting to be handed out again
-  kLeaseAcking = 4,   // owner decided to ack; a recoverer completes it
+  kLeaseTaking = 1,    // owner reserved it; ticket may still be kNoTicket
+  kLeaseOpen = 2,      // owner holds [begin, end) of ticket
+  kLeaseOrphan = 3,    // waiting to be handed out again
+  kLeaseAcking = 4,    // owner decided to ack; a recoverer completes it
+  kLeaseDoneWait = 5,  // acked anchor kept until a thief's split of it is settled
 };
 inline constexpr uint64_t kNoTicket = ~uint64_t{0};
 inline constexpr uint64_t kNoOwner = (uint64_t{1} << 13) - 1;
@@ -72,11 +78,45 @@ inline uint64_t NextLeaseWord(uint64_t word, uint64_t state, uint64_t owner) {
 // Lease flag: the ticket's done bit was set when the lease was made (a piece
 // restored from a checkpoint), so its ack must not set it again.
 inline constexpr uint32_t kLeasePreset = 1;
+// Lease flag: a tail split off another lease (its anchor). Its ack sets no
+// done bit: the anchor's ack does, and "done" is "bit set and no lease holds
+// the ticket".
+inline constexpr uint32_t kLeasePiece = 2;
+
+// Extent word of a lease, for tail splitting. Offsets are relative to the
+// lease's begin in units of SplitUnit(end - begin) bytes:
+//   bits 0-23  end: the owner stops at the first record starting at or past it
+//   bits 24-47 claim: the owner may hand out records starting before it
+//   bits 48-61 pending: lease index + 1 of a thief between its split CAS and
+//              publishing its piece (0: none)
+//   bit 62     splittable: the owner claims before it reads (set by Claim)
+//   bit 63     split: at least one tail was split off
+// A thief may lower end to a point past claim, only while pending is 0.
+struct Extent {
+  uint64_t end, claim, pending;
+  bool splittable, split;
+  static Extent Of(uint64_t w) {
+    return {w & 0xffffff, (w >> 24) & 0xffffff, (w >> 48) & 0x3fff, ((w >> 62) & 1) != 0,
+            (w >> 63) != 0};
+  }
+  uint64_t Word() const {
+    return end | (claim << 24) | (pending << 48) | (uint64_t{splittable} << 62) |
+           (uint64_t{split} << 63);
+  }
+};
+inline constexpr uint64_t kMaxExtentUnits = (uint64_t{1} << 24) - 1;
+// Smallest power of two >= 4 KiB that expresses `length` in 24 bits.
+inline uint64_t SplitUnit(uint64_t length) {
+  uint64_t unit = 4096;
+  while (length / unit >= kMaxExtentUnits) unit *= 2;
+  return unit;
+}
+inline uint64_t ExtentUnits(uint64_t length, uint64_t unit) { return (length + unit - 1) / unit; }
 
 struct alignas(kCacheLine) Header {
-  std::atomic<uint64_t> magic;       // written after the admin mutex exists
+  std::atomic<uint64_t> magic;  // written after the admin mutex exists
   uint32_t layout_version;
-  std::atomic<uint32_t> state;       // SegmentState; READY is published last
+  std::atomic<uint32_t> state;  // SegmentState; READY is published last
   uint64_t total_size;
   uint32_t creator_uid;
   int32_t creator_pid;
@@ -101,7 +141,7 @@ struct alignas(kCacheLine) Header {
   uint32_t reserved0;
   uint64_t path_bytes;
   char format[kFormatTagBytes];
-  uint64_t restore_hash;             // hash of the checkpoint it started from, or 0
+  uint64_t restore_hash;  // hash of the checkpoint it started from, or 0
 
   // Serialises joins, leaves, removal and creation. Robust: a holder that
   // dies hands the next locker EOWNERDEAD.
@@ -115,19 +155,21 @@ struct alignas(kCacheLine) Cursor {
 };
 
 struct alignas(kCacheLine) Counters {
-  std::atomic<uint32_t> wake_seq;     // futex word: bumped when waiters should look again
-  std::atomic<uint32_t> waiters;      // processes sleeping on wake_seq
-  std::atomic<uint64_t> orphans;      // hint: ORPHAN leases may exist (self-healing)
+  std::atomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
+  std::atomic<uint32_t> waiters;   // processes sleeping on wake_seq
+  std::atomic<uint64_t> orphans;   // hint: ORPHAN leases may exist (self-healing)
   std::atomic<uint64_t> sweeps_pending;
   std::atomic<uint64_t> clients_joined;
   std::atomic<uint64_t> recovered_items;
   std::atomic<uint64_t> stale_acks;
   std::atomic<uint64_t> duplicate_acks;  // must stay 0; counted, never trusted
+  std::atomic<uint64_t> splits;
+  std::atomic<uint64_t> split_seq;  // bumped before every split CAS (SaveState rescans)
 };
 
 struct alignas(kCacheLine) ClientSlot {
-  pthread_mutex_t life;               // held by the client's holder thread (I5)
-  std::atomic<uint32_t> state;        // ClientState
+  pthread_mutex_t life;         // held by the client's holder thread (I5)
+  std::atomic<uint32_t> state;  // ClientState
   std::atomic<int32_t> pid;
   std::atomic<uint64_t> joined_ns;
   std::atomic<uint64_t> last_progress_ns;
@@ -138,8 +180,9 @@ struct alignas(kCacheLine) ClientSlot {
   std::atomic<uint64_t> bytes_acked;
   std::atomic<uint64_t> records;
   std::atomic<uint64_t> stale_acks;
+  std::atomic<uint64_t> splits;
   std::atomic<uint64_t> idle_ns;
-  std::atomic<uint64_t> left_ns;      // when it left (0 while active)
+  std::atomic<uint64_t> left_ns;  // when it left (0 while active)
 };
 
 struct alignas(kCacheLine) LeaseSlot {
@@ -147,12 +190,14 @@ struct alignas(kCacheLine) LeaseSlot {
   std::atomic<uint64_t> ticket;
   std::atomic<uint64_t> begin;
   std::atomic<uint64_t> end;
-  std::atomic<uint64_t> progress;     // resume offset for checkpoints
+  std::atomic<uint64_t> progress;  // resume offset for checkpoints
+  std::atomic<uint64_t> extent;    // Extent word (tail splitting)
+  std::atomic<uint64_t> anchor;    // pieces: the lease they were split off
   std::atomic<uint32_t> flags;
 };
 
 struct FileEntry {
-  uint64_t path_offset;               // into the path bytes
+  uint64_t path_offset;  // into the path bytes
   uint64_t path_length;
   uint64_t size;
 };

@@ -28,25 +28,26 @@ namespace detail {
 
 std::atomic<bool> g_crash_points_armed{false};
 namespace {
-std::string g_crash_point;
+char g_crash_point[64];
 std::atomic<long> g_crash_countdown{1};
 }  // namespace
 
 void LoadCrashPointFromEnvironment() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const char* spec = std::getenv("TAILCUT_CRASH_AT");
-    if (spec == nullptr || *spec == '\0') return;
-    std::string s(spec);
-    size_t colon = s.find(':');
-    g_crash_point = s.substr(0, colon);
-    if (colon != std::string::npos) g_crash_countdown = std::max(1L, std::atol(s.c_str() + colon + 1));
-    g_crash_points_armed.store(true);
-  });
+  // Read at every Open, not once per process: a test's child process may
+  // set the variable after its parent (whose memory it copies) opened a queue.
+  const char* spec = std::getenv("TAILCUT_CRASH_AT");
+  if (spec == nullptr || *spec == '\0' || g_crash_points_armed.load()) return;
+  std::string s(spec);
+  size_t colon = s.find(':');
+  std::string point = s.substr(0, colon);
+  if (point.size() >= sizeof(g_crash_point)) return;
+  std::memcpy(g_crash_point, point.c_str(), point.size() + 1);
+  if (colon != std::string::npos) g_crash_countdown = std::max(1L, std::atol(s.c_str() + colon + 1));
+  g_crash_points_armed.store(true);
 }
 
 void CrashPointSlow(const char* point) noexcept {
-  if (g_crash_point != point) return;
+  if (std::strcmp(g_crash_point, point) != 0) return;
   if (g_crash_countdown.fetch_sub(1) == 1) ::kill(::getpid(), SIGKILL);
 }
 
@@ -166,8 +167,10 @@ std::string Serialize(const SavedState& s) {
 
 SavedState Deserialize(const std::string& name, const std::string& bytes) {
   auto corrupt = [&](const std::string& what) {
-    return Error(ErrorKind::kCorrupt, "queue '" + name + "': restore_state is not a valid tailcut "
-                                      "checkpoint (" + what + "); pass the bytes SaveState() returned");
+    return Error(ErrorKind::kCorrupt, "queue '" + name +
+                                          "': restore_state is not a valid tailcut "
+                                          "checkpoint (" +
+                                          what + "); pass the bytes SaveState() returned");
   };
   size_t pos = 0;
   auto get = [&]() {
@@ -225,10 +228,12 @@ class WorkQueue::Impl {
   ~Impl() { Close(); }
 
   void Open();
-  TakeStatus Take(WorkItem* item, bool wait, std::chrono::steady_clock::time_point deadline) noexcept;
+  TakeStatus Take(WorkItem* item, bool wait,
+                  std::chrono::steady_clock::time_point deadline) noexcept;
   AckStatus Ack(const WorkItem& item) noexcept;
   AckStatus GiveBack(const WorkItem& item) noexcept;
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
+  AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
   std::string SaveState() const;
   QueueStats Stats() const { return core_->Stats(options_.name); }
   void Close() noexcept;
@@ -251,6 +256,9 @@ class WorkQueue::Impl {
   void ApplyRestore(const SavedState& state);
   bool TakeOnce(WorkItem* out, bool* limit) noexcept;
   bool ClaimOrphan(WorkItem* out) noexcept;
+  bool TrySplit(WorkItem* out) noexcept;
+  // Reserves a FREE lease of our region as TAKING. Returns false if none.
+  bool ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept;
   void FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket, uint64_t begin,
                 uint64_t end) const noexcept;
   void Housekeep() noexcept;
@@ -277,8 +285,9 @@ void WorkQueue::Impl::Open() {
     // Check the state before touching shared memory.
     restore_ = Deserialize(options_.name, options_.restore_state);
     auto mismatch = [&](const std::string& what) {
-      return Error(ErrorKind::kConfigMismatch, "queue '" + options_.name + "': restore_state " +
-                                                   "was saved from a different configuration: " + what);
+      return Error(ErrorKind::kConfigMismatch,
+                   "queue '" + options_.name + "': restore_state " +
+                       "was saved from a different configuration: " + what);
     };
     if (restore_.num_items != config_.items.size())
       throw mismatch("it has " + std::to_string(restore_.num_items) + " items, this queue " +
@@ -287,8 +296,8 @@ void WorkQueue::Impl::Open() {
       throw mismatch("num_epochs " + std::to_string(restore_.num_epochs) + " there, " +
                      std::to_string(config_.num_epochs) + " here");
     if (config_.seed_explicit && restore_.seed != config_.seed)
-      throw mismatch("seed " + std::to_string(restore_.seed) + " there, " + std::to_string(config_.seed) +
-                     " here");
+      throw mismatch("seed " + std::to_string(restore_.seed) + " there, " +
+                     std::to_string(config_.seed) + " here");
     if (restore_.fingerprint != DataFingerprint(config_))
       throw mismatch("works, file sizes, num_slices, shuffle or format differ");
   }
@@ -297,15 +306,19 @@ void WorkQueue::Impl::Open() {
   Geometry g = ComputeGeometry(config_.paths.size(), config_.items.size(), config_.total_tickets(),
                                path_bytes, config_.max_clients, config_.leases_per_client);
   if (g.total == 0)
-    throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "': configuration too large");
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options_.name + "': configuration too large");
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (TryCreate(g) || TryAttach()) {
       closed_ = false;
       return;
     }
   }
-  throw Error(ErrorKind::kTimeout, "queue '" + options_.name + "': gave up after 16 attempts to create "
-              "or join it while other processes kept replacing it; retry, or pick another name");
+  throw Error(
+      ErrorKind::kTimeout,
+      "queue '" + options_.name +
+          "': gave up after 16 attempts to create "
+          "or join it while other processes kept replacing it; retry, or pick another name");
 }
 
 bool WorkQueue::Impl::TryCreate(const Geometry& g) {
@@ -352,23 +365,29 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
 void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
   Segment& seg = *segment_;
   uint64_t first_word = s.low / 64;
-  for (uint64_t i = 0; i < first_word; ++i) seg.done_word(i).store(~uint64_t{0}, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < first_word; ++i)
+    seg.done_word(i).store(~uint64_t{0}, std::memory_order_relaxed);
   for (uint64_t i = 0; i < s.words.size(); ++i)
     seg.done_word(first_word + i).store(s.words[i], std::memory_order_relaxed);
   uint64_t lease = 0;
   for (const Piece& p : s.pieces) {
     uint64_t epoch = p.ticket / core_->num_items();
-    const WorkQueue::Item& item = config_.items[core_->ItemAt(epoch, p.ticket % core_->num_items())];
+    const WorkQueue::Item& item =
+        config_.items[core_->ItemAt(epoch, p.ticket % core_->num_items())];
     if (p.begin < item.begin || p.end > item.end)
-      throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': restore_state has a piece of "
-                  "ticket " + std::to_string(p.ticket) + " outside its item");
-    seg.done_word(p.ticket / 64).fetch_or(uint64_t{1} << (p.ticket % 64), std::memory_order_relaxed);
+      throw Error(ErrorKind::kCorrupt, "queue '" + options_.name +
+                                           "': restore_state has a piece of "
+                                           "ticket " +
+                                           std::to_string(p.ticket) + " outside its item");
+    seg.done_word(p.ticket / 64)
+        .fetch_or(uint64_t{1} << (p.ticket % 64), std::memory_order_relaxed);
     if (p.begin >= p.end) continue;  // consumed to its end: done
     if (lease >= core_->num_leases())
-      throw Error(ErrorKind::kInvalidArgument,
-                  "queue '" + options_.name + "': restore_state has " + std::to_string(s.pieces.size()) +
-                      " open items but this queue has room for " + std::to_string(core_->num_leases()) +
-                      "; raise max_clients or leases_per_client");
+      throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "': restore_state has " +
+                                                   std::to_string(s.pieces.size()) +
+                                                   " open items but this queue has room for " +
+                                                   std::to_string(core_->num_leases()) +
+                                                   "; raise max_clients or leases_per_client");
     uint64_t w = seg.lease(lease).word.load(std::memory_order_relaxed);
     core_->PublishOrphan(lease, w, p.ticket, p.begin, p.end, kLeasePreset);
     ++lease;
@@ -385,12 +404,14 @@ bool WorkQueue::Impl::TryAttach() {
     throw;
   }
   if (!segment_) {
-    if (abandoned) Notice("queue '" + options_.name + "': removed an empty segment left by a creator that died");
+    if (abandoned)
+      Notice("queue '" + options_.name + "': removed an empty segment left by a creator that died");
     return false;
   }
   if (!segment_->WaitForMagic(options_.attach_timeout)) {
     if (segment_->UnlinkIfSame())
-      Notice("queue '" + options_.name + "': removed a segment whose creator died before setting it up");
+      Notice("queue '" + options_.name +
+             "': removed a segment whose creator died before setting it up");
     segment_.reset();
     return false;
   }
@@ -401,12 +422,15 @@ bool WorkQueue::Impl::TryAttach() {
   int rc = admin.Lock(options_.attach_timeout, &died);
   if (rc == ETIMEDOUT)
     throw Error(ErrorKind::kTimeout, "queue '" + options_.name + "': process " +
-                std::to_string(h.creator_pid) + " has been creating or changing it for more than " +
-                std::to_string(options_.attach_timeout.count()) + " ms; is it stopped? (attach_timeout)");
+                                         std::to_string(h.creator_pid) +
+                                         " has been creating or changing it for more than " +
+                                         std::to_string(options_.attach_timeout.count()) +
+                                         " ms; is it stopped? (attach_timeout)");
   if (rc != 0)
     throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': segment " + segment_->path() +
-                " has an unusable lock (" + std::strerror(rc) + "); remove it with `tailcut rm --force " +
-                options_.name + "`");
+                                         " has an unusable lock (" + std::strerror(rc) +
+                                         "); remove it with `tailcut rm --force " + options_.name +
+                                         "`");
   uint32_t state = h.state.load(std::memory_order_acquire);
   if (state == kRemoved) {
     admin.Unlock();
@@ -415,11 +439,14 @@ bool WorkQueue::Impl::TryAttach() {
   }
   if (state != kReady) {
     if (!died && state != kCreating)
-      throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': segment " + segment_->path() +
-                  " is in an unknown state; remove it with `tailcut rm --force " + options_.name + "`");
+      throw Error(ErrorKind::kCorrupt,
+                  "queue '" + options_.name + "': segment " + segment_->path() +
+                      " is in an unknown state; remove it with `tailcut rm --force " +
+                      options_.name + "`");
     h.state.store(kRemoved, std::memory_order_release);
     segment_->UnlinkIfSame();
-    Notice("queue '" + options_.name + "': replaced a segment whose creator died while setting it up");
+    Notice("queue '" + options_.name +
+           "': replaced a segment whose creator died while setting it up");
     admin.Unlock();
     segment_.reset();
     return false;
@@ -441,24 +468,30 @@ bool WorkQueue::Impl::TryAttach() {
     try {
       CompareConfig(*segment_, config_);
     } catch (const Error& e) {
-      return replace("replacing a stale queue (all its processes are gone) made with another "
-                     "configuration: " + std::string(e.what()).substr(0, std::string(e.what()).find(". Use")));
+      return replace(
+          "replacing a stale queue (all its processes are gone) made with another "
+          "configuration: " +
+          std::string(e.what()).substr(0, std::string(e.what()).find(". Use")));
     }
     QueueStats st = core_->Stats(options_.name);
     // A queue started from this same state belongs to this job (its first
     // processes may have finished before we came): join it.
     if (!options_.restore_state.empty() &&
-        h.restore_hash != (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
-      return replace("replacing a stale queue (all its processes are gone) to start from restore_state");
+        h.restore_hash !=
+            (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
+      return replace(
+          "replacing a stale queue (all its processes are gone) to start from restore_state");
     if (core_->AllDone() && st.clients_joined >= h.num_clients)
       return replace("replacing a finished queue left behind by an earlier run");
     if (st.clients_joined > 0 && !core_->AllDone())
-      Notice("queue '" + options_.name + "': resuming a stale queue (all its processes are gone): " +
-             std::to_string(st.done) + " of " + std::to_string(st.total) + " items done");
+      Notice("queue '" + options_.name +
+             "': resuming a stale queue (all its processes are gone): " + std::to_string(st.done) +
+             " of " + std::to_string(st.total) + " items done");
   } else {
     CompareConfig(*segment_, config_);
     if (!options_.restore_state.empty() &&
-        h.restore_hash != (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
+        h.restore_hash !=
+            (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
       throw Error(ErrorKind::kConfigMismatch,
                   "queue '" + options_.name + "' is already running from " +
                       (h.restore_hash == 0 ? std::string("a fresh start") : "another checkpoint") +
@@ -507,6 +540,7 @@ void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word
   out->end = end;
   out->lease = static_cast<uint32_t>(lease);
   out->generation = LeaseGenOf(open_word);
+  out->piece = false;
 }
 
 bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
@@ -522,11 +556,26 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     // Acquire pairs with PublishOrphan's release: the fields are complete.
     if (!ls.word.compare_exchange_strong(w, open, std::memory_order_acq_rel)) continue;
     uint64_t prev = c.orphans.load(std::memory_order_relaxed);
-    while (prev > 0 && !c.orphans.compare_exchange_weak(prev, prev - 1, std::memory_order_acq_rel)) {
+    while (prev > 0 &&
+           !c.orphans.compare_exchange_weak(prev, prev - 1, std::memory_order_acq_rel)) {
     }
     uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
     uint64_t begin = ls.begin.load(std::memory_order_relaxed);
     uint64_t end = ls.end.load(std::memory_order_relaxed);
+    uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+    if (begin <= end) {
+      // An anchor whose tail was split off ends where the split lowered it;
+      // it becomes splittable again when its new owner claims.
+      uint64_t e = ls.extent.load(std::memory_order_acquire);
+      Extent x = Extent::Of(e);
+      end = std::min(end, begin + x.end * SplitUnit(end - begin));
+      while (x.splittable) {
+        Extent y = x;
+        y.splittable = false;
+        if (ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) break;
+        x = Extent::Of(e);
+      }
+    }
     // Never trust the segment: a piece must lie inside its ticket's item.
     bool valid = ticket < core_->total();
     if (valid) {
@@ -537,6 +586,7 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     if (!valid) {
       // Drop the bad lease; if it stood for a real ticket, a sweep re-issues it.
       ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ls.flags.store(0, std::memory_order_relaxed);
       ls.word.compare_exchange_strong(open, NextLeaseWord(open, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
       c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
@@ -546,6 +596,7 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
     me().items_recovered.fetch_add(1, std::memory_order_relaxed);
     FillItem(out, l, open, ticket, begin, end);
+    out->piece = flags & kLeasePiece;
     return true;
   }
   // None found: the hint was stale (a claimer died before decrementing).
@@ -559,20 +610,11 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   if (c.orphans.load(std::memory_order_acquire) > 0 && ClaimOrphan(out)) return true;
   std::atomic<uint64_t>& cursor = segment_->cursor().next_ticket;
   const uint64_t total = core_->total();
-  const uint64_t per_client = segment_->geometry().leases_per_client;
   while (cursor.load(std::memory_order_relaxed) < total) {
     // Reserve a lease of our region before taking a ticket, so that a death
     // right after fetch_add leaves a trace (I3).
     uint64_t l = 0, taking = 0;
-    bool reserved = false;
-    for (uint64_t k = 0; k < per_client && !reserved; ++k) {
-      l = lease_base_ + k;
-      uint64_t w = segment_->lease(l).word.load(std::memory_order_acquire);
-      if (LeaseStateOf(w) != kLeaseFree) continue;
-      taking = NextLeaseWord(w, kLeaseTaking, slot_);
-      reserved = segment_->lease(l).word.compare_exchange_strong(w, taking, std::memory_order_acq_rel);
-    }
-    if (!reserved) {
+    if (!ReserveLease(&l, &taking)) {
       *limit = true;
       return false;
     }
@@ -582,6 +624,7 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     CrashPoint("take.after_fetch_add");
     auto release = [&] {
       ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ls.flags.store(0, std::memory_order_relaxed);
       ls.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
     };
@@ -600,6 +643,9 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     ls.begin.store(item.begin, std::memory_order_relaxed);
     ls.end.store(item.end, std::memory_order_relaxed);
     ls.progress.store(item.begin, std::memory_order_relaxed);
+    uint64_t length = item.end - item.begin;
+    ls.extent.store(Extent{ExtentUnits(length, SplitUnit(length)), 0, 0, false, false}.Word(),
+                    std::memory_order_relaxed);
     ls.flags.store(0, std::memory_order_relaxed);
     uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     // Fails only if a lease timeout reassigned the ticket while we were paused.
@@ -611,8 +657,141 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   return false;
 }
 
+bool WorkQueue::Impl::ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept {
+  const uint64_t per_client = segment_->geometry().leases_per_client;
+  for (uint64_t k = 0; k < per_client; ++k) {
+    uint64_t l = lease_base_ + k;
+    uint64_t w = segment_->lease(l).word.load(std::memory_order_acquire);
+    if (LeaseStateOf(w) != kLeaseFree) continue;
+    uint64_t taking = NextLeaseWord(w, kLeaseTaking, slot_);
+    if (segment_->lease(l).word.compare_exchange_strong(w, taking, std::memory_order_acq_rel)) {
+      *lease = l;
+      *taking_word = taking;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
+  if (!options_.split_tail) return false;
+  const uint64_t min_part = std::max<uint64_t>(options_.min_split_bytes, 1);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    // The open, splittable item with the most unclaimed bytes.
+    uint64_t victim = kNoOwner, best = 0, victim_extent = 0, victim_ticket = 0, victim_begin = 0,
+             victim_unit = 0, victim_end = 0;
+    for (uint64_t l = 0; l < core_->num_leases(); ++l) {
+      LeaseSlot& ls = segment_->lease(l);
+      uint64_t w = ls.word.load(std::memory_order_acquire);
+      if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) == slot_) continue;
+      if (ls.flags.load(std::memory_order_relaxed) & (kLeasePiece | kLeasePreset)) continue;
+      uint64_t e = ls.extent.load(std::memory_order_acquire);
+      Extent x = Extent::Of(e);
+      if (!x.splittable || x.pending != 0) continue;
+      uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
+      uint64_t begin = ls.begin.load(std::memory_order_relaxed);
+      uint64_t end = ls.end.load(std::memory_order_relaxed);
+      if (ls.word.load(std::memory_order_acquire) != w || ticket >= core_->total() || begin > end)
+        continue;
+      uint64_t unit = SplitUnit(end - begin);
+      uint64_t claimed = std::min(end, begin + x.claim * unit);
+      uint64_t current_end = std::min(end, begin + x.end * unit);
+      if (current_end <= claimed || current_end - claimed <= best) continue;
+      best = current_end - claimed;
+      victim = l;
+      victim_extent = e;
+      victim_ticket = ticket;
+      victim_begin = begin;
+      victim_unit = unit;
+      victim_end = current_end;
+    }
+    if (victim == kNoOwner || best < 2 * min_part) return false;
+    // Split in the middle of what the owner has not claimed yet.
+    Extent x = Extent::Of(victim_extent);
+    uint64_t end_units = ExtentUnits(victim_end - victim_begin, victim_unit);
+    uint64_t split_units = x.claim + (end_units - x.claim) / 2;
+    uint64_t split = victim_begin + split_units * victim_unit;
+    if (split_units <= x.claim || split >= victim_end || victim_end - split < min_part)
+      return false;
+    // Our piece first, complete, in a lease of our own (I7).
+    uint64_t mine, taking;
+    if (!ReserveLease(&mine, &taking)) return false;
+    LeaseSlot& ps = segment_->lease(mine);
+    // Mark it a piece before it names a ticket: a recoverer must never take
+    // it for an ordinary TAKING lease and re-issue the whole item.
+    ps.anchor.store(victim, std::memory_order_relaxed);
+    ps.flags.store(kLeasePiece, std::memory_order_seq_cst);
+    ps.ticket.store(victim_ticket, std::memory_order_relaxed);
+    ps.begin.store(split, std::memory_order_relaxed);
+    ps.end.store(victim_end, std::memory_order_relaxed);
+    ps.progress.store(split, std::memory_order_relaxed);
+    uint64_t length = victim_end - split;
+    ps.extent.store(Extent{ExtentUnits(length, SplitUnit(length)), 0, 0, false, false}.Word(),
+                    std::memory_order_relaxed);
+    CrashPoint("split.after_reserve");
+    Extent lowered = x;
+    lowered.end = split_units;
+    lowered.pending = mine + 1;
+    lowered.split = true;
+    segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
+    // Pairs with the owner's Claim CAS on the same word: the owner either
+    // claimed past our split point first (we fail) or sees the lower end.
+    if (!segment_->lease(victim).extent.compare_exchange_strong(victim_extent, lowered.Word(),
+                                                                std::memory_order_acq_rel)) {
+      ps.ticket.store(kNoTicket, std::memory_order_relaxed);
+      ps.flags.store(0, std::memory_order_relaxed);
+      ps.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
+                                      std::memory_order_acq_rel);
+      continue;
+    }
+    CrashPoint("split.after_cas");
+    uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
+    ps.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel);
+    CrashPoint("split.after_open");
+    core_->SettleSplit(victim, mine, slot_);
+    segment_->counters().splits.fetch_add(1, std::memory_order_relaxed);
+    me().splits.fetch_add(1, std::memory_order_relaxed);
+    me().items_taken.fetch_add(1, std::memory_order_relaxed);
+    FillItem(out, mine, open, victim_ticket, split, victim_end);
+    out->piece = true;
+    return true;
+  }
+  return false;
+}
+
+AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
+  LeaseSlot& ls = segment_->lease(item.lease);
+  if (ls.word.load(std::memory_order_acquire) != LeaseWord(kLeaseOpen, slot_, item.generation))
+    return AckStatus::kStale;
+  uint64_t begin = ls.begin.load(std::memory_order_relaxed);
+  uint64_t limit = ls.end.load(std::memory_order_relaxed);
+  if ((ls.flags.load(std::memory_order_relaxed) & (kLeasePiece | kLeasePreset)) || begin > limit) {
+    *end = item.end;  // pieces and restored items are never split
+    return AckStatus::kOk;
+  }
+  uint64_t unit = SplitUnit(limit - begin);
+  uint64_t want = up_to <= begin ? 0 : ExtentUnits(std::min(up_to, limit) - begin, unit);
+  uint64_t e = ls.extent.load(std::memory_order_acquire);
+  Extent x = Extent::Of(e);
+  for (;;) {
+    Extent y = x;
+    y.splittable = true;
+    y.claim = std::max(x.claim, std::min(want, x.end));
+    if (y.Word() == e || ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
+      x = y;
+      break;
+    }
+    x = Extent::Of(e);
+  }
+  *end = std::min(limit, begin + x.end * unit);
+  me().last_progress_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  return AckStatus::kOk;
+}
+
 void WorkQueue::Impl::Housekeep() noexcept {
   core_->CheckClients(slot_);
+  core_->ReleaseSettledAnchors();
   if (timeout_ns_ > 0) core_->ReassignHung(slot_, timeout_ns_);
   core_->TrySweep(slot_);
 }
@@ -635,6 +814,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     // Nothing to hand out: see whether anything can still come back.
     Housekeep();
     if (c.orphans.load(std::memory_order_acquire) > 0 && ClaimOrphan(out)) break;
+    if (TrySplit(out)) break;
     if (core_->AllDone()) return TakeStatus::kEnd;
     if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kEmpty;
     uint64_t t0 = MonotonicNs();
@@ -648,11 +828,14 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
       auto left = deadline - std::chrono::steady_clock::now();
       uint64_t slice = kWaitSliceNs;
       if (left < std::chrono::nanoseconds(slice))
-        slice = left.count() > 0 ? static_cast<uint64_t>(
-                                       std::chrono::duration_cast<std::chrono::nanoseconds>(left).count())
-                                 : 0;
-      struct timespec ts = {static_cast<time_t>(slice / 1000000000ull), static_cast<long>(slice % 1000000000ull)};
-      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.wake_seq), FUTEX_WAIT, seq, &ts, nullptr, 0);
+        slice = left.count() > 0
+                    ? static_cast<uint64_t>(
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(left).count())
+                    : 0;
+      struct timespec ts = {static_cast<time_t>(slice / 1000000000ull),
+                            static_cast<long>(slice % 1000000000ull)};
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.wake_seq), FUTEX_WAIT, seq, &ts, nullptr,
+                0);
     }
     c.waiters.fetch_sub(1, std::memory_order_seq_cst);
     uint64_t t1 = MonotonicNs();
@@ -663,9 +846,11 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
       std::vector<int> pids = core_->LivePids(slot_);
       std::string list;
       for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);
-      Notice("queue '" + options_.name + "': waiting " + std::to_string((t1 - wait_start) / 1000000000ull) +
-             " s for items still held by other processes (pids " + list +
-             "); they come back if those die. Set lease_timeout to reassign items of hung processes");
+      Notice(
+          "queue '" + options_.name + "': waiting " +
+          std::to_string((t1 - wait_start) / 1000000000ull) +
+          " s for items still held by other processes (pids " + list +
+          "); they come back if those die. Set lease_timeout to reassign items of hung processes");
     }
   }
   return TakeStatus::kOk;
@@ -682,17 +867,7 @@ AckStatus WorkQueue::Impl::Ack(const WorkItem& item) noexcept {
     return AckStatus::kStale;
   }
   CrashPoint("ack.after_mark");
-  uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
-  if (!(ls.flags.load(std::memory_order_relaxed) & kLeasePreset) && ticket < core_->total()) {
-    uint64_t bit = uint64_t{1} << (ticket % 64);
-    if (segment_->done_word(ticket / 64).fetch_or(bit, std::memory_order_acq_rel) & bit)
-      segment_->counters().duplicate_acks.fetch_add(1, std::memory_order_relaxed);
-  }
-  CrashPoint("ack.after_bit");
-  ls.ticket.store(kNoTicket, std::memory_order_relaxed);
-  ls.flags.store(0, std::memory_order_relaxed);
-  ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseFree, kNoOwner),
-                                  std::memory_order_acq_rel);
+  core_->FinishAck(item.lease, acking);
   ClientSlot& cs = me();
   cs.items_acked.fetch_add(1, std::memory_order_relaxed);
   cs.bytes_acked.fetch_add(item.end - item.begin, std::memory_order_relaxed);
@@ -717,7 +892,8 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   return AckStatus::kOk;
 }
 
-AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
+                                    uint64_t records) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
   LeaseSlot& ls = segment_->lease(item.lease);
   if (ls.word.load(std::memory_order_acquire) != LeaseWord(kLeaseOpen, slot_, item.generation))
@@ -741,30 +917,52 @@ std::string WorkQueue::Impl::SaveState() const {
   // Leases first, then bits: an ack sets its bit before freeing its lease,
   // so nothing acked is missed, and an item acked meanwhile is merely
   // handed out again after a restore.
+  // A split moves a range from one lease to another: rescan if one happened
+  // while we looked, so no range is missed or listed twice.
   std::vector<uint64_t> acking;
-  for (uint64_t l = 0; l < core_->num_leases(); ++l) {
-    LeaseSlot& ls = seg.lease(l);
-    for (;;) {
-      uint64_t w1 = ls.word.load(std::memory_order_acquire);
-      uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
-      uint64_t begin = ls.begin.load(std::memory_order_relaxed);
-      uint64_t end = ls.end.load(std::memory_order_relaxed);
-      uint64_t progress = ls.progress.load(std::memory_order_relaxed);
-      uint32_t flags = ls.flags.load(std::memory_order_relaxed);
-      if (ls.word.load(std::memory_order_acquire) != w1) continue;
-      uint64_t state = LeaseStateOf(w1);
-      if (ticket >= total) break;
-      if (state == kLeaseAcking) {
-        acking.push_back(ticket);
-      } else if (state == kLeaseOpen || state == kLeaseOrphan) {
-        s.pieces.push_back({ticket, std::clamp(progress, begin, end), end});
-      } else if (state == kLeaseTaking && !(seg.IsDone(ticket) && !(flags & kLeasePreset))) {
-        const WorkQueue::Item& item =
-            config_.items[core_->ItemAt(ticket / s.num_items, ticket % s.num_items)];
-        s.pieces.push_back({ticket, item.begin, item.end});
+  for (int scan = 0;; ++scan) {
+    uint64_t split_seq = seg.counters().split_seq.load(std::memory_order_seq_cst);
+    acking.clear();
+    s.pieces.clear();
+    for (uint64_t l = 0; l < core_->num_leases(); ++l) {
+      LeaseSlot& ls = seg.lease(l);
+      for (;;) {
+        uint64_t w1 = ls.word.load(std::memory_order_acquire);
+        uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+        uint64_t begin = ls.begin.load(std::memory_order_relaxed);
+        uint64_t end = ls.end.load(std::memory_order_relaxed);
+        uint64_t progress = ls.progress.load(std::memory_order_relaxed);
+        uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+        uint64_t extent = ls.extent.load(std::memory_order_acquire);
+        if (ls.word.load(std::memory_order_acquire) != w1) continue;
+        uint64_t state = LeaseStateOf(w1);
+        if (ticket >= total || begin > end) break;
+        if (!(flags & (kLeasePiece | kLeasePreset)))  // a split lowers an anchor's end
+          end = std::min(end, begin + Extent::Of(extent).end * SplitUnit(end - begin));
+        if (state == kLeaseAcking) {
+          acking.push_back(ticket);
+        } else if (state == kLeaseOpen || state == kLeaseOrphan) {
+          s.pieces.push_back({ticket, std::clamp(progress, begin, end), end});
+        } else if (state == kLeaseTaking && (flags & kLeasePiece)) {
+          // A thief mid-split: its piece is real once the anchor names it (I7).
+          uint64_t anchor = ls.anchor.load(std::memory_order_relaxed);
+          if (anchor < core_->num_leases() &&
+              Extent::Of(seg.lease(anchor).extent.load(std::memory_order_acquire)).pending == l + 1)
+            s.pieces.push_back({ticket, begin, end});
+        } else if (state == kLeaseTaking && !(seg.IsDone(ticket) && !(flags & kLeasePreset))) {
+          const WorkQueue::Item& item =
+              config_.items[core_->ItemAt(ticket / s.num_items, ticket % s.num_items)];
+          s.pieces.push_back({ticket, item.begin, item.end});
+        }
+        break;
       }
-      break;
     }
+    if (seg.counters().split_seq.load(std::memory_order_seq_cst) == split_seq) break;
+    if (scan == 100)
+      throw Error(ErrorKind::kTimeout,
+                  "queue '" + options_.name +
+                      "': tails kept being split while "
+                      "saving the state; retry, or open the queues with split_tail=false");
   }
   uint64_t words = (s.cursor + 63) / 64;
   std::vector<uint64_t> bits(words);
@@ -813,8 +1011,10 @@ void WorkQueue::Impl::Close() noexcept {
     } else if (!done) {
       QueueStats st = core_->Stats(options_.name);
       Notice("queue '" + options_.name + "' left unfinished (" + std::to_string(st.done) + " of " +
-             std::to_string(st.total) + " items done); the next job with the same configuration "
-             "resumes it, `tailcut rm " + options_.name + "` discards it");
+             std::to_string(st.total) +
+             " items done); the next job with the same configuration "
+             "resumes it, `tailcut rm " +
+             options_.name + "` discards it");
     }
   }
   admin.Unlock();
@@ -831,7 +1031,8 @@ std::unique_ptr<WorkQueue> WorkQueue::Open(WorkQueueOptions options) {
   return std::unique_ptr<WorkQueue>(new WorkQueue(std::move(impl)));
 }
 
-TakeStatus WorkQueue::Take(WorkItem* item, std::chrono::steady_clock::time_point deadline) noexcept {
+TakeStatus WorkQueue::Take(WorkItem* item,
+                           std::chrono::steady_clock::time_point deadline) noexcept {
   return impl_->Take(item, true, deadline);
 }
 TakeStatus WorkQueue::TryTake(WorkItem* item) noexcept {
@@ -842,6 +1043,9 @@ AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept { return impl_->Giv
 AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
   return impl_->Progress(item, offset, records);
 }
+AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+  return impl_->Claim(item, up_to, end);
+}
 std::string WorkQueue::SaveState() const { return impl_->SaveState(); }
 QueueStats WorkQueue::Stats() const { return impl_->Stats(); }
 void WorkQueue::Close() noexcept { impl_->Close(); }
@@ -850,7 +1054,9 @@ uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.si
 uint64_t WorkQueue::num_epochs() const noexcept { return impl_->config().num_epochs; }
 uint64_t WorkQueue::seed() const noexcept { return impl_->config().seed; }
 const std::vector<std::string>& WorkQueue::paths() const noexcept { return impl_->config().paths; }
-const std::vector<WorkQueue::Item>& WorkQueue::items() const noexcept { return impl_->config().items; }
+const std::vector<WorkQueue::Item>& WorkQueue::items() const noexcept {
+  return impl_->config().items;
+}
 uint64_t WorkQueue::ItemAt(uint64_t epoch, uint64_t position) const noexcept {
   return impl_->core().ItemAt(epoch, position);
 }

@@ -69,6 +69,12 @@ struct WorkQueueOptions {
   // A live client that makes no progress (take, ack, Progress) for longer than
   // this has its open items reassigned; its later acks are refused. 0: never.
   std::chrono::milliseconds lease_timeout{0};
+  // Tail splitting: a process with nothing left to take splits the unread
+  // tail of the open item with the most left (only items whose owner uses
+  // Claim, as tailcut's Reader does) and takes it as a new item. Each part
+  // is at least min_split_bytes.
+  bool split_tail = true;
+  uint64_t min_split_bytes = 512 << 10;
   // A state from WorkQueue::SaveState(): a newly created queue continues from
   // it. Every process of the job may pass the same state.
   std::string restore_state;
@@ -88,6 +94,7 @@ struct WorkItem {
   uint64_t end = 0;
   uint32_t lease = 0;        // lease slot, for Ack/GiveBack/Progress
   uint64_t generation = 0;   // lease generation, to refuse stale acks
+  bool piece = false;        // a tail split off another process's item
 };
 
 enum class TakeStatus {
@@ -115,6 +122,7 @@ struct ClientStats {
   uint64_t bytes_acked = 0;      // slice bytes of acked items
   uint64_t records = 0;          // reported by readers
   uint64_t stale_acks = 0;
+  uint64_t splits = 0;           // tails this client split off others' items
   uint64_t open_items = 0;
   uint64_t busy_ns = 0;          // time registered minus idle time
   uint64_t idle_ns = 0;          // time spent waiting in Take
@@ -138,6 +146,7 @@ struct QueueStats {
   uint32_t clients_joined = 0;    // ever registered
   uint64_t recovered_items = 0;   // items taken back from dead or hung clients
   uint64_t stale_acks = 0;
+  uint64_t splits = 0;            // tails split off slow items
   uint64_t now_ns = 0;            // CLOCK_MONOTONIC when read
   std::vector<ClientStats> clients;  // registered clients (alive or dead)
 };
@@ -170,6 +179,14 @@ class TAILCUT_EXPORT WorkQueue {
   // checkpoint resumes there) and `records` more records were read. Refreshes
   // the lease timeout. kStale if the item was reassigned.
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
+
+  // Tail splitting, owner side: before handing out records that start
+  // before `up_to`, claim them. Sets *end to the item's current end: records
+  // starting at or after it belong to a process that split the tail off, so
+  // stop there (RecordParser::SetEnd). The first Claim makes the item
+  // splittable; an item never claimed is never split. kStale if the item was
+  // reassigned. Lock-free, noexcept, no system call.
+  AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
 
   // A compact state of the whole queue (cursor, done tickets, open items and
   // their progress) to save with a training checkpoint and pass back through
