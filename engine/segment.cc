@@ -62,6 +62,8 @@ Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_
   off = AlignUp(off + sizeof(Cursor));
   g.clients = off;
   off = AlignUp(off + sizeof(ClientSlot) * max_clients);
+  g.steps = off;
+  off = AlignUp(off + sizeof(StepSlot) * max_clients);
   g.leases = off;
   off = AlignUp(off + sizeof(LeaseSlot) * g.num_leases());
   g.files = off;

@@ -67,6 +67,7 @@ class Segment {
   Counters& counters() const { return *At<Counters>(geometry_.counters); }
   Cursor& cursor() const { return *At<Cursor>(geometry_.cursor); }
   ClientSlot& client(uint64_t i) const { return At<ClientSlot>(geometry_.clients)[i]; }
+  StepSlot& step(uint64_t i) const { return At<StepSlot>(geometry_.steps)[i]; }
   LeaseSlot& lease(uint64_t i) const { return At<LeaseSlot>(geometry_.leases)[i]; }
   FileEntry& file(uint64_t i) const { return At<FileEntry>(geometry_.files)[i]; }
   ItemEntry& item(uint64_t i) const { return At<ItemEntry>(geometry_.items)[i]; }

@@ -5,7 +5,8 @@
 // is bounds-checked before use. Offsets are never stored: an attacher
 // recomputes them from the counts and checks they match the object's size.
 //
-//   Header | Counters | ClientSlot[max_clients] | LeaseSlot[max_clients * leases_per_client]
+//   Header | Counters | Cursor | ClientSlot[max_clients] | StepSlot[max_clients]
+//   | LeaseSlot[max_clients * leases_per_client]
 //   | FileEntry[num_files] | ItemEntry[num_items] | path bytes | done bitmap (u64 words)
 //
 // Invariants (the numbers are referred to in work_queue.cc):
@@ -165,6 +166,7 @@ struct alignas(kCacheLine) Counters {
   std::atomic<uint64_t> duplicate_acks;  // must stay 0; counted, never trusted
   std::atomic<uint64_t> splits;
   std::atomic<uint64_t> split_seq;  // bumped before every split CAS (SaveState rescans)
+  std::atomic<uint32_t> step_seq;   // futex word: bumped when a rank publishes a step
 };
 
 struct alignas(kCacheLine) ClientSlot {
@@ -183,6 +185,15 @@ struct alignas(kCacheLine) ClientSlot {
   std::atomic<uint64_t> splits;
   std::atomic<uint64_t> idle_ns;
   std::atomic<uint64_t> left_ns;  // when it left (0 while active)
+};
+
+// Equal steps: rank r publishes ((step + 1) << 1 | has_batch) in `word`,
+// and, before it publishes its next step, ((step + 1) << 1 | all_have) in
+// `decided`. A rank waits for all at every step, so it is at most one step
+// ahead of any other: a laggard reads its decision instead of guessing.
+struct alignas(kCacheLine) StepSlot {
+  std::atomic<uint64_t> word;
+  std::atomic<uint64_t> decided;
 };
 
 struct alignas(kCacheLine) LeaseSlot {
@@ -213,7 +224,7 @@ struct ItemEntry {
 struct Geometry {
   uint64_t num_files = 0, num_items = 0, total_tickets = 0, path_bytes = 0;
   uint32_t max_clients = 0, leases_per_client = 0;
-  size_t counters = 0, cursor = 0, clients = 0, leases = 0, files = 0, items = 0, paths = 0,
+  size_t counters = 0, cursor = 0, clients = 0, steps = 0, leases = 0, files = 0, items = 0, paths = 0,
          bitmap = 0, total = 0;
   uint64_t num_leases() const { return uint64_t{max_clients} * leases_per_client; }
   uint64_t bitmap_words() const { return (total_tickets + 63) / 64; }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -234,6 +235,8 @@ class WorkQueue::Impl {
   AckStatus GiveBack(const WorkItem& item) noexcept;
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
   AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
+  StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
+                       std::chrono::steady_clock::time_point deadline) noexcept;
   std::string SaveState() const;
   QueueStats Stats() const { return core_->Stats(options_.name); }
   void Close() noexcept;
@@ -789,6 +792,50 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
   return AckStatus::kOk;
 }
 
+StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
+                                      std::chrono::steady_clock::time_point deadline) noexcept {
+  if (closed_ || ranks == 0 || rank >= ranks || ranks > segment_->geometry().max_clients ||
+      step >= (uint64_t{1} << 62))
+    return StepStatus::kInvalid;
+  // Published as (step + 1) << 1 | has_batch, so that 0 means "nothing yet".
+  std::atomic<uint64_t>& mine = segment_->step(rank).word;
+  uint64_t published = mine.load(std::memory_order_acquire);
+  if (published != 0 && (published >> 1) - 1 > step) return StepStatus::kInvalid;
+  mine.store(((step + 1) << 1) | (has_batch ? 1 : 0), std::memory_order_seq_cst);
+  Counters& c = segment_->counters();
+  c.step_seq.fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.step_seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  for (;;) {
+    uint32_t seq = c.step_seq.load(std::memory_order_seq_cst);
+    bool arrived = true, all_have = true;
+    for (uint32_t r = 0; r < ranks && arrived; ++r) {
+      uint64_t w = segment_->step(r).word.load(std::memory_order_seq_cst);
+      uint64_t their = w == 0 ? 0 : (w >> 1);  // their step + 1
+      if (their < step + 1) {
+        arrived = false;
+      } else if (their == step + 1) {
+        all_have &= (w & 1) != 0;
+      } else {
+        // Already past `step`: it decided `step` before publishing its next.
+        uint64_t d = segment_->step(r).decided.load(std::memory_order_seq_cst);
+        if ((d >> 1) == step + 1) all_have &= (d & 1) != 0;
+      }
+    }
+    if (arrived) {
+      segment_->step(rank).decided.store(((step + 1) << 1) | (all_have ? 1 : 0),
+                                         std::memory_order_seq_cst);
+      return all_have ? StepStatus::kAllHaveBatch : StepStatus::kEndEpoch;
+    }
+    auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds(0)) return StepStatus::kTimeout;
+    uint64_t slice = kWaitSliceNs;
+    if (left < std::chrono::nanoseconds(slice))
+      slice = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
+    struct timespec ts = {static_cast<time_t>(slice / 1000000000ull), static_cast<long>(slice % 1000000000ull)};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.step_seq), FUTEX_WAIT, seq, &ts, nullptr, 0);
+  }
+}
+
 void WorkQueue::Impl::Housekeep() noexcept {
   core_->CheckClients(slot_);
   core_->ReleaseSettledAnchors();
@@ -1045,6 +1092,10 @@ AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t re
 }
 AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
   return impl_->Claim(item, up_to, end);
+}
+StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
+                                std::chrono::steady_clock::time_point deadline) noexcept {
+  return impl_->AgreeStep(rank, ranks, step, has_batch, deadline);
 }
 std::string WorkQueue::SaveState() const { return impl_->SaveState(); }
 QueueStats WorkQueue::Stats() const { return impl_->Stats(); }

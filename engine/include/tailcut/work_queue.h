@@ -104,6 +104,13 @@ enum class TakeStatus {
   kLimit,  // this process already holds leases_per_client items: ack or give one back
 };
 
+enum class StepStatus {
+  kAllHaveBatch,  // every rank has a batch for this step: run it
+  kEndEpoch,      // some rank has none: every rank ends its epoch before this step
+  kTimeout,       // some rank did not arrive before the deadline
+  kInvalid,       // rank >= ranks, ranks > max_clients, or a step that went backwards
+};
+
 enum class AckStatus {
   kOk,
   kStale,    // the item was reassigned (lease timeout); the ack was refused
@@ -187,6 +194,16 @@ class TAILCUT_EXPORT WorkQueue {
   // splittable; an item never claimed is never split. kStale if the item was
   // reassigned. Lock-free, noexcept, no system call.
   AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
+
+  // Equal steps for synchronous data-parallel trainers (PyTorch DDP needs
+  // every rank to run the same number of steps). Ranks 0..ranks-1 of one
+  // group each call this once per step, saying whether they have a batch
+  // for it; all of them get the same answer. Steps must grow over the
+  // queue's lifetime (e.g. epoch << 32 | step in epoch). Sleeps on a futex
+  // while others have not arrived, at most until deadline. Thread-safe.
+  StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
+                       std::chrono::steady_clock::time_point deadline =
+                           std::chrono::steady_clock::time_point::max()) noexcept;
 
   // A compact state of the whole queue (cursor, done tickets, open items and
   // their progress) to save with a training checkpoint and pass back through
