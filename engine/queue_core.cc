@@ -58,19 +58,25 @@ int TryLockRobust(pthread_mutex_t* mu) noexcept {
 int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died) {
   *died = false;
   if (!IsRobustMutex(mu)) return EINVAL;
-  struct timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns =
-      static_cast<uint64_t>(ts.tv_nsec) + static_cast<uint64_t>(timeout.count()) * 1000000ull;
-  ts.tv_sec += static_cast<time_t>(ns / 1000000000ull);
-  ts.tv_nsec = static_cast<long>(ns % 1000000000ull);
-  int rc = pthread_mutex_timedlock(mu, &ts);
-  *died = rc == EOWNERDEAD;
-  if (rc == EOWNERDEAD) {
-    pthread_mutex_consistent(mu);
-    rc = 0;
+  // Wait in short slices: when a holder dies while others wait, glibc may
+  // wake none of them (glibc bug 19402), so each slice tries again.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    struct timespec ts;
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 5'000'000;
+    if (ts.tv_nsec >= 1'000'000'000) {
+      ts.tv_sec += 1;
+      ts.tv_nsec -= 1'000'000'000;
+    }
+    int rc = pthread_mutex_timedlock(mu, &ts);
+    if (rc == EOWNERDEAD) {
+      *died = true;
+      pthread_mutex_consistent(mu);
+      return 0;
+    }
+    if (rc != ETIMEDOUT || std::chrono::steady_clock::now() >= deadline) return rc;
   }
-  return rc;
 }
 
 QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
@@ -98,6 +104,36 @@ void QueueCore::WakeWaiters() noexcept {
             nullptr, 0);
 }
 
+bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_word) noexcept {
+  Counters& c = seg_->counters();
+  c.orphan_publishing.fetch_add(1, std::memory_order_seq_cst);
+  bool ok = ls.word.compare_exchange_strong(*expected, orphan_word, std::memory_order_seq_cst);
+  if (ok) c.orphans.fetch_add(1, std::memory_order_seq_cst);
+  c.orphan_seq.fetch_add(1, std::memory_order_seq_cst);
+  c.orphan_publishing.fetch_sub(1, std::memory_order_seq_cst);
+  return ok;
+}
+
+uint64_t QueueCore::OrphanSeqForScan() noexcept {
+  Counters& c = seg_->counters();
+  // Odd marks "a publish was in progress": the scan may not reset the hint.
+  uint64_t seq = c.orphan_seq.load(std::memory_order_seq_cst) << 1;
+  return c.orphan_publishing.load(std::memory_order_seq_cst) == 0 ? seq : seq | 1;
+}
+
+void QueueCore::ResetOrphanHint(uint64_t seq_before) noexcept {
+  Counters& c = seg_->counters();
+  uint64_t seen = c.orphans.load(std::memory_order_seq_cst);
+  if (seen == 0 || (seq_before & 1)) return;
+  // A publish that the scan missed either is still between its CAS and
+  // its count (publishing != 0) or has bumped orphan_seq (seq_cst total
+  // order): in both cases the hint stays.
+  if (c.orphan_publishing.load(std::memory_order_seq_cst) != 0 ||
+      (c.orphan_seq.load(std::memory_order_seq_cst) << 1) != seq_before)
+    return;
+  c.orphans.compare_exchange_strong(seen, 0, std::memory_order_seq_cst);
+}
+
 bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,
                               uint64_t begin, uint64_t end, uint32_t flags) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
@@ -109,13 +145,8 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
       Extent{ExtentUnits(end - begin, SplitUnit(end - begin)), 0, 0, false, false}.Word(),
       std::memory_order_relaxed);
   ls.flags.store(flags, std::memory_order_relaxed);
-  // Release pairs with the claimer's acquire CAS: it sees the fields above.
-  if (!ls.word.compare_exchange_strong(expected_word,
-                                       NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner),
-                                       std::memory_order_acq_rel))
-    return false;
-  seg_->counters().orphans.fetch_add(1, std::memory_order_acq_rel);
-  return true;
+  // The CAS releases the fields above to the claimer's acquire CAS.
+  return MarkOrphan(ls, &expected_word, NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner));
 }
 
 void QueueCore::SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept {
@@ -209,9 +240,7 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
         anchor < num_leases_ &&
         Extent::Of(seg_->lease(anchor).extent.load(std::memory_order_acquire)).pending == lease + 1;
     if (happened && ticket < total_) {
-      if (ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseOrphan, kNoOwner),
-                                          std::memory_order_acq_rel)) {
-        c.orphans.fetch_add(1, std::memory_order_acq_rel);
+      if (MarkOrphan(ls, &word, NextLeaseWord(word, kLeaseOrphan, kNoOwner))) {
         c.recovered_items.fetch_add(1, std::memory_order_relaxed);
       }
     } else {
@@ -248,9 +277,7 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
   }
   if (state == kLeaseOpen) {
     ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    if (ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseOrphan, kNoOwner),
-                                        std::memory_order_acq_rel)) {
-      c.orphans.fetch_add(1, std::memory_order_acq_rel);
+    if (MarkOrphan(ls, &word, NextLeaseWord(word, kLeaseOrphan, kNoOwner))) {
       c.recovered_items.fetch_add(1, std::memory_order_relaxed);
     }
     // A thief that died after publishing its piece but before settling.
@@ -343,9 +370,7 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
     if (last + timeout_ns > now) continue;
     if (state == kLeaseOpen) {
       ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      if (ls.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseOrphan, kNoOwner),
-                                          std::memory_order_acq_rel)) {
-        seg_->counters().orphans.fetch_add(1, std::memory_order_acq_rel);
+      if (MarkOrphan(ls, &w, NextLeaseWord(w, kLeaseOrphan, kNoOwner))) {
         seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
         ++reassigned;
       }
@@ -489,26 +514,38 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
   s.handed_out = cursor;
   s.epoch = cursor / items_.size();
-  uint64_t words = (total_ + 63) / 64;
-  for (uint64_t i = 0; i < words; ++i) {
-    uint64_t bits = seg_->done_word(i).load(std::memory_order_relaxed);
-    if (i == words - 1 && total_ % 64 != 0) bits &= (uint64_t{1} << (total_ % 64)) - 1;
-    s.done += static_cast<uint64_t>(__builtin_popcountll(bits));
-  }
+  // Leases before bits (as SaveState): an ack sets its bit before freeing
+  // its lease, so a ticket acked meanwhile is counted now or next time,
+  // and the count never goes backwards.
   std::vector<uint64_t> open_by_client(seg_->geometry().max_clients, 0);
-  std::vector<uint64_t> held_done;  // tickets whose bit is set but a piece is still out
+  std::vector<uint64_t> held;  // tickets of leases still out
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
-    uint64_t w = ls.word.load(std::memory_order_relaxed);
+    uint64_t w = ls.word.load(std::memory_order_seq_cst);
     uint64_t state = LeaseStateOf(w);
-    if (state == kLeaseOpen || state == kLeaseOrphan || state == kLeaseAcking) {
+    if (state == kLeaseOpen || state == kLeaseOrphan) {
       ++s.in_flight;
       uint64_t t = ls.ticket.load(std::memory_order_relaxed);
-      if (t < total_ && seg_->IsDone(t)) held_done.push_back(t);
+      if (t < total_) held.push_back(t);
+    } else if (state == kLeaseAcking) {
+      ++s.in_flight;
     }
     if (state == kLeaseOpen && LeaseOwnerOf(w) < open_by_client.size())
       ++open_by_client[LeaseOwnerOf(w)];
   }
+  // One snapshot of the bits serves both the count and the held tickets.
+  uint64_t words = (total_ + 63) / 64;
+  std::vector<uint64_t> bits(words);
+  for (uint64_t i = 0; i < words; ++i) {
+    bits[i] = seg_->done_word(i).load(std::memory_order_seq_cst);
+    if (i == words - 1 && total_ % 64 != 0) bits[i] &= (uint64_t{1} << (total_ % 64)) - 1;
+    s.done += static_cast<uint64_t>(__builtin_popcountll(bits[i]));
+  }
+  // A ticket whose bit is set while a piece of it is still out (a split
+  // tail, a restored item) is not done yet.
+  std::vector<uint64_t> held_done;
+  for (uint64_t t : held)
+    if ((bits[t / 64] >> (t % 64)) & 1) held_done.push_back(t);
   std::sort(held_done.begin(), held_done.end());
   uint64_t not_yet =
       static_cast<uint64_t>(std::unique(held_done.begin(), held_done.end()) - held_done.begin());

@@ -158,7 +158,9 @@ struct alignas(kCacheLine) Cursor {
 struct alignas(kCacheLine) Counters {
   std::atomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
   std::atomic<uint32_t> waiters;   // processes sleeping on wake_seq
-  std::atomic<uint64_t> orphans;   // hint: ORPHAN leases may exist (self-healing)
+  std::atomic<uint64_t> orphans;   // hint: how many ORPHAN leases there may be
+  std::atomic<uint32_t> orphan_publishing;  // publishers between their CAS and count
+  std::atomic<uint64_t> orphan_seq;         // bumped by every finished publish
   std::atomic<uint64_t> sweeps_pending;
   std::atomic<uint64_t> clients_joined;
   std::atomic<uint64_t> recovered_items;

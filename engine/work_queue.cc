@@ -278,6 +278,8 @@ class WorkQueue::Impl {
   uint64_t timeout_ns_ = 0;
   std::atomic<uint64_t> next_housekeeping_ns_{0};
   std::atomic<uint64_t> orphan_scan_start_{0};
+  std::atomic<uint64_t> last_fruitless_orphans_{0};
+  std::atomic<uint64_t> last_fruitless_ns_{0};
   bool closed_ = true;
 };
 
@@ -549,6 +551,7 @@ void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word
 bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
   Counters& c = segment_->counters();
   uint64_t n = core_->num_leases();
+  uint64_t seq_before = core_->OrphanSeqForScan();
   uint64_t start = orphan_scan_start_.fetch_add(1, std::memory_order_relaxed) % n;
   for (uint64_t k = 0; k < n; ++k) {
     uint64_t l = (start + k) % n;
@@ -602,15 +605,25 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     out->piece = flags & kLeasePiece;
     return true;
   }
-  // None found: the hint was stale (a claimer died before decrementing).
-  uint64_t seen = c.orphans.load(std::memory_order_acquire);
-  if (seen > 0) c.orphans.compare_exchange_strong(seen, 0, std::memory_order_acq_rel);
+  // None found: the hint is stale (a claimer died before decrementing), or
+  // an orphan was published behind our scan, which ResetOrphanHint detects.
+  core_->ResetOrphanHint(seq_before);
+  last_fruitless_orphans_.store(c.orphans.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  last_fruitless_ns_.store(MonotonicNs(), std::memory_order_relaxed);
   return false;
 }
 
 bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   Counters& c = segment_->counters();
-  if (c.orphans.load(std::memory_order_acquire) > 0 && ClaimOrphan(out)) return true;
+  // While the cursor still has tickets, a hint that stayed the same since a
+  // fruitless scan less than a millisecond ago is not worth another scan of
+  // every lease (a hint can stay high for good if a claimer died mid-claim
+  // while a publish was in progress; the end of the data always scans).
+  if (uint64_t hint = c.orphans.load(std::memory_order_acquire); hint > 0) {
+    bool recent = hint == last_fruitless_orphans_.load(std::memory_order_relaxed) &&
+                  MonotonicNs() - last_fruitless_ns_.load(std::memory_order_relaxed) < 1000000;
+    if (!recent && ClaimOrphan(out)) return true;
+  }
   std::atomic<uint64_t>& cursor = segment_->cursor().next_ticket;
   const uint64_t total = core_->total();
   while (cursor.load(std::memory_order_relaxed) < total) {
@@ -930,10 +943,8 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
   ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
   CrashPoint("giveback.after_mark");
-  if (!ls.word.compare_exchange_strong(expected, NextLeaseWord(expected, kLeaseOrphan, kNoOwner),
-                                       std::memory_order_acq_rel))
+  if (!core_->MarkOrphan(ls, &expected, NextLeaseWord(expected, kLeaseOrphan, kNoOwner)))
     return AckStatus::kStale;
-  segment_->counters().orphans.fetch_add(1, std::memory_order_acq_rel);
   me().items_given_back.fetch_add(1, std::memory_order_relaxed);
   core_->WakeWaiters();
   return AckStatus::kOk;
@@ -1032,9 +1043,7 @@ void WorkQueue::Impl::Close() noexcept {
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) != slot_) continue;
     ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    if (ls.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseOrphan, kNoOwner),
-                                        std::memory_order_acq_rel)) {
-      seg.counters().orphans.fetch_add(1, std::memory_order_acq_rel);
+    if (core_->MarkOrphan(ls, &w, NextLeaseWord(w, kLeaseOrphan, kNoOwner))) {
       me().items_given_back.fetch_add(1, std::memory_order_relaxed);
     }
   }

@@ -1,0 +1,484 @@
+// Many processes on one WorkQueue: exactly once per epoch, fast processes
+// take more, racing creators share one queue, lease timeouts reassign the
+// items of a hung process and refuse its late acks, client slots of dead
+// processes are reused.
+//
+// Every child opens its own WorkQueue and reports through shared memory
+// (queue_test_util.h); every wait has a deadline, and a child still running
+// then is killed and reported as hung.
+#include <map>
+#include <set>
+
+#include "tests/engine/queue_test_util.h"
+
+namespace tailcut::test {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr uint64_t kMiB = 1 << 20;
+
+class WorkQueueProcessTest : public ::testing::Test {
+ protected:
+  std::string NewName(std::string_view tag) {
+    std::string n = UniqueQueueName(tag);
+    guards_.push_back(std::make_unique<QueueGuard>(n));
+    return n;
+  }
+  TempDir dir_;
+  std::vector<std::unique_ptr<QueueGuard>> guards_;
+};
+
+TEST_F(WorkQueueProcessTest, SixteenProcessesTakeEachItemExactlyOncePerEpochAndFastOnesTakeMore) {
+  constexpr int kProcs = 16;
+  auto o = BaseOptions(NewName("sixteen"), dir_.Files("f", 6, {kMiB, 2 * kMiB, 3 * kMiB}));
+  o.num_slices = 3000;
+  o.num_epochs = 3;
+  o.num_clients = kProcs;
+  o.seed = 99;
+  const uint64_t cap = 4 * 3200 * 3 + 64;
+  Children kids(kProcs, cap);
+  StartGate gate;
+  for (int k = 0; k < kProcs; ++k) {
+    kids.Spawn([&](ChildContext& c) {
+      auto q = WorkQueue::Open(o);
+      c.SetValue(0, 1);
+      if (!gate.Wait(milliseconds(30000))) return c.Fail("start gate never opened");
+      WorkerOptions w;
+      // Odd children are 4x slower per item.
+      w.sleep_us = c.index() % 2 == 1 ? 800 : 200;
+      w.rng_seed = 5;
+      const int rc = RunWorker(*q, c, w);
+      q->Close();
+      return rc;
+    });
+  }
+  for (int k = 0; k < kProcs; ++k) ASSERT_EQ(kids.WaitValue(k, 0, milliseconds(30000)), 1u) << kids.Error(k);
+  const auto t0 = Clock::now();
+  gate.Open();
+  const auto results = kids.WaitAll(milliseconds(90000));
+  RecordProperty("elapsed_ms", std::to_string(MillisSince(t0)));
+  const uint64_t n = kids.Value(0, kValueNumItems);
+  ASSERT_GE(n, 2990u);
+  std::vector<uint32_t> counts(n * 3);
+  double fast = 0, slow = 0;
+  for (int k = 0; k < kProcs; ++k) {
+    EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+    EXPECT_EQ(kids.Value(k, kValueTakeEnd), 1u) << "child " << k << " never saw kEnd";
+    EXPECT_FALSE(kids.Overflowed(k));
+    CountAcks(kids, k, n, &counts);
+    (k % 2 == 1 ? slow : fast) += static_cast<double>(CountKind(kids, k, Rec::kAcked));
+  }
+  EXPECT_EQ(ExactlyOnce(counts, n), "");
+  fast /= kProcs / 2;
+  slow /= kProcs / 2;
+  RecordProperty("mean_items_fast", std::to_string(fast));
+  RecordProperty("mean_items_slow", std::to_string(slow));
+  // About 3x in practice; 1.5x leaves room for a loaded machine.
+  EXPECT_GT(fast, 1.5 * slow) << "processes 4x faster per item should take clearly more items";
+  EXPECT_FALSE(PathExists(SegmentPath(o.name))) << "the last process should remove the finished queue";
+}
+
+TEST_F(WorkQueueProcessTest, ProcessesHoldingSeveralItemsAndGivingSomeBackStillAckEachOnce) {
+  constexpr int kProcs = 6;
+  auto o = BaseOptions(NewName("batches"), dir_.Files("f", 4, {kMiB}));
+  o.num_slices = 600;
+  o.num_epochs = 2;
+  o.num_clients = kProcs;
+  o.leases_per_client = 4;
+  Children kids(kProcs, 8 * 1200 + 64);
+  for (int k = 0; k < kProcs; ++k) {
+    kids.Spawn([&](ChildContext& c) {
+      auto q = WorkQueue::Open(o);
+      WorkerOptions w;
+      w.batch = 1 + c.index() % 4;
+      w.give_back = 0.1;
+      w.progress = 0.3;
+      w.spin_us = 30;
+      w.rng_seed = 17;
+      return RunWorker(*q, c, w);  // the destructor closes
+    });
+  }
+  const auto results = kids.WaitAll(milliseconds(60000));
+  const uint64_t n = kids.Value(0, kValueNumItems);
+  ASSERT_GT(n, 0u);
+  std::vector<uint32_t> counts(n * 2);
+  uint64_t gave_back = 0;
+  for (int k = 0; k < kProcs; ++k) {
+    EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+    CountAcks(kids, k, n, &counts);
+    gave_back += CountKind(kids, k, Rec::kGaveBack);
+  }
+  EXPECT_EQ(ExactlyOnce(counts, n), "");
+  EXPECT_GT(gave_back, 0u);
+  RecordProperty("given_back", std::to_string(gave_back));
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
+// Items handed back (GiveBack, recovery) while other processes look for
+// one must never become invisible: the end of the data is where this races.
+TEST_F(WorkQueueProcessTest, ItemsGivenBackAtTheEndOfTheDataAreNeverLost) {
+  constexpr int kRounds = 60;
+  constexpr int kProcs = 6;
+  const auto works = dir_.Files("f", 3, {kMiB});
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto o = BaseOptions(NewName("giveback_end"), works);
+    o.num_slices = 30;
+    o.num_clients = kProcs;
+    Children kids(kProcs, 2000);
+    StartGate gate;
+    for (int k = 0; k < kProcs; ++k) {
+      kids.Spawn([&](ChildContext& c) {
+        auto q = WorkQueue::Open(o);
+        if (!gate.Wait(milliseconds(20000))) return c.Fail("gate");
+        WorkerOptions w;
+        w.batch = 2;
+        w.give_back = 0.5;
+        w.take_timeout = milliseconds(5000);
+        w.rng_seed = 1000 + round;
+        return RunWorker(*q, c, w);
+      });
+    }
+    gate.Open();
+    const auto results = kids.WaitAll(milliseconds(30000));
+    const uint64_t n = kids.Value(0, kValueNumItems);
+    std::vector<uint32_t> counts(n);
+    for (int k = 0; k < kProcs; ++k) {
+      EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+      CountAcks(kids, k, n, &counts);
+    }
+    EXPECT_EQ(ExactlyOnce(counts, n), "");
+    if (HasFailure()) break;
+  }
+}
+
+// Processes that read like tailcut's Reader (Claim before each chunk): the
+// fast ones run dry and split the tails of the slow one's items. Every byte
+// of every item of every epoch is acked exactly once.
+TEST_F(WorkQueueProcessTest, SplitTailsAreAckedExactlyOnceByteForByte) {
+  constexpr int kProcs = 4;
+  const auto works = dir_.Files("f", 6, {4 * kMiB, 3 * kMiB + 12345});
+  auto o = BaseOptions(NewName("split_bytes"), works);
+  o.num_epochs = 2;
+  o.num_clients = kProcs;
+  o.min_split_bytes = 128 << 10;
+  Children kids(kProcs, 4096);
+  StartGate slow_gate, fast_gate;
+  for (int k = 0; k < kProcs; ++k) {
+    kids.Spawn([&](ChildContext& c) {
+      auto q = WorkQueue::Open(o);
+      c.SetValue(3, 1);
+      StartGate& mine = c.index() == 0 ? slow_gate : fast_gate;
+      (c.index() == 0 ? fast_gate : slow_gate).CloseInChild();
+      if (!mine.Wait(milliseconds(20000))) return c.Fail("gate");
+      WorkerOptions w;
+      w.claim_chunk = 32 << 10;
+      // Process 0 is slow: ~100 ms per item, longer than idle processes
+      // sleep between looks for a tail to split (they are not woken by Claim).
+      w.chunk_spin_us = c.index() == 0 ? 800 : 2;
+      w.rng_seed = 77;
+      const int rc = RunWorker(*q, c, w);
+      c.SetValue(2, 1 + q->Stats().splits);
+      return rc;
+    });
+  }
+  for (int k = 0; k < kProcs; ++k) ASSERT_EQ(kids.WaitValue(k, 3, milliseconds(20000)), 1u) << kids.Error(k);
+  // The slow process takes its first item before the others start.
+  slow_gate.Open();
+  ::usleep(5000);
+  fast_gate.Open();
+  const auto results = kids.WaitAll(milliseconds(60000));
+  Coverage cov(ItemTable(works, std::nullopt), 2);
+  uint64_t pieces = 0;
+  for (int k = 0; k < kProcs; ++k) {
+    EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+    for (const Record& r : kids.Records(k)) {
+      if (r.kind != Rec::kAcked) continue;
+      EXPECT_TRUE(cov.Add(r.epoch, r.index, r.begin, r.end));
+      pieces += r.flags;
+    }
+  }
+  EXPECT_EQ(cov.Check(), "");
+  RecordProperty("pieces", std::to_string(pieces));
+  EXPECT_GT(pieces, 0u) << "fast readers should have split the slow reader's tails";
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
+TEST_F(WorkQueueProcessTest, RacingCreatorsShareOneQueueAndOneSeed) {
+  constexpr int kRounds = 8;
+  constexpr int kProcs = 12;
+  const auto works = dir_.Files("f", 3, {kMiB});
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto o = BaseOptions(NewName("race"), works);
+    o.num_slices = 200;
+    o.num_clients = kProcs;  // seed unset: the creator draws it
+    Children kids(kProcs, 4 * 200 + 64);
+    StartGate gate;
+    for (int k = 0; k < kProcs; ++k) {
+      kids.Spawn([&](ChildContext& c) {
+        if (!gate.Wait(milliseconds(30000))) return c.Fail("start gate never opened");
+        std::string notices;
+        auto mine = o;
+        mine.on_notice = [&](const std::string& s) { notices += s + "\n"; };
+        auto q = WorkQueue::Open(mine);
+        c.SetValue(1, q->seed() | 1ull << 63);  // never 0
+        c.SetValue(2, q->Stats().seed | 1ull << 63);
+        if (ContainsNoCase(notices, "replac") || ContainsNoCase(notices, "resum")) {
+          return c.Fail("a racing creator saw a stale queue: " + notices);
+        }
+        WorkerOptions w;
+        w.spin_us = 10;
+        return RunWorker(*q, c, w);
+      });
+    }
+    gate.Open();
+    const auto results = kids.WaitAll(milliseconds(60000));
+    const uint64_t n = kids.Value(0, kValueNumItems);
+    std::vector<uint32_t> counts(n);
+    std::set<uint64_t> seeds;
+    for (int k = 0; k < kProcs; ++k) {
+      EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+      seeds.insert(kids.Value(k, 1));
+      seeds.insert(kids.Value(k, 2));
+      CountAcks(kids, k, n, &counts);
+    }
+    EXPECT_EQ(seeds.size(), 1u) << "every process must use the seed the creator drew";
+    EXPECT_EQ(ExactlyOnce(counts, n), "");
+    EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+    if (HasFailure()) break;
+  }
+}
+
+// One of five processes opening a queue at once is SIGKILLed at a random
+// moment of its Open (creating, or waiting for the queue's lock): the other
+// four must still open the one queue, not time out behind a dead process.
+TEST_F(WorkQueueProcessTest, ProcessKilledWhileOthersOpenTheQueueStrandsNobody) {
+  constexpr int kRounds = 200;
+  const auto works = dir_.Files("f", 1, {kMiB});
+  const uint64_t seed = TestSeed();
+  RecordProperty("seed", std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  int killed = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto o = BaseOptions(NewName("open_kill"), works);
+    o.num_slices = 100;
+    o.attach_timeout = milliseconds(2000);
+    Children kids(5, 4);
+    for (int k = 0; k < 5; ++k) {
+      kids.Spawn([&](ChildContext& c) {
+        auto q = WorkQueue::Open(o);
+        c.SetValue(1, q->seed() | 1ull << 63);
+        return 0;
+      });
+    }
+    const auto start = Clock::now();
+    const auto kill_at = start + std::chrono::microseconds(rng() % 3000);
+    while (Clock::now() < kill_at && !kids.Poll(0)) ::usleep(20);
+    kids.Kill(0, SIGKILL);
+    killed += kids.Wait(0, milliseconds(10000)).Killed();
+    std::set<uint64_t> seeds;
+    for (int k = 1; k < 5; ++k) {
+      const ChildResult r = kids.Wait(k, milliseconds(20000));
+      EXPECT_TRUE(r.Ok()) << "round " << round << ", process " << k << ": " << r.Describe()
+                          << " (TAILCUT_TEST_SEED=" << seed << ")";
+      seeds.insert(kids.Value(k, 1));
+    }
+    EXPECT_EQ(seeds.size(), 1u) << "round " << round << ": the survivors opened different queues";
+    if (HasFailure()) break;
+  }
+  RecordProperty("victims_killed", std::to_string(killed));
+}
+
+TEST_F(WorkQueueProcessTest, HungProcessLosesItsItemAfterTheLeaseTimeoutAndItsAckIsStale) {
+  auto o = BaseOptions(NewName("lease"), dir_.Files("f", 40, {1000}));
+  o.lease_timeout = milliseconds(200);
+  Children kids(2, 512);
+  // A: takes one item, stops itself, and after SIGCONT tries to finish it.
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    WorkItem it;
+    if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    c.Log(Rec::kTaken, it);
+    c.SetValue(0, 1);
+    ::raise(SIGSTOP);
+    c.SetValue(1, 1 + static_cast<uint64_t>(q->Progress(it, it.begin + 1)));
+    const AckStatus a = q->Ack(it);
+    c.SetValue(2, 1 + static_cast<uint64_t>(a));
+    c.Log(a == AckStatus::kOk ? Rec::kAcked : Rec::kStale, it);
+    const QueueStats s = q->Stats();
+    c.SetValue(3, 1 + s.stale_acks);
+    for (const ClientStats& cs : s.clients) {
+      if (cs.pid == ::getpid()) c.SetValue(4, 1 + cs.stale_acks);
+    }
+    c.SetValue(6, 1 + s.recovered_items);
+    WorkItem next;
+    c.SetValue(5, 1 + static_cast<uint64_t>(q->Take(&next, Clock::now() + milliseconds(10000))));
+    q->Close();
+    return 0;
+  });
+  ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
+  ASSERT_TRUE(kids.WaitStopped(0, milliseconds(20000)));
+  const Record held = kids.Records(0).at(0);
+  // B: runs the queue to its end, which needs A's item back.
+  const auto t0 = Clock::now();
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    WorkerOptions w;
+    w.take_timeout = milliseconds(15000);
+    const int rc = RunWorker(*q, c, w);
+    q->Close();
+    return rc;
+  });
+  const ChildResult b = kids.Wait(1, milliseconds(30000));
+  RecordProperty("b_ms", std::to_string(MillisSince(t0)));
+  EXPECT_TRUE(b.Ok()) << "B " << b.Describe();
+  bool b_got_it = false;
+  for (const Record& r : kids.Records(1)) {
+    if (r.kind == Rec::kAcked && r.epoch == held.epoch && r.index == held.index) b_got_it = true;
+  }
+  EXPECT_TRUE(b_got_it) << "the stopped process's item was not reassigned";
+
+  ::kill(kids.pid(0), SIGCONT);
+  const ChildResult a = kids.Wait(0, milliseconds(20000));
+  EXPECT_TRUE(a.Ok()) << "A " << a.Describe();
+  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale)) << "Progress after reassignment";
+  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(AckStatus::kStale)) << "Ack after reassignment";
+  EXPECT_GE(kids.Value(0, 3), 2u) << "Stats().stale_acks should count the refused ack";
+  EXPECT_EQ(kids.Value(0, 4), 2u) << "the client's own stale_acks should be 1";
+  EXPECT_GE(kids.Value(0, 6), 2u) << "Stats().recovered_items should count the reassigned item";
+  EXPECT_EQ(kids.Value(0, 5), 1 + static_cast<uint64_t>(TakeStatus::kEnd)) << "A's Take after everything was done";
+
+  std::vector<uint32_t> counts(40);
+  CountAcks(kids, 0, 40, &counts);
+  CountAcks(kids, 1, 40, &counts);
+  EXPECT_EQ(ExactlyOnce(counts, 40), "");
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
+TEST_F(WorkQueueProcessTest, ProgressKeepsALeaseAlive) {
+  auto o = BaseOptions(NewName("lease_alive"), dir_.Files("f", 20, {1000}));
+  o.lease_timeout = milliseconds(500);  // 10x the progress interval: safe on a loaded machine
+  o.num_clients = 2;
+  Children kids(2, 256);
+  // A: holds one item for 1.2 s (over twice the lease timeout), reporting
+  // progress every 50 ms, then acks.
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    WorkItem it;
+    if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    c.Log(Rec::kTaken, it);
+    c.SetValue(0, 1);
+    for (int i = 0; i < 24; ++i) {
+      ::usleep(50000);
+      if (q->Progress(it, it.begin + i) != AckStatus::kOk) return c.Fail("Progress refused at step " + std::to_string(i));
+    }
+    c.Log(Rec::kIntent, it);
+    const AckStatus a = q->Ack(it);
+    if (a != AckStatus::kOk) return c.Fail("ack of a lease kept alive by Progress was refused");
+    c.Log(Rec::kAcked, it);
+    WorkItem next;
+    if (q->Take(&next, Clock::now() + milliseconds(10000)) != TakeStatus::kEnd) return c.Fail("no kEnd");
+    return 0;
+  });
+  ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    return RunWorker(*q, c, WorkerOptions{});
+  });
+  const auto results = kids.WaitAll(milliseconds(30000));
+  for (int k = 0; k < 2; ++k) EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+  std::vector<uint32_t> counts(20);
+  CountAcks(kids, 0, 20, &counts);
+  CountAcks(kids, 1, 20, &counts);
+  EXPECT_EQ(ExactlyOnce(counts, 20), "");
+}
+
+TEST_F(WorkQueueProcessTest, SlotsOfDeadClientsAreReused) {
+  auto o = BaseOptions(NewName("slots"), dir_.Files("f", 30, {100}));
+  o.max_clients = 2;
+  o.num_clients = 1;
+  // Ten clients in a row die holding an item each: their slots must come back.
+  std::vector<uint32_t> counts(30);
+  for (int round = 0; round < 10; ++round) {
+    Children kids(1, 64);
+    kids.Spawn([&](ChildContext& c) {
+      auto q = WorkQueue::Open(o);
+      WorkItem it;
+      for (int i = 0; i < 2; ++i) {
+        if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+        c.Log(Rec::kIntent, it);
+        if (q->Ack(it) != AckStatus::kOk) return c.Fail("ack");
+        c.Log(Rec::kAcked, it);
+      }
+      if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+      ::raise(SIGKILL);
+      return 0;
+    });
+    const ChildResult r = kids.Wait(0, milliseconds(20000));
+    ASSERT_TRUE(r.Killed()) << "round " << round << ": " << r.Describe();
+    CountAcks(kids, 0, 30, &counts);
+  }
+  // Two live clients fill both slots; a third is refused with a clear error.
+  Children kids(3, 256);
+  StartGate gate;
+  for (int k = 0; k < 2; ++k) {
+    kids.Spawn([&](ChildContext& c) {
+      auto q = WorkQueue::Open(o);
+      c.SetValue(0, 1);
+      if (!gate.Wait(milliseconds(30000))) return c.Fail("gate");
+      return RunWorker(*q, c, WorkerOptions{});
+    });
+  }
+  for (int k = 0; k < 2; ++k) ASSERT_EQ(kids.WaitValue(k, 0, milliseconds(20000)), 1u) << kids.Error(k);
+  kids.Spawn([&](ChildContext& c) {
+    gate.CloseInChild();
+    try {
+      auto q = WorkQueue::Open(o);
+      return c.Fail("a third client was admitted to a queue with max_clients = 2");
+    } catch (const tailcut::Error& e) {
+      if (!Contains(e.what(), "max_clients")) return c.Fail(std::string("message does not name max_clients: ") + e.what());
+    }
+    return 0;
+  });
+  EXPECT_TRUE(kids.Wait(2, milliseconds(30000)).Ok()) << kids.Error(2);
+  gate.Open();
+  for (int k = 0; k < 2; ++k) {
+    const ChildResult r = kids.Wait(k, milliseconds(30000));
+    EXPECT_TRUE(r.Ok()) << "child " << k << " " << r.Describe();
+    CountAcks(kids, k, 30, &counts);
+  }
+  EXPECT_EQ(ExactlyOnce(counts, 30), "");
+}
+
+TEST_F(WorkQueueProcessTest, InspectFromOutsideRecoversADeadClient) {
+  auto o = BaseOptions(NewName("inspect_dead"), dir_.Files("f", 10, {100}));
+  Children kids(2, 64);
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    WorkItem it;
+    for (int i = 0; i < 3; ++i) {
+      if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    }
+    ::raise(SIGKILL);
+    return 0;
+  });
+  ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Killed());
+  const QueueStats s = InspectQueue(o.name);
+  EXPECT_EQ(s.recovered_items, 3u) << "InspectQueue should hand the dead client's items back";
+  ASSERT_EQ(s.clients.size(), 1u);
+  EXPECT_FALSE(s.clients[0].alive);
+  EXPECT_EQ(s.clients[0].open_items, 0u);
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    return RunWorker(*q, c, WorkerOptions{});
+  });
+  EXPECT_TRUE(kids.Wait(1, milliseconds(20000)).Ok()) << kids.Error(1);
+  std::vector<uint32_t> counts(10);
+  CountAcks(kids, 1, 10, &counts);
+  EXPECT_EQ(ExactlyOnce(counts, 10), "");
+}
+
+}  // namespace
+}  // namespace tailcut::test
