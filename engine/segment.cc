@@ -1,6 +1,7 @@
 #include "engine/segment.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -276,10 +277,19 @@ void Segment::Validate() {
 }
 
 bool Segment::UnlinkIfSame() const {
+  // Check and unlink under an exclusive flock of this object, so that two
+  // processes removing the same object cannot interleave: without it, one
+  // could check, the other unlink and create a new queue, and the first then
+  // unlink that new queue, leaving two queues over the same data. The
+  // kernel drops the lock if its holder dies.
+  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+  }
+  bool removed = false;
   struct stat st;
-  if (::stat(path_.c_str(), &st) != 0) return false;
-  if (st.st_dev != dev_ || st.st_ino != ino_) return false;
-  return ::shm_unlink(ObjectName(queue_name_).c_str()) == 0;
+  if (::stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_)
+    removed = ::shm_unlink(ObjectName(queue_name_).c_str()) == 0;
+  ::flock(fd_, LOCK_UN);
+  return removed;
 }
 
 }  // namespace tailcut::detail

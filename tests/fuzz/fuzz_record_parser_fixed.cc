@@ -1,0 +1,6 @@
+// libFuzzer target: the fixed record parser (see fuzz_record_parser.h).
+#include "fuzz_record_parser.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return tailcut::fuzz::FuzzRecordParser(tailcut::RecordFormatKind::kFixed, data, size);
+}
