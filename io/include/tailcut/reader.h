@@ -1,0 +1,200 @@
+// tailcut/reader.h: the per-process reader of work items.
+//
+// A Reader takes items (file slices) from a WorkQueue, reads them with
+// io_uring (or a pool of pread threads) into one arena of chunk buffers, and
+// hands the bytes to the consumer as records, batches of records or raw
+// chunks, in file order, one item after another.
+//
+//   auto queue = tailcut::WorkQueue::Open(queue_options);
+//   auto reader = tailcut::Reader::Open(*queue, {.format = format});
+//   tailcut::Record record;
+//   while (reader->NextRecord(&record) == tailcut::ReadStatus::kOk) Use(record);
+//   if (!reader->error().empty()) Fail(reader->error());
+//
+// Contract
+//  * Threads: a Reader is used by one thread at a time (it may move between
+//    threads, not be shared by them). stats() may be read from any thread.
+//  * Fork: a Reader belongs to the process that opened it; a forked child must
+//    open its own (the buffers are not even mapped in the child).
+//  * Ownership: the WorkQueue is not owned and must outlive the Reader. The
+//    Reader owns its buffers, files, ring and threads.
+//  * Items: the Reader takes at most prefetch_items items beyond the one being
+//    read. The current item is acked when its last record has been handed out
+//    and the consumer asks for the next; Progress(item, offset, records) is
+//    reported as each chunk is used up, so a checkpoint resumes mid-item.
+//    Close() (and the destructor) gives back every item not acked, the
+//    current one included (the queue hands a given-back item out again from
+//    its start, so records of it already handed out may be read again).
+//  * Tail splitting: before records (or bytes) of a chunk become visible, the
+//    Reader claims them (WorkQueue::Claim). A process with nothing left to
+//    take may split off the unclaimed tail of the current item; the Reader
+//    then stops where the item now ends. current_item() keeps the original
+//    range.
+//  * Records: a Record (or ChunkView) points into the Reader's buffers and is
+//    valid until the next NextRecord/NextBatch/NextChunk call. All records of
+//    one batch stay valid together. Close() leaves the bytes of the last ones
+//    as they are; the memory is unmapped when the Reader is destroyed.
+//  * Errors: Open throws tailcut::Error (bad options, no memory, io_uring
+//    forced but unavailable). The Next* calls are noexcept; per record they
+//    take no lock, allocate nothing and make no system call. System calls
+//    happen at chunk boundaries (submit, wait) and item boundaries (take,
+//    open the next item's file). A failed read, a truncated or vanished file
+//    or a corrupt record returns kError; error() names the file and offset.
+//    The error is sticky: every later call returns kError. The failing item
+//    and all other items the Reader holds are given back at once (none is
+//    acked, none is lost), so another process, or a new Reader, gets them.
+#ifndef TAILCUT_READER_H_
+#define TAILCUT_READER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tailcut/export.h"
+#include "tailcut/record_format.h"
+#include "tailcut/work_queue.h"
+
+namespace tailcut {
+
+// Which I/O path reads the files.
+enum class IoBackend {
+  // The TAILCUT_IO environment variable ("uring" or "pread") when set, which
+  // then forces that path; otherwise io_uring, falling back to pread with a
+  // one-line notice when the ring cannot be set up (ENOSYS: old kernel or
+  // seccomp; EPERM: kernel.io_uring_disabled; ENOMEM: RLIMIT_MEMLOCK).
+  kDefault,
+  kUring,  // io_uring only; Open throws if it is unavailable
+  kPread,  // a small pool of threads calling pread(2)
+};
+
+// What the Next* calls hand out.
+enum class ReadMode {
+  kRecords,  // NextRecord / NextBatch: records of options.format
+  kChunks,   // NextChunk: the raw bytes [begin, end) of each item, no parsing
+};
+
+struct ReaderOptions {
+  RecordFormat format;
+  ReadMode mode = ReadMode::kRecords;
+  // One arena of this many bytes (rounded down to whole chunks) holds every
+  // chunk buffer; it must hold at least 3 chunks. Records that cross chunk
+  // boundaries are joined in a separate carry buffer that grows on demand up
+  // to format.max_record_bytes (see docs/io.md).
+  uint64_t buffer_budget_bytes = 64ull << 20;
+  // Bytes per read and per buffer; rounded up to a multiple of 4 KiB.
+  uint64_t chunk_bytes = 4ull << 20;
+  // Reads in flight at once. 0: min(16, chunks / 2). At most chunks - 2.
+  uint32_t queue_depth = 0;
+  // Items taken ahead of the current one. Small on purpose: an item held here
+  // is an item a faster process cannot take.
+  uint32_t prefetch_items = 2;
+  // O_DIRECT: offsets, lengths and buffers aligned to the file's direct-I/O
+  // alignment. A file whose filesystem refuses O_DIRECT is read buffered,
+  // with a notice once per filesystem.
+  bool direct = false;
+  IoBackend backend = IoBackend::kDefault;
+  // io_uring, buffered reads: set IOSQE_ASYNC so that the kernel's workers copy
+  // page-cache-hot data in parallel with the consumer (see docs/io.md).
+  bool uring_async_buffered = true;
+  // Threads that copy buffered reads: the pread backend's workers, and the
+  // most io-wq workers an io_uring Reader lets run its IOSQE_ASYNC reads. 0: 2.
+  uint32_t pread_threads = 0;
+  // Register the arena with the CUDA runtime (cudaHostRegister) when one can
+  // be loaded at run time and has a device. No build dependency on CUDA.
+  bool cuda_register = true;
+  // Where one-line notices go (fallbacks, memory locking, CUDA). Default: stderr.
+  std::function<void(const std::string&)> on_notice;
+};
+
+enum class ReadStatus {
+  kOk,     // a record, batch or chunk was handed out
+  kEnd,    // every item of every epoch is done
+  kError,  // error() says what, where; sticky
+};
+
+// Raw bytes of the current item (ReadMode::kChunks): file bytes
+// [offset, offset + size) of current_item().path.
+struct ChunkView {
+  const std::byte* data = nullptr;
+  size_t size = 0;
+  uint64_t offset = 0;
+};
+
+// Counters since Open. Written by the reading thread only, readable anywhere.
+struct ReaderStats {
+  uint64_t bytes_read = 0;  // bytes that reads returned
+  uint64_t records = 0;     // records (or chunks in kChunks mode) handed out
+  uint64_t items_taken = 0;
+  uint64_t items_acked = 0;
+  uint64_t items_given_back = 0;
+  uint64_t reads = 0;          // reads submitted, resubmissions included
+  uint64_t short_reads = 0;    // completions with fewer bytes than asked
+  uint64_t retries = 0;        // -EAGAIN / -EINTR resubmissions
+  uint64_t carried_bytes = 0;  // bytes copied to join records across chunks
+};
+
+class TAILCUT_EXPORT Reader {
+ public:
+  // Sets up the arena, the I/O backend and the parsers; takes no item yet.
+  // Throws tailcut::Error: kInvalidArgument for bad options (naming the field),
+  // kNoSpace when the arena cannot be mapped, kIo when a forced io_uring
+  // cannot be set up.
+  static std::unique_ptr<Reader> Open(WorkQueue& queue, ReaderOptions options);
+
+  // Closes (see Close()).
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  // The next record. kOk: *out is valid until the next call on this Reader.
+  ReadStatus NextRecord(Record* out) noexcept;
+  // Up to max records into out[0..*n). kOk means *n >= 1. A batch ends early
+  // at a chunk boundary or at the end of an item, so that all its records stay
+  // valid together until the next call.
+  ReadStatus NextBatch(Record* out, size_t max, size_t* n) noexcept;
+  // ReadMode::kChunks: the next piece of the current item's bytes.
+  ReadStatus NextChunk(ChunkView* out) noexcept;
+
+  // Waits for reads in flight, gives back every item not acked (the current
+  // one with a last Progress), closes files and frees the buffers. Idempotent;
+  // afterwards the Next* calls return kEnd (or the sticky kError).
+  void Close() noexcept;
+
+  // After kError: e.g. "file '/d/a.txt' at offset 4096: read returned end of
+  // file, 8192 bytes expected (file truncated while reading?)". Empty otherwise.
+  const std::string& error() const noexcept;
+  // After kError, what kind of failure: kIo (a read failed, or the file is
+  // shorter than when the queue was created), kNotFound / kPermission (the
+  // file cannot be opened), kCorrupt (a record fails validation or exceeds
+  // max_record_bytes), kInvalidArgument (a misuse, e.g. NextChunk in
+  // kRecords mode).
+  ErrorKind error_kind() const noexcept;
+  // The item being read (the one the last record came from); a default
+  // WorkItem before the first record and after the end.
+  WorkItem current_item() const noexcept;
+  ReaderStats stats() const noexcept;
+  // One line on the buffers, e.g. "buffers: 64 MiB locked + io_uring-registered"
+  // or "buffers: 64 MiB not locked: RLIMIT_MEMLOCK is 8 MiB; raise it with
+  // `ulimit -l unlimited` or LimitMEMLOCK=infinity (systemd)"; "+ CUDA-pinned"
+  // where the CUDA runtime registered them.
+  const std::string& memory_state() const noexcept;
+  // "io_uring" or "pread".
+  std::string_view backend_name() const noexcept;
+  // The validated geometry: chunk bytes, number of chunks, queue depth.
+  uint64_t chunk_bytes() const noexcept;
+  uint32_t num_chunks() const noexcept;
+  uint32_t queue_depth() const noexcept;
+
+  class Impl;
+
+ private:
+  explicit Reader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tailcut
+
+#endif  // TAILCUT_READER_H_

@@ -1,0 +1,1150 @@
+// Tests of tailcut::Reader on real files in a temporary directory: every
+// format over many slices and several processes, both I/O backends, O_DIRECT
+// on and off, truncated and vanished files, early close, memory limits and
+// the fallbacks (seccomp without io_uring, RLIMIT_MEMLOCK, ramfs without
+// O_DIRECT, no CUDA runtime).
+#include "tailcut/reader.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/io_uring.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <stddef.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tailcut/crc32c.h"
+#include "tailcut/work_queue.h"
+
+namespace tailcut {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- Fixtures and helpers --------------------------------------------------
+
+std::string UniqueQueueName() {
+  static int counter = 0;
+  return "rt_" + std::to_string(getpid()) + "_" + std::to_string(counter++);
+}
+
+// Removes the queue's segment when the test ends, whatever happened.
+struct QueueCleanup {
+  std::string name;
+  ~QueueCleanup() {
+    try {
+      RemoveQueue(name, true);
+    } catch (...) {
+    }
+  }
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/tailcut_reader_XXXXXX";
+    char* made = mkdtemp(pattern.data());
+    if (!made) ADD_FAILURE() << "mkdtemp(" << pattern << "): " << strerror(errno);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// In a "threadsafe" death test the child re-executes the test binary and runs
+// the test body again up to the EXPECT_EXIT. The parent hands its scratch
+// directory down through the environment, so the child reuses the parent's
+// files instead of making (and, since it leaves with _exit, leaking) its own.
+class SharedScratch {
+ public:
+  explicit SharedScratch(const char* key) : key_(key) {
+    const char* inherited = std::getenv(key);
+    if (inherited && *inherited) {
+      path_ = inherited;
+      child_ = true;
+    } else {
+      owned_ = std::make_unique<TempDir>();
+      path_ = owned_->path();
+      setenv(key, path_.c_str(), 1);
+    }
+  }
+  ~SharedScratch() {
+    if (!child_) unsetenv(key_);
+  }
+  bool child() const { return child_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const char* key_;
+  bool child_ = false;
+  std::string path_;
+  std::unique_ptr<TempDir> owned_;
+};
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Whether files in dir can be read with O_DIRECT (tmpfs on old kernels,
+// ramfs and some FUSE mounts cannot).
+bool SupportsDirectIo(const std::string& dir) {
+  std::string probe = dir + "/.direct_probe";
+  WriteFile(probe, std::string(8192, 'x'));
+  int fd = open(probe.c_str(), O_RDONLY | O_DIRECT);
+  bool ok = false;
+  if (fd >= 0) {
+    void* buf = nullptr;
+    if (posix_memalign(&buf, 4096, 4096) == 0) {
+      ok = pread(fd, buf, 4096, 0) == 4096;
+      free(buf);
+    }
+    close(fd);
+  }
+  unlink(probe.c_str());
+  return ok;
+}
+
+bool IoUringAvailable() {
+  io_uring_params params{};
+  long fd = syscall(__NR_io_uring_setup, 1, &params);
+  if (fd < 0) return false;
+  close(static_cast<int>(fd));
+  return true;
+}
+
+// A data set: files on disk and every record they hold, in a multiset.
+struct DataSet {
+  RecordFormat format;
+  std::vector<std::string> paths;
+  std::vector<std::string> records;   // sorted
+  std::vector<std::string> contents;  // per file
+};
+
+std::string Letters(std::mt19937_64& rng, size_t n) {
+  std::string s(n, 'a');
+  for (char& c : s) c = static_cast<char>('a' + rng() % 26);
+  return s;
+}
+
+std::string Bytes(std::mt19937_64& rng, size_t n) {
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// Record sizes: mostly small, some empty, some larger than a 4 KiB chunk.
+size_t RecordSize(std::mt19937_64& rng, size_t i) {
+  if (i % 53 == 7) return 0;
+  if (i % 97 == 11) return 5000 + rng() % 9000;
+  return rng() % 300;
+}
+
+DataSet MakeData(const std::string& dir, RecordFormatKind kind, int files = 3,
+                 size_t records_per_file = 700, uint64_t seed = 1) {
+  std::mt19937_64 rng(seed);
+  DataSet data;
+  data.format.kind = kind;
+  if (kind == RecordFormatKind::kFixed) data.format.record_bytes = 100;
+  for (int f = 0; f < files; ++f) {
+    std::string path = dir + "/data_" + std::to_string(f);
+    std::string content;
+    switch (kind) {
+      case RecordFormatKind::kLines:
+        for (size_t i = 0; i < records_per_file; ++i) {
+          size_t n = RecordSize(rng, i);
+          std::string record =
+              n == 0 ? ""
+                     : "f" + std::to_string(f) + "r" + std::to_string(i) + ":" + Letters(rng, n);
+          data.records.push_back(record);
+          content += record;
+          // The last file ends without a newline.
+          if (!(f == files - 1 && i + 1 == records_per_file)) content += '\n';
+        }
+        break;
+      case RecordFormatKind::kTfrecord:
+        for (size_t i = 0; i < records_per_file; ++i) {
+          size_t n = RecordSize(rng, i);
+          std::string record =
+              n == 0 ? "" : "f" + std::to_string(f) + "r" + std::to_string(i) + ":" + Bytes(rng, n);
+          data.records.push_back(record);
+          AppendTfrecord(&content, record);
+        }
+        break;
+      case RecordFormatKind::kFixed:
+        for (size_t i = 0; i < records_per_file * 3; ++i) {
+          std::string record = "f" + std::to_string(f) + "r" + std::to_string(i) + ":";
+          record += Bytes(rng, 100 - record.size());
+          data.records.push_back(record);
+          content += record;
+        }
+        break;
+      case RecordFormatKind::kFile: {
+        static const size_t kSizes[] = {1, 3000, 50000, 130000, 7, 4096, 0, 9000};
+        size_t n = kSizes[f % 8];
+        content = n == 0 ? "" : Bytes(rng, n);
+        data.records.push_back(content);
+        break;
+      }
+    }
+    WriteFile(path, content);
+    data.paths.push_back(path);
+    data.contents.push_back(content);
+  }
+  std::sort(data.records.begin(), data.records.end());
+  return data;
+}
+
+WorkQueueOptions QueueOptions(const DataSet& data, const std::string& name, uint64_t num_slices,
+                              uint32_t num_clients = 1) {
+  WorkQueueOptions options;
+  options.works = data.paths;
+  options.num_slices = num_slices;
+  options.num_clients = num_clients;
+  options.seed = 42;
+  options.name = name;
+  options.format = data.format.Tag();
+  options.on_notice = [](const std::string&) {};
+  return options;
+}
+
+ReaderOptions SmallReaderOptions(const RecordFormat& format, IoBackend backend, bool direct) {
+  ReaderOptions options;
+  options.format = format;
+  options.buffer_budget_bytes = 64 << 10;
+  options.chunk_bytes = 4 << 10;
+  options.backend = backend;
+  options.direct = direct;
+  options.cuda_register = false;
+  options.on_notice = [](const std::string&) {};
+  return options;
+}
+
+struct Outcome {
+  std::vector<std::string> records;
+  std::vector<uint64_t> record_items;  // current_item().index of each record
+  ReadStatus last = ReadStatus::kOk;
+  std::string error;
+  ReaderStats stats;
+};
+
+// Reads until kEnd or kError, or max_records.
+Outcome ReadRecords(Reader& reader, size_t batch = 1, size_t max_records = SIZE_MAX) {
+  Outcome out;
+  std::vector<Record> records(batch);
+  while (out.records.size() < max_records) {
+    size_t n = 0;
+    out.last = batch == 1 ? reader.NextRecord(records.data())
+                          : reader.NextBatch(records.data(), batch, &n);
+    if (batch == 1 && out.last == ReadStatus::kOk) n = 1;
+    if (out.last != ReadStatus::kOk) break;
+    EXPECT_GE(n, 1u);
+    // All records of a batch must still be valid here, after the call.
+    for (size_t i = 0; i < n; ++i) {
+      out.records.emplace_back(reinterpret_cast<const char*>(records[i].data), records[i].size);
+      out.record_items.push_back(reader.current_item().index);
+    }
+  }
+  out.error = reader.error();
+  out.stats = reader.stats();
+  return out;
+}
+
+std::vector<std::string> Sorted(std::vector<std::string> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// Runs fn in `children` forked processes; each returns the records it read,
+// written through a file. Fails the test if a child fails.
+std::vector<std::string> ReadInChildren(int children, const std::string& dir,
+                                        const std::function<Outcome(int child)>& fn) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < children; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string out_path = dir + "/child_" + std::to_string(i);
+      FILE* out = fopen(out_path.c_str(), "wb");
+      int code = 0;
+      try {
+        Outcome outcome = fn(i);
+        for (const std::string& r : outcome.records) {
+          uint64_t n = r.size();
+          fwrite(&n, sizeof n, 1, out);
+          fwrite(r.data(), 1, r.size(), out);
+        }
+        if (outcome.last != ReadStatus::kEnd) {
+          fprintf(stderr, "child %d: %s\n", i, outcome.error.c_str());
+          code = 1;
+        }
+      } catch (const std::exception& e) {
+        fprintf(stderr, "child %d: %s\n", i, e.what());
+        code = 2;
+      }
+      fclose(out);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<std::string> records;
+  for (int i = 0; i < children; ++i) {
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << i << " status " << status;
+    std::string bytes = ReadFile(dir + "/child_" + std::to_string(i));
+    for (size_t at = 0; at + 8 <= bytes.size();) {
+      uint64_t n;
+      memcpy(&n, bytes.data() + at, 8);
+      records.push_back(bytes.substr(at + 8, n));
+      at += 8 + n;
+    }
+  }
+  return Sorted(records);
+}
+
+// Runs fn in one forked child; returns its exit code (77: skipped).
+int RunInChild(const std::function<int()>& fn) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int code = 3;
+    try {
+      code = fn();
+    } catch (const std::exception& e) {
+      fprintf(stderr, "child: %s\n", e.what());
+    }
+    fflush(nullptr);
+    _exit(code);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;  // mlock is a no-op and RSS includes shadow memory
+#else
+constexpr bool kSanitized = false;
+#endif
+
+const char* BackendName(IoBackend backend) {
+  return backend == IoBackend::kUring ? "uring" : "pread";
+}
+
+const char* FormatName(RecordFormatKind kind) {
+  switch (kind) {
+    case RecordFormatKind::kFixed:
+      return "fixed";
+    case RecordFormatKind::kLines:
+      return "lines";
+    case RecordFormatKind::kTfrecord:
+      return "tfrecord";
+    case RecordFormatKind::kFile:
+      return "file";
+  }
+  return "?";
+}
+
+// Skips the test when the backend or O_DIRECT cannot run here.
+#define SKIP_UNLESS_SUPPORTED(backend, direct, dir)                                  \
+  do {                                                                               \
+    if ((backend) == IoBackend::kUring && !IoUringAvailable())                       \
+      GTEST_SKIP() << "io_uring is not available on this kernel (or blocked)";       \
+    if ((direct) && !SupportsDirectIo(dir))                                          \
+      GTEST_SKIP() << "the temporary directory " << (dir)                            \
+                   << " does not support O_DIRECT; set TMPDIR to a disk filesystem"; \
+  } while (0)
+
+// ---- Every format, many slices, several processes, both backends -----------
+
+struct FormatParam {
+  RecordFormatKind kind;
+  IoBackend backend;
+  bool direct;
+};
+
+class ReaderFormatTest : public ::testing::TestWithParam<FormatParam> {};
+
+TEST_P(ReaderFormatTest, FourProcessesReadEveryRecordExactlyOnce) {
+  const FormatParam p = GetParam();
+  TempDir dir;
+  SKIP_UNLESS_SUPPORTED(p.backend, p.direct, dir.path());
+  int files = p.kind == RecordFormatKind::kFile ? 8 : 3;
+  DataSet data = MakeData(dir.path(), p.kind, files);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  constexpr int kChildren = 4;
+  WorkQueueOptions qo = QueueOptions(data, name, 101, kChildren);
+  ReaderOptions ro = SmallReaderOptions(data.format, p.backend, p.direct);
+  std::vector<std::string> got = ReadInChildren(kChildren, dir.path(), [&](int) {
+    auto queue = WorkQueue::Open(qo);
+    auto reader = Reader::Open(*queue, ro);
+    if (reader->backend_name() != (p.backend == IoBackend::kUring ? "io_uring" : "pread")) {
+      throw std::runtime_error("wrong backend " + std::string(reader->backend_name()));
+    }
+    Outcome outcome = ReadRecords(*reader);
+    reader.reset();
+    queue->Close();
+    return outcome;
+  });
+  ASSERT_EQ(got.size(), data.records.size());
+  EXPECT_TRUE(got == data.records) << "the records read differ from the records written";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, ReaderFormatTest, ::testing::ValuesIn([] {
+                           std::vector<FormatParam> params;
+                           for (RecordFormatKind kind :
+                                {RecordFormatKind::kFixed, RecordFormatKind::kLines,
+                                 RecordFormatKind::kTfrecord, RecordFormatKind::kFile}) {
+                             for (IoBackend backend : {IoBackend::kUring, IoBackend::kPread}) {
+                               for (bool direct : {false, true})
+                                 params.push_back({kind, backend, direct});
+                             }
+                           }
+                           return params;
+                         }()),
+                         [](const ::testing::TestParamInfo<FormatParam>& info) {
+                           return std::string(FormatName(info.param.kind)) + "_" +
+                                  BackendName(info.param.backend) +
+                                  (info.param.direct ? "_direct" : "_buffered");
+                         });
+
+// ---- Single-process behaviour, both backends, O_DIRECT on and off ----------
+
+struct IoParam {
+  IoBackend backend;
+  bool direct;
+};
+
+class ReaderIoTest : public ::testing::TestWithParam<IoParam> {
+ protected:
+  void SetUp() override {
+    SKIP_UNLESS_SUPPORTED(GetParam().backend, GetParam().direct, dir_.path());
+  }
+  ReaderOptions Options(const RecordFormat& format) {
+    return SmallReaderOptions(format, GetParam().backend, GetParam().direct);
+  }
+  TempDir dir_;
+};
+
+TEST_P(ReaderIoTest, BatchesHandOutEveryRecordAndStayValidUntilTheNextCall) {
+  DataSet data = MakeData(dir_.path(), RecordFormatKind::kTfrecord, 3, 900, 7);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 97));
+  auto reader = Reader::Open(*queue, Options(data.format));
+  Outcome outcome = ReadRecords(*reader, /*batch=*/64);
+  EXPECT_EQ(outcome.last, ReadStatus::kEnd) << outcome.error;
+  EXPECT_TRUE(Sorted(outcome.records) == data.records);
+  EXPECT_EQ(outcome.stats.items_acked, queue->num_items());
+  EXPECT_EQ(outcome.stats.records, data.records.size());
+  EXPECT_GT(outcome.stats.carried_bytes, 0u) << "records crossed chunks, so some were carried";
+}
+
+TEST_P(ReaderIoTest, RecordsOfManyMegabytesCrossHundredsOfSmallChunks) {
+  std::mt19937_64 rng(3);
+  DataSet tf;
+  tf.format.kind = RecordFormatKind::kTfrecord;
+  std::string content;
+  for (size_t n : {size_t{1} << 20, size_t{10}, size_t{3} << 20, size_t{0}, size_t{777777}}) {
+    std::string record = Bytes(rng, n);
+    tf.records.push_back(record);
+    AppendTfrecord(&content, record);
+  }
+  tf.paths.push_back(dir_.path() + "/huge.tfrecord");
+  WriteFile(tf.paths[0], content);
+  std::sort(tf.records.begin(), tf.records.end());
+
+  // A text file whose last, huge line has no newline.
+  DataSet text;
+  text.format.kind = RecordFormatKind::kLines;
+  text.records = {"short", Letters(rng, 300000), "", Letters(rng, 500000)};
+  text.paths.push_back(dir_.path() + "/huge.txt");
+  WriteFile(text.paths[0], text.records[0] + "\n" + text.records[1] + "\n\n" + text.records[3]);
+  std::sort(text.records.begin(), text.records.end());
+
+  for (const DataSet* data : {&tf, &text}) {
+    for (uint64_t slices : {1, 7}) {
+      std::string name = UniqueQueueName();
+      QueueCleanup cleanup{name};
+      auto queue = WorkQueue::Open(QueueOptions(*data, name, slices));
+      auto reader = Reader::Open(*queue, Options(data->format));
+      Outcome outcome = ReadRecords(*reader);
+      ASSERT_EQ(outcome.last, ReadStatus::kEnd) << outcome.error;
+      EXPECT_TRUE(Sorted(outcome.records) == data->records)
+          << data->paths[0] << ", " << slices << " slices";
+      EXPECT_GE(outcome.stats.carried_bytes, 500000u);
+    }
+  }
+}
+
+// Regression: the carry buffer returned its pages while a huge record in it
+// was still handed out. The bindings also keep views across Close().
+TEST_P(ReaderIoTest, AHugeRecordStaysIntactUntilTheNextCallAndAfterClose) {
+  std::mt19937_64 rng(41);
+  DataSet data;
+  data.format.kind = RecordFormatKind::kTfrecord;
+  std::string huge = Bytes(rng, 3 << 20);
+  std::string content;
+  AppendTfrecord(&content, "small");
+  AppendTfrecord(&content, huge);
+  data.paths.push_back(dir_.path() + "/last_is_huge.tfrecord");
+  WriteFile(data.paths[0], content);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+  auto reader = Reader::Open(*queue, Options(data.format));
+  Record record;
+  ASSERT_EQ(reader->NextRecord(&record), ReadStatus::kOk);
+  ASSERT_EQ(reader->NextRecord(&record), ReadStatus::kOk);
+  ASSERT_EQ(record.size, huge.size());
+  EXPECT_EQ(memcmp(record.data, huge.data(), huge.size()), 0) << "after the call";
+  reader->Close();
+  EXPECT_EQ(memcmp(record.data, huge.data(), huge.size()), 0) << "after Close()";
+}
+
+TEST_P(ReaderIoTest, RawChunksReassembleEveryFileExactly) {
+  DataSet data = MakeData(dir_.path(), RecordFormatKind::kLines, 4, 500, 5);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 37));
+  ReaderOptions options = Options(data.format);
+  options.mode = ReadMode::kChunks;
+  auto reader = Reader::Open(*queue, options);
+  std::map<std::string, std::map<uint64_t, std::string>> pieces;
+  ChunkView chunk;
+  ReadStatus status;
+  while ((status = reader->NextChunk(&chunk)) == ReadStatus::kOk) {
+    std::string path(reader->current_item().path);
+    ASSERT_TRUE(pieces[path]
+                    .emplace(chunk.offset,
+                             std::string(reinterpret_cast<const char*>(chunk.data), chunk.size))
+                    .second)
+        << "offset " << chunk.offset << " of " << path << " handed out twice";
+  }
+  ASSERT_EQ(status, ReadStatus::kEnd) << reader->error();
+  for (size_t f = 0; f < data.paths.size(); ++f) {
+    std::string joined;
+    for (const auto& [offset, bytes] : pieces[data.paths[f]]) {
+      ASSERT_EQ(offset, joined.size()) << "a gap or overlap in " << data.paths[f];
+      joined += bytes;
+    }
+    EXPECT_TRUE(joined == data.contents[f]) << data.paths[f];
+  }
+  Record record;
+  EXPECT_EQ(reader->NextRecord(&record), ReadStatus::kEnd);
+}
+
+TEST_P(ReaderIoTest, FileTruncatedAfterTheQueueWasCreatedIsAnErrorAndItsItemGoesBack) {
+  DataSet data = MakeData(dir_.path(), RecordFormatKind::kLines, 3, 700, 11);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 13));
+  const std::string& victim = data.paths[1];
+  ASSERT_EQ(truncate(victim.c_str(), static_cast<off_t>(data.contents[1].size() / 2)), 0);
+
+  auto first = Reader::Open(*queue, Options(data.format));
+  Outcome before = ReadRecords(*first);
+  ASSERT_EQ(before.last, ReadStatus::kError);
+  EXPECT_NE(before.error.find(victim), std::string::npos) << before.error;
+  EXPECT_NE(before.error.find("offset " + std::to_string(data.contents[1].size() / 2)),
+            std::string::npos)
+      << before.error;
+  EXPECT_EQ(first->error_kind(), ErrorKind::kIo);
+  Record record;
+  EXPECT_EQ(first->NextRecord(&record), ReadStatus::kError) << "errors are sticky";
+  EXPECT_GE(before.stats.items_given_back, 1u) << "the failing item is given back, not acked";
+  first.reset();
+
+  // Once the file is whole again, another reader gets the item back.
+  WriteFile(victim, data.contents[1]);
+  auto second = Reader::Open(*queue, Options(data.format));
+  Outcome after = ReadRecords(*second);
+  ASSERT_EQ(after.last, ReadStatus::kEnd) << after.error;
+  std::vector<std::string> all = before.records;
+  all.insert(all.end(), after.records.begin(), after.records.end());
+  EXPECT_TRUE(Sorted(all) == data.records) << "every record exactly once across both readers";
+}
+
+TEST_P(ReaderIoTest, FileTruncatedWhileBeingReadIsAnErrorNamingTheOffset) {
+  std::mt19937_64 rng(13);
+  DataSet data;
+  data.format.kind = RecordFormatKind::kLines;
+  std::string content;
+  while (content.size() < (4u << 20)) content += Letters(rng, 1 + rng() % 120) + "\n";
+  data.paths.push_back(dir_.path() + "/shrinks.txt");
+  WriteFile(data.paths[0], content);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  WorkQueueOptions qo = QueueOptions(data, name, 1);
+  qo.num_slices.reset();  // one item: the whole file
+  auto queue = WorkQueue::Open(qo);
+  auto reader = Reader::Open(*queue, Options(data.format));
+  Outcome start = ReadRecords(*reader, 1, 10);
+  ASSERT_EQ(start.records.size(), 10u);
+  ASSERT_EQ(truncate(data.paths[0].c_str(), 1 << 20), 0);
+  Outcome rest = ReadRecords(*reader);
+  ASSERT_EQ(rest.last, ReadStatus::kError);
+  EXPECT_NE(rest.error.find(data.paths[0]), std::string::npos) << rest.error;
+  EXPECT_NE(rest.error.find("at offset 1048576"), std::string::npos) << rest.error;
+  EXPECT_NE(rest.error.find("end of file"), std::string::npos) << rest.error;
+  EXPECT_EQ(reader->error_kind(), ErrorKind::kIo);
+  EXPECT_EQ(rest.stats.items_acked, 0u);
+  EXPECT_EQ(rest.stats.items_given_back, 1u);
+  // The item is open again for anyone: this process takes it back.
+  WorkItem item;
+  ASSERT_EQ(queue->TryTake(&item), TakeStatus::kOk);
+  EXPECT_EQ(item.path, data.paths[0]);
+  queue->GiveBack(item);
+}
+
+TEST_P(ReaderIoTest, FileRemovedAfterTheQueueWasCreatedIsAnErrorNamingIt) {
+  DataSet data = MakeData(dir_.path(), RecordFormatKind::kLines, 2, 100, 17);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 4));
+  ASSERT_EQ(unlink(data.paths[0].c_str()), 0);
+  auto reader = Reader::Open(*queue, Options(data.format));
+  Outcome outcome = ReadRecords(*reader);
+  ASSERT_EQ(outcome.last, ReadStatus::kError);
+  EXPECT_NE(outcome.error.find(data.paths[0]), std::string::npos) << outcome.error;
+  EXPECT_NE(outcome.error.find("cannot open"), std::string::npos) << outcome.error;
+  EXPECT_EQ(reader->error_kind(), ErrorKind::kNotFound);
+  EXPECT_EQ(outcome.stats.items_acked + outcome.stats.items_given_back, outcome.stats.items_taken);
+}
+
+TEST_P(ReaderIoTest, ClosingEarlyGivesBackPrefetchedItemsAndASecondReaderFinishesThem) {
+  DataSet data = MakeData(dir_.path(), RecordFormatKind::kLines, 3, 900, 19);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 31));
+  ReaderOptions options = Options(data.format);
+  options.prefetch_items = 2;
+  auto first = Reader::Open(*queue, options);
+  // Read until the second item has started: the first is then acked, the
+  // second is current, and up to two more are prefetched.
+  Outcome before;
+  Record record;
+  uint64_t first_index = UINT64_MAX;
+  while (first->NextRecord(&record) == ReadStatus::kOk) {
+    uint64_t index = first->current_item().index;
+    if (first_index == UINT64_MAX) first_index = index;
+    before.records.emplace_back(reinterpret_cast<const char*>(record.data), record.size);
+    before.record_items.push_back(index);
+    if (index != first_index) break;
+  }
+  uint64_t open_index = first->current_item().index;
+  first->Close();
+  ReaderStats stats = first->stats();
+  EXPECT_EQ(stats.items_acked, 1u);
+  EXPECT_GE(stats.items_given_back, 2u) << "the current item and at least one prefetched one";
+  EXPECT_LE(stats.items_taken, 1u + 1u + options.prefetch_items) << "no hoarding";
+  EXPECT_EQ(first->NextRecord(&record), ReadStatus::kEnd);
+
+  auto second = Reader::Open(*queue, options);
+  Outcome after = ReadRecords(*second);
+  ASSERT_EQ(after.last, ReadStatus::kEnd) << after.error;
+  // The item open at close is read again from its start (GiveBack restarts
+  // an item), so its records from the first reader do not count.
+  std::vector<std::string> all;
+  for (size_t i = 0; i < before.records.size(); ++i) {
+    if (before.record_items[i] != open_index) all.push_back(before.records[i]);
+  }
+  all.insert(all.end(), after.records.begin(), after.records.end());
+  EXPECT_TRUE(Sorted(all) == data.records);
+}
+
+TEST_P(ReaderIoTest, ProgressAndRecordCountsReachTheQueue) {
+  DataSet data = MakeData(dir_.path(), RecordFormatKind::kFixed, 2, 400, 23);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 9));
+  auto reader = Reader::Open(*queue, Options(data.format));
+  Outcome outcome = ReadRecords(*reader);
+  ASSERT_EQ(outcome.last, ReadStatus::kEnd) << outcome.error;
+  EXPECT_TRUE(Sorted(outcome.records) == data.records);
+  QueueStats stats = queue->Stats();
+  bool found = false;
+  for (const ClientStats& client : stats.clients) {
+    if (client.pid != getpid()) continue;
+    found = true;
+    EXPECT_EQ(client.records, data.records.size());
+    EXPECT_EQ(client.items_acked, queue->num_items());
+  }
+  EXPECT_TRUE(found);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothBackends, ReaderIoTest,
+                         ::testing::Values(IoParam{IoBackend::kUring, false},
+                                           IoParam{IoBackend::kUring, true},
+                                           IoParam{IoBackend::kPread, false},
+                                           IoParam{IoBackend::kPread, true}),
+                         [](const ::testing::TestParamInfo<IoParam>& info) {
+                           return std::string(BackendName(info.param.backend)) +
+                                  (info.param.direct ? "_direct" : "_buffered");
+                         });
+
+// Tail splitting: processes with nothing left to take split the unread tail
+// of the item a slow process is reading; the slow one stops where its item
+// now ends. Every record is still read exactly once.
+TEST(ReaderSplitTest, IdleProcessesSplitASlowProcessesItemAndEveryRecordIsReadOnce) {
+  for (IoBackend backend : {IoBackend::kUring, IoBackend::kPread}) {
+    TempDir dir;
+    if (backend == IoBackend::kUring && !IoUringAvailable()) continue;
+    DataSet data;
+    data.format.kind = RecordFormatKind::kLines;
+    std::mt19937_64 rng(37);
+    for (int f = 0; f < 3; ++f) {
+      std::string content;
+      for (int i = 0; content.size() < (1u << 20); ++i) {
+        std::string record =
+            "f" + std::to_string(f) + "r" + std::to_string(i) + ":" + Letters(rng, rng() % 100);
+        data.records.push_back(record);
+        content += record + "\n";
+      }
+      data.paths.push_back(dir.path() + "/split_" + std::to_string(f));
+      WriteFile(data.paths.back(), content);
+    }
+    std::sort(data.records.begin(), data.records.end());
+    std::string name = UniqueQueueName();
+    QueueCleanup cleanup{name};
+    constexpr int kChildren = 3;
+    WorkQueueOptions qo = QueueOptions(data, name, 3, kChildren);
+    qo.split_tail = true;
+    qo.min_split_bytes = 16 << 10;
+    std::vector<std::string> got = ReadInChildren(kChildren, dir.path(), [&](int child) {
+      auto queue = WorkQueue::Open(qo);
+      ReaderOptions ro = SmallReaderOptions(data.format, backend, false);
+      ro.prefetch_items = child == 0 ? 0 : 2;  // the slow one hoards nothing
+      auto reader = Reader::Open(*queue, ro);
+      Outcome outcome;
+      Record record;
+      while ((outcome.last = reader->NextRecord(&record)) == ReadStatus::kOk) {
+        outcome.records.emplace_back(reinterpret_cast<const char*>(record.data), record.size);
+        if (child == 0) usleep(100);  // a straggler
+      }
+      outcome.error = reader->error();
+      std::ofstream(dir.path() + "/splits_" + std::to_string(child)) << queue->Stats().splits;
+      reader.reset();
+      queue->Close();
+      return outcome;
+    });
+    uint64_t splits = 0;
+    for (int i = 0; i < kChildren; ++i) {
+      std::string text = ReadFile(dir.path() + "/splits_" + std::to_string(i));
+      if (!text.empty()) splits = std::max<uint64_t>(splits, std::stoull(text));
+    }
+    EXPECT_GT(splits, 0u) << BackendName(backend) << ": nobody split the straggler's item";
+    ASSERT_EQ(got.size(), data.records.size()) << BackendName(backend);
+    EXPECT_TRUE(got == data.records) << BackendName(backend);
+  }
+}
+
+// ---- Limits, options, fallbacks ---------------------------------------------
+
+TEST(ReaderTest, RecordLargerThanMaxRecordBytesIsAnErrorNamingFileAndOffset) {
+  TempDir dir;
+  std::mt19937_64 rng(29);
+  DataSet data;
+  data.format.kind = RecordFormatKind::kLines;
+  data.format.max_record_bytes = 32 << 10;
+  data.paths.push_back(dir.path() + "/long_line.txt");
+  WriteFile(data.paths[0], "ok\n" + Letters(rng, 100 << 10) + "\nok\n");
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+  auto reader = Reader::Open(*queue, SmallReaderOptions(data.format, IoBackend::kDefault, false));
+  Outcome outcome = ReadRecords(*reader);
+  ASSERT_EQ(outcome.last, ReadStatus::kError);
+  EXPECT_EQ(outcome.records, std::vector<std::string>{"ok"});
+  EXPECT_NE(outcome.error.find(data.paths[0]), std::string::npos) << outcome.error;
+  EXPECT_NE(outcome.error.find("offset 3"), std::string::npos) << outcome.error;
+  EXPECT_NE(outcome.error.find("max_record_bytes"), std::string::npos) << outcome.error;
+  EXPECT_EQ(reader->error_kind(), ErrorKind::kCorrupt);
+  EXPECT_EQ(outcome.stats.items_given_back, 1u);
+}
+
+TEST(ReaderTest, BadOptionsAreErrorsThatNameTheField) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 1, 10);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+  ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kPread, false);
+  options.buffer_budget_bytes = 8 << 10;  // two chunks
+  try {
+    Reader::Open(*queue, options);
+    ADD_FAILURE() << "a budget of two chunks was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("buffer_budget_bytes"), std::string::npos) << e.what();
+  }
+  options = SmallReaderOptions(data.format, IoBackend::kPread, false);
+  options.chunk_bytes = 5000;  // rounded up to 8 KiB
+  auto reader = Reader::Open(*queue, options);
+  EXPECT_EQ(reader->chunk_bytes(), 8192u);
+  EXPECT_EQ(reader->num_chunks(), 8u);
+  EXPECT_LE(reader->queue_depth(), reader->num_chunks() - 2);
+  ChunkView chunk;
+  EXPECT_EQ(reader->NextChunk(&chunk), ReadStatus::kError);
+  EXPECT_NE(reader->error().find("kChunks"), std::string::npos) << reader->error();
+  EXPECT_EQ(reader->error_kind(), ErrorKind::kInvalidArgument);
+}
+
+TEST(ReaderTest, TailcutIoEnvironmentVariableChoosesTheBackend) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 1, 50);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+  ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kDefault, false);
+  const char* saved = std::getenv("TAILCUT_IO");
+  std::string saved_value = saved ? saved : "";
+  setenv("TAILCUT_IO", "pread", 1);
+  EXPECT_EQ(Reader::Open(*queue, options)->backend_name(), "pread");
+  if (IoUringAvailable()) {
+    setenv("TAILCUT_IO", "uring", 1);
+    EXPECT_EQ(Reader::Open(*queue, options)->backend_name(), "io_uring");
+  }
+  setenv("TAILCUT_IO", "mmap", 1);
+  try {
+    Reader::Open(*queue, options);
+    ADD_FAILURE() << "TAILCUT_IO=mmap was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("TAILCUT_IO"), std::string::npos);
+  }
+  if (saved) {
+    setenv("TAILCUT_IO", saved_value.c_str(), 1);
+  } else {
+    unsetenv("TAILCUT_IO");
+  }
+}
+
+// Docker's default seccomp profile blocks io_uring the same way.
+TEST(ReaderTest, SeccompBlockingIoUringFallsBackToPreadWithANotice) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kTfrecord, 2, 200);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  int code = RunInChild([&] {
+    unsetenv("TAILCUT_IO");
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog program = {static_cast<unsigned short>(std::size(filter)), filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+      return 77;
+    }
+    auto queue = WorkQueue::Open(QueueOptions(data, name, 7));
+    std::vector<std::string> notices;
+    ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kDefault, false);
+    options.on_notice = [&](const std::string& line) { notices.push_back(line); };
+    auto reader = Reader::Open(*queue, options);
+    if (reader->backend_name() != "pread") return 10;
+    bool said = false;
+    for (const std::string& line : notices)
+      said |= line.find("io_uring unavailable") != std::string::npos &&
+              line.find("pread") != std::string::npos;
+    if (!said || notices.size() != 1) return 11;
+    Outcome outcome = ReadRecords(*reader);
+    if (outcome.last != ReadStatus::kEnd || Sorted(outcome.records) != data.records) return 12;
+    options.backend = IoBackend::kUring;
+    try {
+      Reader::Open(*queue, options);
+      return 13;  // forced io_uring must not fall back silently
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kIo) return 14;
+    }
+    return 0;
+  });
+  if (code == 77) GTEST_SKIP() << "cannot install a seccomp filter here";
+  EXPECT_EQ(code, 0);
+}
+
+// Raises CAP_IPC_LOCK out of reach and lowers RLIMIT_MEMLOCK, as for an
+// ordinary user in a default container.
+TEST(ReaderTest, LockingFailureNamesRlimitMemlockAndReadingGoesOn) {
+  if (kSanitized) GTEST_SKIP() << "the sanitizer runtime turns mlock into a no-op";
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 2, 300);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  int code = RunInChild([&] {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2]{};
+    if (syscall(SYS_capget, &header, caps) != 0) return 20;
+    caps[0].effective &= ~(1u << CAP_IPC_LOCK);
+    caps[0].permitted &= ~(1u << CAP_IPC_LOCK);
+    if (syscall(SYS_capset, &header, caps) != 0) return 21;
+    struct rlimit limit {
+      1 << 20, 1 << 20
+    };
+    if (setrlimit(RLIMIT_MEMLOCK, &limit) != 0) return 22;
+    auto queue = WorkQueue::Open(QueueOptions(data, name, 5));
+    std::vector<std::string> notices;
+    ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kDefault, false);
+    options.buffer_budget_bytes = 4 << 20;
+    options.chunk_bytes = 256 << 10;
+    options.on_notice = [&](const std::string& line) { notices.push_back(line); };
+    auto reader = Reader::Open(*queue, options);
+    const std::string& state = reader->memory_state();
+    fprintf(stderr, "memory state: %s\n", state.c_str());
+    for (const std::string& line : notices) fprintf(stderr, "notice: %s\n", line.c_str());
+    if (state.find("buffers: 4 MiB not locked: RLIMIT_MEMLOCK is 1 MiB") != 0) return 23;
+    if (state.find("ulimit -l unlimited") == std::string::npos) return 24;
+    if (state.find("LimitMEMLOCK=") == std::string::npos) return 25;
+    bool said = false;
+    for (const std::string& line : notices)
+      said |= line.find("RLIMIT_MEMLOCK is 1 MiB") != std::string::npos;
+    if (!said) return 26;
+    Outcome outcome = ReadRecords(*reader);
+    if (outcome.last != ReadStatus::kEnd || Sorted(outcome.records) != data.records) return 27;
+    return 0;
+  });
+  EXPECT_EQ(code, 0);
+}
+
+TEST(ReaderTest, BuffersAreLockedAndRegisteredWhenTheLimitAllows) {
+  struct rlimit limit {};
+  getrlimit(RLIMIT_MEMLOCK, &limit);
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[2]{};
+  bool can_lock =
+      syscall(SYS_capget, &header, caps) == 0 && (caps[0].effective & (1u << CAP_IPC_LOCK));
+  if (!can_lock && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < (2u << 20)) {
+    GTEST_SKIP() << "RLIMIT_MEMLOCK is below 2 MiB here";
+  }
+  if (!IoUringAvailable()) GTEST_SKIP() << "io_uring is not available";
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 1, 10);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+  ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kUring, false);
+  options.buffer_budget_bytes = 1 << 20;
+  auto reader = Reader::Open(*queue, options);
+  EXPECT_EQ(reader->memory_state(), "buffers: 1 MiB locked + io_uring-registered");
+}
+
+TEST(ReaderTest, NoCudaRuntimeIsSaidOnceAndReadingGoesOn) {
+  GTEST_FLAG_SET(death_test_style,
+                 "threadsafe");  // a fresh process: the notice is once per process
+  SharedScratch dir("TAILCUT_TEST_CUDA_DIR");
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 1, 40);  // same bytes in the child
+  EXPECT_EXIT(
+      {
+        unsetenv("TAILCUT_CUDART");
+        std::string name = UniqueQueueName();
+        auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+        std::vector<std::string> notices;
+        ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kDefault, false);
+        options.cuda_register = true;
+        options.on_notice = [&](const std::string& line) { notices.push_back(line); };
+        auto reader = Reader::Open(*queue, options);
+        auto again = Reader::Open(*queue, options);
+        int cuda_notices = 0;
+        for (const std::string& line : notices) {
+          if (line.find("not CUDA-pinned") != std::string::npos) {
+            ++cuda_notices;
+            fprintf(stderr, "%s\n", line.c_str());
+          }
+        }
+        bool pinned = reader->memory_state().find("CUDA-pinned") != std::string::npos;
+        Outcome outcome = ReadRecords(*reader);
+        bool ok = outcome.last == ReadStatus::kEnd && Sorted(outcome.records) == data.records;
+        reader.reset();
+        again.reset();
+        queue->Close();
+        try {
+          RemoveQueue(name, true);
+        } catch (...) {
+        }
+        _exit(cuda_notices == 1 && !pinned && ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "not CUDA-pinned: no CUDA (runtime|device)");
+}
+
+#ifdef TAILCUT_FAKE_CUDART
+TEST(ReaderTest, ACudaRuntimeWithADeviceRegistersTheArenaAsPortablePinnedMemory) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 1, 40);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
+  using StateFn = void (*)(void**, size_t*, unsigned int*, int*, int*);
+  struct State {
+    void* ptr = nullptr;
+    size_t size = 0;
+    unsigned int flags = 0;
+    int registers = 0, unregisters = 0;
+  };
+  // The Reader never unloads a CUDA runtime, so counters carry over from
+  // earlier runs of this test in the same process: compare differences.
+  auto read_state = [] {
+    State s;
+    if (void* handle = dlopen(TAILCUT_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD)) {
+      auto fn = reinterpret_cast<StateFn>(dlsym(handle, "FakeCudartState"));
+      if (fn) fn(&s.ptr, &s.size, &s.flags, &s.registers, &s.unregisters);
+      dlclose(handle);
+    }
+    return s;
+  };
+  State before = read_state();
+  setenv("TAILCUT_CUDART", TAILCUT_FAKE_CUDART, 1);
+  ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kPread, false);
+  options.cuda_register = true;
+  auto reader = Reader::Open(*queue, options);
+  unsetenv("TAILCUT_CUDART");
+  EXPECT_NE(reader->memory_state().find("+ CUDA-pinned"), std::string::npos)
+      << reader->memory_state();
+  State during = read_state();
+  EXPECT_EQ(during.registers, before.registers + 1);
+  EXPECT_EQ(during.size, reader->chunk_bytes() * reader->num_chunks());
+  EXPECT_EQ(during.flags, 1u) << "cudaHostRegisterPortable";
+  Outcome outcome = ReadRecords(*reader);
+  EXPECT_EQ(outcome.last, ReadStatus::kEnd) << outcome.error;
+  reader.reset();
+  State after = read_state();
+  EXPECT_EQ(after.unregisters, before.unregisters + 1)
+      << "the arena is unregistered before it is unmapped";
+}
+#endif
+
+// ramfs refuses O_DIRECT at open; a private mount namespace keeps the mount
+// to this test.
+TEST(ReaderTest, DirectReadsFallBackToBufferedPerFilesystemWithANotice) {
+  TempDir dir;
+  std::string mount_point = dir.path() + "/ramfs";
+  fs::create_directory(mount_point);
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  int code = RunInChild([&] {
+    if (unshare(CLONE_NEWNS) != 0) return 77;
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 77;
+    if (mount("none", mount_point.c_str(), "ramfs", 0, nullptr) != 0) return 77;
+    DataSet data = MakeData(mount_point, RecordFormatKind::kTfrecord, 3, 300);
+    auto queue = WorkQueue::Open(QueueOptions(data, name, 11));
+    std::vector<std::string> notices;
+    ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kDefault, true);
+    options.on_notice = [&](const std::string& line) { notices.push_back(line); };
+    auto reader = Reader::Open(*queue, options);
+    Outcome outcome = ReadRecords(*reader);
+    for (const std::string& line : notices) fprintf(stderr, "notice: %s\n", line.c_str());
+    if (outcome.last != ReadStatus::kEnd) {
+      fprintf(stderr, "%s\n", outcome.error.c_str());
+      return 30;
+    }
+    if (Sorted(outcome.records) != data.records) return 31;
+    int direct_notices = 0;
+    for (const std::string& line : notices)
+      direct_notices += line.find("O_DIRECT is not supported") != std::string::npos;
+    if (direct_notices != 1) return 32;  // once per filesystem, not per file
+    umount(mount_point.c_str());
+    return 0;
+  });
+  if (code == 77) GTEST_SKIP() << "cannot mount ramfs in a private mount namespace (not root?)";
+  EXPECT_EQ(code, 0);
+}
+
+// Measured in a fresh process (re-executed), after reading data eight times
+// the budget.
+TEST(ReaderTest, PeakRssStaysWithinTheBufferBudgetPlus16MiB) {
+  if (kSanitized) GTEST_SKIP() << "sanitizer shadow memory counts in RSS";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  SharedScratch dir("TAILCUT_TEST_RSS_DIR");
+  constexpr uint64_t kBudget = 8 << 20;
+  constexpr int kFiles = 4;
+  constexpr uint64_t kBlocks = 64;  // per file, of 4096 lines of 64 bytes: 16 MiB
+  constexpr uint64_t kLines = kFiles * kBlocks * 4096;
+  DataSet data;
+  data.format.kind = RecordFormatKind::kLines;
+  std::mt19937_64 rng(31);
+  for (int f = 0; f < kFiles; ++f) {
+    std::string path = dir.path() + "/big_" + std::to_string(f);
+    data.paths.push_back(path);
+    if (dir.child()) continue;  // the parent wrote them
+    FILE* out = fopen(path.c_str(), "wb");
+    std::string buffer;
+    for (uint64_t block = 0; block < kBlocks; ++block) {
+      buffer.clear();
+      for (int i = 0; i < 4096; ++i) buffer += Letters(rng, 63) + "\n";
+      fwrite(buffer.data(), 1, buffer.size(), out);
+    }
+    fclose(out);
+  }
+  std::string name = "rt_rss_" + std::to_string(dir.child() ? getppid() : getpid());
+  QueueCleanup cleanup{name};
+  EXPECT_EXIT(
+      {
+        auto queue = WorkQueue::Open(QueueOptions(data, name, 16));
+        ReaderOptions options;
+        options.format = data.format;
+        options.buffer_budget_bytes = kBudget;
+        options.chunk_bytes = 1 << 20;
+        options.cuda_register = false;
+        options.on_notice = [](const std::string&) {};
+        auto reader = Reader::Open(*queue, options);
+        Record record;
+        uint64_t n = 0;
+        while (reader->NextRecord(&record) == ReadStatus::kOk) ++n;
+        uint64_t hwm_kib = 0;
+        std::ifstream status("/proc/self/status");
+        for (std::string line; std::getline(status, line);) {
+          if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stoull(line.substr(6));
+        }
+        fprintf(stderr, "records %llu of %llu, VmHWM %llu KiB, budget %llu KiB + 16 MiB\n",
+                static_cast<unsigned long long>(n), static_cast<unsigned long long>(kLines),
+                static_cast<unsigned long long>(hwm_kib),
+                static_cast<unsigned long long>(kBudget >> 10));
+        std::ofstream(dir.path() + "/hwm") << hwm_kib;
+        reader.reset();
+        queue->Close();
+        _exit(n == kLines && hwm_kib > 0 && hwm_kib * 1024 <= kBudget + (16 << 20) ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "VmHWM");
+  std::string hwm = ReadFile(dir.path() + "/hwm");
+  RecordProperty("VmHWM_KiB", hwm);
+  printf("peak RSS (VmHWM) of the reading process: %s KiB; budget %llu KiB + 16 MiB\n", hwm.c_str(),
+         static_cast<unsigned long long>(kBudget >> 10));
+}
+
+}  // namespace
+}  // namespace tailcut
