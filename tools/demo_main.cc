@@ -1,160 +1,222 @@
-// tailcut-demo: many trainer processes share one work queue.
+// tailcut-demo: the long tail, and tailcut removing it.
 //
-// Generates a data set, starts P trainer processes (one of them k times
-// slower, one killed with SIGKILL part-way), lets them pull slices from one
-// queue, shows live progress, and proves at the end that every slice of
-// every epoch was processed exactly once.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
+// Generates a data set (reused when already there), then runs one epoch
+// set twice with P local trainer processes, one of them k times slower:
+// first with static sharding (each process reads its fixed 1/P, like
+// DistributedSampler), then with one tailcut queue (elastic + tail
+// splitting), killing one process with SIGKILL part-way. Shows live
+// progress, then the makespan of each against the ideal, the exactly-once
+// check of every record of every epoch, the recovery of the killed
+// process's items, and a timeline plot. The trainer processes, data set and
+// checks are the straggler benchmark's (bench/straggler/straggler_lib.h).
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <map>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "tailcut/work_queue.h"
+#include "bench/straggler/straggler_lib.h"
 
 namespace {
 
+namespace ts = tailcut::straggler;
+
 struct Args {
-  int processes = 8;
-  int slow = 1;              // how many processes are slow
-  double slowdown = 4.0;     // how much slower they are
-  int epochs = 3;
-  int files = 32;
-  uint64_t file_kib = 1024;
-  uint64_t slices = 0;       // 0: 10 x processes
-  double us_per_kib = 300;    // "training" cost of the fast processes
+  ts::DataSpec data;
+  ts::RunConfig run;
   bool kill_one = true;
-  std::string dir = "/tmp/tailcut-demo";
-  std::string name = "tailcut-demo";
+  std::string plot;  // default: <dir>/tailcut-demo.png
 };
 
 void Usage(FILE* out) {
   std::fprintf(out,
                "usage: tailcut-demo [options]\n"
                "\n"
-               "Starts trainer processes that pull slices of a generated data set from one\n"
-               "tailcut queue, shows progress, and verifies each slice was used exactly once\n"
-               "per epoch.\n"
+               "Starts trainer processes, one of them slower, that read a generated data set\n"
+               "with static sharding and then with one tailcut queue (elastic + tail\n"
+               "splitting, one process killed with SIGKILL part-way); prints the makespans\n"
+               "against the ideal and checks that every record of every epoch was trained\n"
+               "on exactly once.\n"
                "\n"
                "  --processes N     trainer processes (default 8)\n"
                "  --slow N          how many of them are slow (default 1)\n"
                "  --slowdown K      how much slower (default 4)\n"
-               "  --epochs N        epochs (default 3)\n"
-               "  --files N         generated files (default 32)\n"
-               "  --file-kib N      size of each file in KiB (default 1024)\n"
+               "  --epochs N        epochs (default 2)\n"
+               "  --records N       records in the data set (default 262144)\n"
+               "  --record-bytes N  bytes per record (default 1024: 256 MiB in all)\n"
+               "  --files N         data files (default 16)\n"
+               "  --format F        tfrecord | lines (default tfrecord)\n"
+               "  --cost-us X       training time per record of a fast process (default 40)\n"
                "  --slices N        work items per epoch (default 10 x processes)\n"
-               "  --us-per-kib X    simulated training time per KiB (default 300)\n"
                "  --no-kill         do not kill a process part-way\n"
-               "  --dir PATH        where to generate data (default /tmp/tailcut-demo)\n"
+               "  --dir PATH        data set directory (default /tmp/tailcut-demo)\n"
+               "  --plot PATH       timeline PNG (default <dir>/tailcut-demo.png)\n"
                "  --help            this text\n");
 }
 
 bool ParseArgs(int argc, char** argv, Args* a) {
+  a->data.dir = "/tmp/tailcut-demo";
+  a->data.format = "tfrecord";
+  a->data.records = 262144;
+  a->data.record_bytes = 1024;
+  a->data.files = 16;
+  a->run.epochs = 2;
+  a->run.cost_us = 40;
+  a->run.batch = 64;
+  a->run.chunk_bytes = 64 << 10;
+  a->run.min_split_bytes = 64 << 10;
+  a->run.buffer_bytes = 2 << 20;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    auto value = [&]() -> const char* {
+    auto value = [&]() -> std::string {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "tailcut-demo: %s needs a value\n", k.c_str());
         std::exit(2);
       }
       return argv[++i];
     };
+    auto num = [&]() -> double {
+      std::string v = value();
+      char* e = nullptr;
+      double d = std::strtod(v.c_str(), &e);
+      if (e == v.c_str() || *e != '\0' || d < 0) {
+        std::fprintf(stderr, "tailcut-demo: bad value for %s: %s\n", k.c_str(), v.c_str());
+        std::exit(2);
+      }
+      return d;
+    };
     if (k == "--help" || k == "-h") {
       Usage(stdout);
       std::exit(0);
-    } else if (k == "--processes") {
-      a->processes = std::atoi(value());
-    } else if (k == "--slow") {
-      a->slow = std::atoi(value());
-    } else if (k == "--slowdown") {
-      a->slowdown = std::atof(value());
-    } else if (k == "--epochs") {
-      a->epochs = std::atoi(value());
-    } else if (k == "--files") {
-      a->files = std::atoi(value());
-    } else if (k == "--file-kib") {
-      a->file_kib = std::strtoull(value(), nullptr, 10);
-    } else if (k == "--slices") {
-      a->slices = std::strtoull(value(), nullptr, 10);
-    } else if (k == "--us-per-kib") {
-      a->us_per_kib = std::atof(value());
-    } else if (k == "--no-kill") {
-      a->kill_one = false;
-    } else if (k == "--dir") {
-      a->dir = value();
-    } else {
+    } else if (k == "--processes") a->run.processes = static_cast<int>(num());
+    else if (k == "--slow") a->run.slow = static_cast<int>(num());
+    else if (k == "--slowdown") a->run.slowdown = num();
+    else if (k == "--epochs") a->run.epochs = static_cast<uint64_t>(num());
+    else if (k == "--records") a->data.records = static_cast<uint64_t>(num());
+    else if (k == "--record-bytes") a->data.record_bytes = static_cast<uint32_t>(num());
+    else if (k == "--files") a->data.files = static_cast<uint32_t>(num());
+    else if (k == "--format") a->data.format = value();
+    else if (k == "--cost-us") a->run.cost_us = num();
+    else if (k == "--slices") a->run.slices = static_cast<uint64_t>(num());
+    else if (k == "--no-kill") a->kill_one = false;
+    else if (k == "--dir") a->data.dir = value();
+    else if (k == "--plot") a->plot = value();
+    else {
       std::fprintf(stderr, "tailcut-demo: unknown option %s (see --help)\n", k.c_str());
       return false;
     }
   }
-  if (a->processes < 1 || a->processes > 256 || a->slow < 0 || a->slow > a->processes ||
-      a->slowdown < 1 || a->epochs < 1 || a->files < 1 || a->file_kib < 1) {
+  if (a->run.processes < 1 || a->run.processes > 200 || a->run.slow < 0 || a->run.slow > a->run.processes ||
+      a->run.slowdown < 1 || a->run.epochs < 1 || a->run.cost_us <= 0 ||
+      (a->data.format != "lines" && a->data.format != "tfrecord")) {
     std::fprintf(stderr, "tailcut-demo: bad option value (see --help)\n");
     return false;
   }
-  if (a->slices == 0) a->slices = 10 * static_cast<uint64_t>(a->processes);
+  if (a->run.slices == 0) a->run.slices = 10ull * a->run.processes;
+  a->run.format = a->data.format;
+  a->run.records = a->data.records;
+  if (a->plot.empty()) a->plot = a->data.dir + "/tailcut-demo.png";
   return true;
 }
 
-std::vector<std::string> GenerateData(const Args& a) {
-  ::mkdir(a.dir.c_str(), 0755);
-  std::vector<std::string> paths;
-  std::string line;
-  for (int f = 0; f < a.files; ++f) {
-    std::string path = a.dir + "/part-" + std::to_string(f) + ".txt";
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != a.file_kib * 1024) {
-      std::string data;
-      data.reserve(a.file_kib * 1024);
-      for (uint64_t r = 0; data.size() < a.file_kib * 1024; ++r) {
-        line = "file " + std::to_string(f) + " record " + std::to_string(r) + "\n";
-        data += line;
-      }
-      data.resize(a.file_kib * 1024);
-      data.back() = '\n';
-      FILE* out = std::fopen(path.c_str(), "wb");
-      if (out == nullptr || std::fwrite(data.data(), 1, data.size(), out) != data.size()) {
-        std::fprintf(stderr, "tailcut-demo: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
-        std::exit(1);
-      }
-      std::fclose(out);
+// Live progress: \r updates on a terminal, a line per second otherwise.
+ts::TickFn Progress(const char* label, const Args& a, bool tty, bool kill) {
+  auto killed = std::make_shared<bool>(false);
+  auto printed = std::make_shared<double>(-1e9);
+  return [=](const ts::RunResult& r, double elapsed) -> int {
+    uint64_t total = a.run.records * a.run.epochs, done = 0;
+    for (const auto& p : r.procs) done += p.progress;
+    done = std::min(done, total);
+    int victim = -1;
+    if (kill && !*killed && done * 10 >= total * 4 && a.run.processes > 1) {
+      victim = 0;  // a fast one, 40% into the run
+      *killed = true;
     }
-    paths.push_back(path);
-  }
-  return paths;
+    // Called every 0.1 s; draws every 0.2 s on a terminal, every second otherwise.
+    if (victim < 0 && elapsed - *printed < (tty ? 0.2 : 1.0) - 1e-3) return -1;
+    *printed = elapsed;
+    const int width = 30;
+    int filled = static_cast<int>(width * done / std::max<uint64_t>(total, 1));
+    std::string per;
+    for (const auto& p : r.procs) {
+      char cell[24];
+      std::snprintf(cell, sizeof(cell), " %s%llu", p.killed ? "x" : "",
+                    static_cast<unsigned long long>(p.progress / 1000));
+      per += cell;
+    }
+    std::printf("%s  %-8s %5.1f s [%s%s] %3.0f%%  k records per process:%s", tty ? "\r" : "", label, elapsed,
+                std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                100.0 * done / std::max<uint64_t>(total, 1), per.c_str());
+    if (!tty) std::printf("\n");
+    if (victim >= 0) {
+      std::printf("%s  -> killing process 0 (pid %d) with SIGKILL at %.1f s\n", tty ? "\n" : "",
+                  static_cast<int>(r.procs[0].pid), elapsed);
+    }
+    std::fflush(stdout);
+    return victim;
+  };
 }
 
-// What a trainer reports per acked item through its pipe.
-struct Done {
-  uint64_t epoch, index, bytes;
-};
-
-[[noreturn]] void Trainer(const tailcut::WorkQueueOptions& options, double us_per_kib, int out_fd) {
-  try {
-    auto q = tailcut::WorkQueue::Open(options);
-    tailcut::WorkItem item;
-    while (q->Take(&item) == tailcut::TakeStatus::kOk) {
-      uint64_t bytes = item.end - item.begin;
-      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(us_per_kib * bytes / 1024)));
-      if (q->Ack(item) != tailcut::AckStatus::kOk) continue;
-      Done d{item.epoch, item.index, bytes};
-      if (::write(out_fd, &d, sizeof(d)) != sizeof(d)) std::_Exit(3);
-    }
-    q->Close();
-    std::_Exit(0);
-  } catch (const tailcut::Error& e) {
-    std::fprintf(stderr, "tailcut-demo: trainer %d: %s\n", ::getpid(), e.what());
-    std::_Exit(1);
+bool CheckEpochs(const char* label, const ts::RunResult& r) {
+  bool ok = r.error.empty();
+  for (size_t e = 0; e < r.epoch_digests.size(); ++e) {
+    const ts::Digest& d = r.epoch_digests[e];
+    bool same = d == r.expected;
+    ok = ok && same;
+    std::printf("  %-8s epoch %zu: %llu of %llu records trained on, id checksum %s -> %s\n", label, e,
+                static_cast<unsigned long long>(d.count), static_cast<unsigned long long>(r.expected.count),
+                same ? "matches" : "DIFFERS", same ? "every record exactly once" : "NOT exactly once");
   }
+  if (!r.error.empty()) std::printf("  %-8s error: %s\n", label, r.error.c_str());
+  return ok;
+}
+
+std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResult& tc) {
+  if (::access("/usr/bin/python3", X_OK) != 0) return "no plot: /usr/bin/python3 not found";
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+    return "no plot: matplotlib is not installed for /usr/bin/python3 (apt-get install python3-matplotlib)";
+  std::string csv = a.data.dir + "/tailcut-demo-segments.csv";
+  FILE* f = std::fopen(csv.c_str(), "w");
+  if (!f) return "no plot: cannot write " + csv;
+  std::fprintf(f, "run,rank,slow,item,piece,t0,t1\n");
+  for (const auto* r : {&st, &tc})
+    for (const auto& s : r->segments)
+      std::fprintf(f, "%s,%d,%d,%llu,%d,%.6f,%.6f\n", r == &st ? "static sharding" : "tailcut (elastic + split)",
+                   s.rank, ts::IsSlow(r->config, s.rank) ? 1 : 0, static_cast<unsigned long long>(s.item),
+                   s.piece ? 1 : 0, s.t0, s.t1);
+  std::fclose(f);
+  char kill_at[32] = "";
+  for (const auto& p : tc.procs)
+    if (p.killed) std::snprintf(kill_at, sizeof(kill_at), "%d:%.3f", p.rank, p.end);
+  std::string script =
+      "import csv,sys\n"
+      "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt\n"
+      "rows=list(csv.DictReader(open(sys.argv[1])))\n"
+      "runs=['static sharding','tailcut (elastic + split)']\n"
+      "fig,axes=plt.subplots(2,1,figsize=(9,5),sharex=True)\n"
+      "cm=plt.get_cmap('tab20')\n"
+      "for ax,run in zip(axes,runs):\n"
+      "  for r in rows:\n"
+      "    if r['run']!=run: continue\n"
+      "    t0=float(r['t0']); ax.barh(int(r['rank']),float(r['t1'])-t0,left=t0,height=0.8,"
+      "color=cm(int(r['item'])%20),edgecolor='k',lw=0.2,hatch='////' if r['piece']=='1' else None)\n"
+      "  ax.axvline(float(sys.argv[3]),color='red',ls='--',lw=1)\n"
+      "  ax.set_title(run+' (red: ideal; hatched: split-off pieces)',fontsize=9); ax.set_ylabel('process')\n"
+      "if sys.argv[4]:\n"
+      "  k,t=sys.argv[4].split(':'); axes[1].plot([float(t)],[int(k)],'kx',ms=10)\n"
+      "axes[1].set_xlabel('seconds')\n"
+      "fig.tight_layout(); fig.savefig(sys.argv[2],dpi=100)\n";
+  std::string script_path = a.data.dir + "/tailcut-demo-plot.py";
+  f = std::fopen(script_path.c_str(), "w");
+  if (!f) return "no plot: cannot write " + script_path;
+  std::fputs(script.c_str(), f);
+  std::fclose(f);
+  char ideal[32];
+  std::snprintf(ideal, sizeof(ideal), "%.4f", tc.ideal);
+  std::string cmd = "/usr/bin/python3 '" + script_path + "' '" + csv + "' '" + a.plot + "' " + ideal + " '" +
+                    kill_at + "' >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) return "no plot: drawing it failed (" + cmd + ")";
+  return "timeline plot written to " + a.plot;
 }
 
 }  // namespace
@@ -162,101 +224,60 @@ struct Done {
 int main(int argc, char** argv) {
   Args a;
   if (!ParseArgs(argc, argv, &a)) return 2;
-  std::printf("tailcut-demo: %d trainer processes, %d of them %.0fx slower, %d epochs\n", a.processes,
-              a.slow, a.slowdown, a.epochs);
-  std::vector<std::string> paths = GenerateData(a);
-  std::printf("data: %d files x %llu KiB in %s, %llu slices per epoch\n", a.files,
-              static_cast<unsigned long long>(a.file_kib), a.dir.c_str(),
-              static_cast<unsigned long long>(a.slices));
+  const bool tty = ::isatty(STDOUT_FILENO);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const auto& c = a.run;
+  std::printf("tailcut-demo: %d trainer processes, %d of them %gx slower, %llu epochs, %g us per record\n",
+              c.processes, c.slow, c.slowdown, static_cast<unsigned long long>(c.epochs), c.cost_us);
+  try {
+    auto t = std::chrono::steady_clock::now();
+    bool generated = false;
+    a.run.paths = ts::EnsureData(a.data, &generated);
+    double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    std::printf("data: %llu %s records of %u bytes in %u files (%.0f MiB) in %s, %s\n",
+                static_cast<unsigned long long>(a.data.records), a.data.format.c_str(), a.data.record_bytes,
+                a.data.files, a.data.records * (a.data.record_bytes + (a.data.format == "tfrecord" ? 16 : 0)) / 1048576.0,
+                a.data.dir.c_str(), generated ? ("generated in " + std::to_string(gen_s).substr(0, 4) + " s").c_str() : "reused");
 
-  tailcut::WorkQueueOptions options;
-  options.works = paths;
-  options.num_epochs = static_cast<uint64_t>(a.epochs);
-  options.num_slices = a.slices;
-  options.num_clients = static_cast<uint32_t>(a.processes);
-  options.name = a.name + "." + std::to_string(::getpid());
-  options.seed = 42;
+    ts::RunConfig st = a.run;
+    st.strategy = ts::Strategy::kStatic;
+    st.name = "tailcut-demo." + std::to_string(::getpid()) + ".static";
+    std::printf("\n1) static sharding: each process reads its own 1/%d of the files\n", c.processes);
+    ts::RunResult rs = ts::Run(st, Progress("static", a, tty, false), 0.1);
+    if (tty) std::printf("\n");
 
-  std::vector<pid_t> pids(a.processes);
-  std::vector<int> fds(a.processes);
-  auto start = std::chrono::steady_clock::now();
-  for (int p = 0; p < a.processes; ++p) {
-    int pipe_fds[2];
-    if (::pipe(pipe_fds) != 0) return 1;
-    bool slow = p >= a.processes - a.slow;
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(pipe_fds[0]);
-      Trainer(options, slow ? a.us_per_kib * a.slowdown : a.us_per_kib, pipe_fds[1]);
-    }
-    ::close(pipe_fds[1]);
-    ::fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK);
-    pids[p] = pid;
-    fds[p] = pipe_fds[0];
-  }
+    ts::RunConfig tc = a.run;
+    tc.strategy = ts::Strategy::kSplit;
+    tc.name = "tailcut-demo." + std::to_string(::getpid()) + ".tailcut";
+    std::printf("\n2) tailcut: one shared queue, %llu slices per epoch, tail splitting on%s\n",
+                static_cast<unsigned long long>(tc.slices), a.kill_one ? ", one process killed part-way" : "");
+    ts::RunResult rt = ts::Run(tc, Progress("tailcut", a, tty, a.kill_one), 0.1);
+    if (tty) std::printf("\n");
 
-  uint64_t total = a.slices * static_cast<uint64_t>(a.epochs);  // approximate until stats arrive
-  std::map<std::pair<uint64_t, uint64_t>, int> seen;
-  std::vector<uint64_t> items(a.processes), bytes(a.processes);
-  std::vector<bool> running(a.processes, true);
-  int victim = a.kill_one && a.processes > 1 ? 0 : -1;
-  bool killed = false;
-  int alive = a.processes;
-  while (alive > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    for (int p = 0; p < a.processes; ++p) {
-      Done d;
-      while (::read(fds[p], &d, sizeof(d)) == sizeof(d)) {
-        ++seen[{d.epoch, d.index}];
-        ++items[p];
-        bytes[p] += d.bytes;
-      }
-      int status;
-      if (running[p] && ::waitpid(pids[p], &status, WNOHANG) == pids[p]) {
-        running[p] = false;
-        --alive;
-      }
-    }
-    uint64_t done = 0;
-    try {
-      tailcut::QueueStats st = tailcut::InspectQueue(options.name);
-      total = st.total;
-      done = st.done;
-    } catch (const tailcut::Error&) {
-      done = seen.size();  // the last process removed the queue
-    }
-    if (!killed && victim >= 0 && done * 5 >= total * 2) {
-      ::kill(pids[victim], SIGKILL);
-      killed = true;
-      std::printf("\n  killed process %d (pid %d) with SIGKILL at %llu of %llu items\n", victim,
-                  pids[victim], static_cast<unsigned long long>(done),
-                  static_cast<unsigned long long>(total));
-    }
-    int width = 40;
-    int filled = total ? static_cast<int>(width * done / total) : 0;
-    std::printf("\r  [%s%s] %llu/%llu items", std::string(filled, '#').c_str(),
-                std::string(width - filled, '.').c_str(), static_cast<unsigned long long>(done),
-                static_cast<unsigned long long>(total));
-    std::fflush(stdout);
+    std::printf("\n  %-28s %9s %9s %9s %22s\n", "run", "makespan", "ideal", "vs ideal", "fast procs idle at end");
+    for (const auto* r : {&rs, &rt})
+      std::printf("  %-28s %7.2f s %7.2f s %8.2fx %20.2f s\n",
+                  r == &rs ? "static sharding" : "tailcut (elastic + split)", r->makespan, r->ideal,
+                  r->makespan / r->ideal, r->idle_fast_mean);
+    std::printf("  (ideal: total work / sum of the processes' speeds, all processes alive; the killed\n"
+                "   process's lost capacity and its re-read partial item count against tailcut)\n\n");
+    bool ok = CheckEpochs("static", rs);
+    ok = CheckEpochs("tailcut", rt) && ok;
+    for (const auto& p : rt.procs)
+      if (p.killed)
+        std::printf("\n  killed process %d (pid %d) at %.2f s after it finished %llu items; the survivors\n"
+                    "  recovered %llu open item(s) of it and read them again from their start.\n",
+                    p.rank, static_cast<int>(p.pid), p.end, static_cast<unsigned long long>(
+                        std::count_if(rt.segments.begin(), rt.segments.end(),
+                                      [&](const ts::Segment& s) { return s.rank == p.rank; })),
+                    static_cast<unsigned long long>(rt.recovered));
+    std::printf("  tail splits: %llu (pieces split off slow items by idle processes)\n",
+                static_cast<unsigned long long>(rt.splits));
+    std::printf("\n  %s\n", WritePlot(a, rs, rt).c_str());
+    std::printf("\n  exactly once per epoch, both runs: %s\n", ok ? "yes" : "NO");
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tailcut-demo: %s\n", e.what());
+    return 1;
   }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("\n\n  process  speed   items     MiB   share\n");
-  uint64_t sum = 0;
-  for (uint64_t n : items) sum += n;
-  for (int p = 0; p < a.processes; ++p) {
-    bool slow = p >= a.processes - a.slow;
-    std::printf("  %7d  %-6s %6llu %7.1f  %5.1f%%%s\n", p, slow ? "slow" : "fast",
-                static_cast<unsigned long long>(items[p]), bytes[p] / 1048576.0,
-                sum ? 100.0 * items[p] / sum : 0.0, p == victim ? "  (killed)" : "");
-  }
-  uint64_t duplicated = 0;
-  for (auto& [key, count] : seen) duplicated += count > 1;
-  uint64_t missing = total - std::min<uint64_t>(total, seen.size());
-  std::printf("\n  %d epochs x %llu items = %llu: %llu done, %llu missing, %llu duplicated, in %.1f s\n",
-              a.epochs, static_cast<unsigned long long>(total / a.epochs),
-              static_cast<unsigned long long>(total), static_cast<unsigned long long>(seen.size()),
-              static_cast<unsigned long long>(missing), static_cast<unsigned long long>(duplicated), secs);
-  bool ok = missing == 0 && duplicated == 0;
-  std::printf("  exactly once per epoch: %s\n", ok ? "yes" : "NO");
-  return ok ? 0 : 1;
 }
