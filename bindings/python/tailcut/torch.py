@@ -1,0 +1,658 @@
+"""tailcut.torch: PyTorch input pipelines over a tailcut work queue.
+
+* :class:`QueueDataset` is an ``IterableDataset``. Every process that
+  iterates it -- each ``DataLoader`` worker of each rank on the host, or the
+  rank itself with ``num_workers=0`` -- opens the same :class:`tailcut.WorkQueue`
+  and pulls items from it, so each record is read once per epoch across all of
+  them and fast processes read more. Batches of fixed-size records come out as
+  tensors over the reader's pinned buffers, without a copy.
+* :class:`EqualSteps` wraps the loader of a synchronous data-parallel trainer
+  (DDP). The ranks of a host agree through the queue, step by step, that each
+  has a batch; when one has none, every rank ends the epoch at the same step.
+  What the others still had is counted, reported and, with
+  ``carry_over=True``, used first in the next epoch.
+
+Importing this module imports torch; ``import tailcut`` does not.
+See docs/pytorch.md.
+"""
+
+import logging
+import multiprocessing
+import multiprocessing.util
+import os
+import re
+import threading
+import warnings
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+import tailcut
+
+__all__ = ["QueueDataset", "EqualSteps"]
+
+_log = logging.getLogger(__name__)
+
+# Zero-copy batches are read-only numpy views of the reader's buffers, and
+# torch.from_numpy warns about read-only arrays because torch has no read-only
+# tensors. The tensors this module makes from them are documented as read-only
+# and valid until the next batch: nothing here writes to them, and a caller
+# who wants to write asks for copy=True (owned, writable arrays, no warning).
+# The filter matches only calls made from this module. torch emits this
+# warning once per process, so after tailcut's first zero-copy batch a
+# from_numpy of a read-only array elsewhere no longer warns either.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                        category=UserWarning, module=re.escape(__name__) + "$")
+
+# Records per read in per-record mode (batch_size=None).
+_RECORD_GROUP = 64
+# How long a read may stall before the reader checks whether it waits for
+# items that other processes hold (then the iteration ends), in seconds.
+_FIRST_CHECK_S = 0.01
+_MAX_CHECK_S = 0.2
+
+
+def _env_int(name, default):
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+# ---- Reading without waiting for other processes at the end of the data -------------------
+
+
+def _held(it):
+    """Items the reader of `it` holds: the current one and those taken ahead."""
+    st = it.stats()
+    return st["items_taken"] - st["items_acked"] - st["items_given_back"]
+
+
+def _waiting_for_others(q):
+    """True when this process can get no more records now: every item is handed
+    out, none is waiting to be handed out again, and this process holds none.
+    A read in that state waits until the other processes ack theirs."""
+    s = q.summary()
+    if s["handed_out"] < s["total"]:
+        return False
+    clients = s["clients"]
+    if s["in_flight"] > sum(c["open_items"] for c in clients):
+        return False  # items given back (or of a dead process): a take gets one
+    me = os.getpid()
+    return all(c["open_items"] == 0 for c in clients if c["pid"] == me and c["alive"])
+
+
+class _Pump:
+    """Runs the reads of one tailcut iterator in a daemon thread, one at a time.
+
+    Used once the reader holds no item beyond the current one: its next read
+    may take an item, and at the end of the data a take waits while other
+    processes hold items. In a DataLoader that wait can deadlock (the loader
+    delivers batches in worker order, so a sibling worker holding the last
+    items is not asked for more while this worker waits), and under
+    EqualSteps it would keep the other ranks waiting for this one. The
+    consumer stops waiting instead (abandon()); the thread closes the
+    iterator when its read returns, which gives back whole any item that read
+    took, so no record is lost or read twice.
+    """
+
+    def __init__(self, it):
+        self._it = it
+        self._cv = threading.Condition()
+        self._busy = False  # a read is requested or running
+        self._result = None  # (kind, value) of the last read, until fetched
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="tailcut-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._busy and not self._stop:
+                    self._cv.wait()
+                if not self._busy:  # stopped while idle: the consumer closes the iterator
+                    return
+            try:
+                result = ("ok", next(self._it))
+            except StopIteration:
+                result = ("end", None)
+            except BaseException as e:  # handed to the consumer, raised there
+                result = ("error", e)
+            with self._cv:
+                self._busy = False
+                if not self._stop:
+                    self._result = result
+                    self._cv.notify_all()
+                    continue
+            # Abandoned during the read: nobody will use what it returned.
+            result = None
+            self._it.close()
+            return
+
+    def request(self):
+        with self._cv:
+            self._busy = True
+            self._result = None
+            self._cv.notify_all()
+
+    def result(self, timeout):
+        """The result of the requested read, or None if it is still running."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._result is not None, timeout)
+            result, self._result = self._result, None
+            return result
+
+    def abandon(self):
+        """Gives up on the running read: returns its result if it arrived
+        meanwhile (nothing is abandoned then), else None, and the thread
+        closes the iterator once the read returns."""
+        with self._cv:
+            if self._result is not None:
+                result, self._result = self._result, None
+                return result
+            self._stop = True
+            self._cv.notify_all()
+            return None
+
+    def close(self):
+        """Stops the thread and closes the iterator (in the thread if a read runs)."""
+        with self._cv:
+            self._stop = True
+            self._result = None
+            running = self._busy
+            self._cv.notify_all()
+        if not running:
+            self._it.close()
+
+
+class _Source:
+    """The pieces of a BatchIterator; ends instead of waiting at the end of the data."""
+
+    def __init__(self, q, it):
+        self._q = q
+        self._it = it
+        self._pump = None
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        if _held(self._it) >= 2:
+            # The reader holds an item taken ahead: this read takes nothing
+            # that could wait, so no thread is needed.
+            try:
+                return next(self._it)
+            except BaseException:
+                self._done = True
+                raise
+        if self._pump is None:
+            self._pump = _Pump(self._it)
+        self._pump.request()
+        wait = _FIRST_CHECK_S
+        while True:
+            result = self._pump.result(wait)
+            if result is not None:
+                break
+            if _waiting_for_others(self._q):
+                result = self._pump.abandon()
+                if result is None:
+                    self._pump = None  # its thread closes the iterator
+                    self._done = True
+                    raise StopIteration
+                break
+            wait = min(wait * 2, _MAX_CHECK_S)
+        kind, value = result
+        if kind == "ok":
+            return value
+        self._done = True
+        if kind == "end":
+            raise StopIteration
+        raise value
+
+    def close(self):
+        if self._pump is not None:
+            self._pump.close()
+            self._pump = None
+        else:
+            self._it.close()
+        self._done = True
+
+
+# ---- Batch layouts ----------------------------------------------------------------------------
+# A piece is what BatchIterator yields: fixed-size records as an (n, record_bytes)
+# uint8 array, other formats as (data uint8, offsets int64 of n + 1).
+
+
+def _count(piece):
+    return len(piece) if isinstance(piece, np.ndarray) else len(piece[1]) - 1
+
+
+def _take(piece, begin, end):
+    """Records [begin, end) of a piece, as owned arrays."""
+    if isinstance(piece, np.ndarray):
+        return piece[begin:end].copy()
+    data, offsets = piece
+    return (data[offsets[begin]:offsets[end]].copy(), offsets[begin:end + 1] - offsets[begin])
+
+
+def _concat(pieces):
+    if isinstance(pieces[0], np.ndarray):
+        return np.concatenate(pieces)
+    datas, offsets, base = [], [np.zeros(1, np.int64)], 0
+    for data, off in pieces:
+        datas.append(data)
+        offsets.append(off[1:] + base)
+        base += len(data)
+    return np.concatenate(datas), np.concatenate(offsets)
+
+
+def _tensor(array):
+    # A zero-copy view is read-only; see the warning filter at the top.
+    return torch.from_numpy(array)
+
+
+def _to_torch(piece):
+    if isinstance(piece, np.ndarray):
+        return _tensor(piece)
+    return _tensor(piece[0]), _tensor(piece[1])
+
+
+def _full_batches(pieces, batch_size, drop_last):
+    """Batches of exactly batch_size records from pieces of at most that many,
+    except the last one (dropped with drop_last). A full piece passes through
+    untouched (a zero-copy view stays one); short pieces (near the end of the
+    data) are joined into owned arrays."""
+    pending, have = [], 0
+    for piece in pieces:
+        n = _count(piece)
+        if not pending and n == batch_size:
+            yield piece
+            continue
+        at = 0
+        while at < n:
+            k = min(batch_size - have, n - at)
+            pending.append(_take(piece, at, at + k))
+            have += k
+            at += k
+            if have == batch_size:
+                yield _concat(pending)
+                pending, have = [], 0
+    if pending and not drop_last:
+        yield _concat(pending)
+
+
+def _records(piece):
+    if isinstance(piece, np.ndarray):
+        for row in piece:
+            yield row.tobytes()
+    else:
+        data, offsets = piece
+        raw = data.tobytes()
+        for i in range(len(offsets) - 1):
+            yield raw[offsets[i]:offsets[i + 1]]
+
+
+# ---- The dataset --------------------------------------------------------------------------------
+
+
+class QueueDataset(IterableDataset):
+    """An IterableDataset that reads a tailcut work queue.
+
+    QueueDataset(works, batch_size=None, *, transform=None, copy=False,
+                 drop_last=False, reader_options=None, **queue_options)
+
+    `works` and `queue_options` are tailcut.WorkQueue's arguments (num_epochs,
+    shuffle, seed, num_slices, name, format, record_bytes, ...); every process
+    of the job must pass the same ones. num_clients defaults to
+    $LOCAL_WORLD_SIZE (torchrun), else 1. The queue is opened (created or
+    joined) in this process right away -- a bad option fails here -- and again
+    in each DataLoader worker process, which pulls from it on its own.
+
+    batch_size=None: yields each record as bytes, or transform(bytes); batch
+    them with the DataLoader (batch_size=..., collate_fn=...).
+    batch_size=n: yields batches of n records (the last of each process's
+    epoch may be shorter, or dropped with drop_last) as tensors, or
+    transform(batch); use DataLoader(batch_size=None). Fixed-size records: a
+    (n, record_bytes) uint8 tensor. Other formats: (data, offsets), a uint8 and
+    an int64 tensor, record i = data[offsets[i]:offsets[i + 1]].
+
+    Zero copy: in the process that reads (num_workers=0), a full batch of
+    fixed-size records is a read-only tensor over the reader's pinned buffers,
+    VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED: use it (or copy it to the
+    GPU) before asking for the next, never write to it, and pass copy=True
+    for owned tensors. In DataLoader workers batches are always owned (the
+    DataLoader sends them to the trainer after the worker moved on).
+
+    Epochs: an iteration reads the items of one epoch of the queue and stops at
+    the first item of a later epoch (it goes back to the queue unread). The
+    epoch is the one set with set_epoch() (as with DistributedSampler), else
+    the queue's current epoch when the iteration starts. A process that has
+    nothing left to read while others still hold items ends its iteration
+    rather than wait for them.
+
+    reader_options: keywords of WorkQueue.batches() (chunk_bytes,
+    buffer_budget_bytes, prefetch_items, backend, ...).
+    """
+
+    def __init__(self, works, batch_size=None, *, transform=None, copy=False, drop_last=False,
+                 reader_options=None, **queue_options):
+        super().__init__()
+        if isinstance(works, (str, bytes, os.PathLike)):
+            works = [works]
+        queue_options.setdefault("num_clients", _env_int("LOCAL_WORLD_SIZE", 1))
+        self._queue_args = dict(works=list(works), **queue_options)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.transform = transform
+        self.copy = bool(copy)
+        self.drop_last = bool(drop_last)
+        self.reader_options = dict(reader_options or {})
+        for key in ("max_epoch", "short_at_end", "copy", "drop_last", "batch_size"):
+            if key in self.reader_options:
+                raise TypeError(f"reader_options may not set {key!r}: QueueDataset sets it")
+        self._epoch = None  # set_epoch()
+        self._last_epoch = {}  # pid -> the epoch that process iterated last
+        self._queue = None
+        self._queue_pid = None
+        self._closed = False
+        self.queue  # opens it: joins this process to the queue, checks the options
+
+    @property
+    def queue(self):
+        """This process's tailcut.WorkQueue (each process opens its own)."""
+        if self._queue is not None and self._queue_pid == os.getpid():
+            return self._queue
+        if self._closed and self._queue_pid == os.getpid():
+            raise tailcut.InvalidArgumentError("QueueDataset is closed")
+        # In a forked worker self._queue is the parent's: never use or close it.
+        q = tailcut.WorkQueue(**self._queue_args)
+        if multiprocessing.parent_process() is not None:
+            # A multiprocessing child (a DataLoader worker, say) leaves through
+            # os._exit, which skips atexit: close the queue at its exit instead,
+            # so that its items go back and its client slot is freed at once.
+            multiprocessing.util.Finalize(None, q.close, exitpriority=100)
+        self._queue, self._queue_pid, self._closed = q, os.getpid(), False
+        return q
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration reads (like DistributedSampler.set_epoch).
+        Set it before iter(loader): DataLoader workers start from a copy of the
+        dataset. With persistent_workers, a worker ignores an epoch it already
+        read and takes the queue's current epoch instead."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self._epoch = epoch
+
+    @property
+    def epoch(self):
+        """The epoch this process iterates (or last iterated); None before the first."""
+        return self._last_epoch.get(os.getpid())
+
+    def __iter__(self):
+        q = self.queue
+        pid = os.getpid()
+        epoch, last = self._epoch, self._last_epoch.get(pid)
+        if epoch is None or (last is not None and epoch <= last):
+            epoch = q.summary()["epoch"]
+        self._last_epoch[pid] = epoch
+        in_worker = get_worker_info() is not None
+        if self.batch_size is None:
+            it = q.batches(_RECORD_GROUP, copy=True, max_epoch=epoch, short_at_end=True,
+                           **self.reader_options)
+        else:
+            it = q.batches(self.batch_size, copy=self.copy or in_worker, max_epoch=epoch,
+                           short_at_end=True, **self.reader_options)
+        return self._generate(_Source(q, it))
+
+    def _generate(self, source):
+        transform = self.transform
+        try:
+            if self.batch_size is None:
+                for piece in source:
+                    for record in _records(piece):
+                        yield record if transform is None else transform(record)
+            else:
+                for piece in _full_batches(source, self.batch_size, self.drop_last):
+                    batch = _to_torch(piece)
+                    yield batch if transform is None else transform(batch)
+        finally:
+            source.close()
+
+    def close(self):
+        """Closes this process's queue (its open items go back). Idempotent."""
+        if self._queue is not None and self._queue_pid == os.getpid():
+            self._queue.close()
+            self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __getstate__(self):
+        # For spawned DataLoader workers: a queue is per process.
+        state = dict(self.__dict__)
+        state["_queue"] = None
+        state["_queue_pid"] = None
+        return state
+
+    def __repr__(self):
+        return (f"QueueDataset(name={self._queue_args.get('name', 'work_queue')!r}, "
+                f"batch_size={self.batch_size!r})")
+
+
+# ---- Equal steps --------------------------------------------------------------------------------
+
+_END = object()
+
+
+def _count_records(batch):
+    """Records in a batch: its length, found through the first tensor or array."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], torch.Tensor)
+            and batch[1].dtype == torch.int64 and batch[1].ndim == 1
+            and isinstance(batch[0], torch.Tensor) and batch[0].dtype == torch.uint8):
+        return int(batch[1].shape[0]) - 1  # QueueDataset's (data, offsets)
+    if isinstance(batch, dict) and batch:
+        return _count_records(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return _count_records(batch[0])
+    if isinstance(batch, (list, tuple, bytes)):
+        return len(batch)
+    return 1
+
+
+def _clone(batch):
+    """An owned copy of a batch (it may be a zero-copy view)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, np.ndarray):
+        return batch.copy()
+    if isinstance(batch, memoryview):
+        return bytes(batch)
+    if isinstance(batch, dict):
+        return type(batch)((k, _clone(v)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_clone(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_clone(v) for v in batch)
+    return batch
+
+
+class EqualSteps:
+    """Equal steps per epoch for the ranks of a synchronous trainer (DDP).
+
+    EqualSteps(loader, queue=None, *, rank=None, world_size=None,
+               carry_over=False, timeout=1800.0, on_leftover=None,
+               count=None, group=None)
+
+    Iterating it runs one epoch of `loader` (a DataLoader over a QueueDataset,
+    the QueueDataset itself, or any iterable whose data come from `queue`).
+    Before each step the ranks 0..world_size-1 of the host agree through the
+    queue (WorkQueue.agree_step) that each has a batch; when one has none,
+    every rank ends the epoch at that same step, so DDP's collectives never
+    wait for a rank that stopped. rank and world_size default to
+    $LOCAL_RANK and $LOCAL_WORLD_SIZE (torchrun), else 0 and 1; queue
+    defaults to the loader's QueueDataset's queue.
+
+    Leftovers: the batches a rank still had when the group ended the epoch
+    (and what its loader still had for this epoch, which is read to its end)
+    are counted in `reports`. With carry_over=True they are yielded first in
+    the next epoch (copied: zero-copy views would not survive); otherwise, and
+    after the queue's last epoch, each is passed to on_leftover(batch) and
+    logged. None is silently dropped.
+
+    Each wait is bounded by `timeout` seconds (tailcut.TimeoutError names the
+    step), so a rank that died or stopped iterating early makes the others
+    fail, not hang. Every rank must run every epoch to its end: leaving the
+    loop early (break) on one rank desynchronizes the group.
+
+    Across hosts: the queue is per host. When torch.distributed is initialized
+    with more ranks than world_size (or `group` is given), each step's answer
+    is also combined over that group with an all_reduce, so every rank of
+    every host runs the same steps.
+
+    count(batch) -> records in a batch, for the reports (default: the first
+    dimension of the first tensor found).
+    """
+
+    def __init__(self, loader, queue=None, *, rank=None, world_size=None, carry_over=False,
+                 timeout=1800.0, on_leftover=None, count=None, group=None):
+        self.loader = loader
+        dataset = getattr(loader, "dataset", loader)
+        if queue is None:
+            if not isinstance(dataset, QueueDataset):
+                raise TypeError("EqualSteps needs queue= unless the loader reads a QueueDataset")
+            queue = dataset.queue
+        self.queue = queue
+        self.rank = _env_int("LOCAL_RANK", 0) if rank is None else int(rank)
+        self.world_size = _env_int("LOCAL_WORLD_SIZE", 1) if world_size is None else int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        self.carry_over = bool(carry_over)
+        self.timeout = timeout
+        self.on_leftover = on_leftover
+        self._count = count or _count_records
+        self._group = group
+        if group is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_world_size() > self.world_size:
+                self._group = torch.distributed.group.WORLD
+        self.epoch = 0
+        self.reports = []
+        self._carried = []
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration runs (0 at first, then one more each time)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < (1 << 30):
+            raise ValueError(f"epoch must be an int in [0, 2**30), got {epoch!r}")
+        self.epoch = epoch
+
+    @property
+    def leftover(self):
+        """Records left over and not carried into a later epoch, over all epochs so far."""
+        return sum(r["dropped_records"] for r in self.reports)
+
+    def __iter__(self):
+        return self._epoch_steps()
+
+    def _agree(self, epoch, step, has_batch):
+        if step >= (1 << 32):
+            raise ValueError("EqualSteps: more than 2**32 steps in one epoch")
+        status = self.queue.agree_step(self.rank, self.world_size, (epoch << 32) | step, has_batch,
+                                       timeout=self.timeout)
+        if status == "timeout":
+            raise tailcut.TimeoutError(
+                f"EqualSteps: rank {self.rank} of {self.world_size} waited {self.timeout} s at "
+                f"epoch {epoch}, step {step} of queue '{self.queue.name}' for ranks that did not "
+                f"arrive (did one die, stop iterating early, or run a different epoch?)")
+        if self._group is not None:
+            dist = torch.distributed
+            device = "cpu"
+            if dist.get_backend(self._group) == "nccl":
+                device = torch.device("cuda", torch.cuda.current_device())
+            flag = torch.tensor([1 if status == "all_have_batch" else 0], dtype=torch.int32,
+                                device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
+            status = "all_have_batch" if int(flag.item()) else "end_epoch"
+        return status
+
+    def _epoch_steps(self):
+        epoch = self.epoch
+        if epoch >= (1 << 30):
+            raise ValueError("EqualSteps: epoch must be below 2**30")
+        self.epoch = epoch + 1
+        last_epoch = epoch + 1 >= self.queue.num_epochs
+        dataset = getattr(self.loader, "dataset", self.loader)
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+        carried, self._carried = self._carried, []
+        report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
+                      leftover_records=0, carried_out=0, dropped_batches=0, dropped_records=0)
+        self.reports.append(report)
+        it = iter(self.loader)
+        exhausted = False
+        step = 0
+        while True:
+            if carried:
+                batch = carried.pop(0)
+            elif exhausted:
+                batch = _END
+            else:
+                try:
+                    batch = next(it, _END)
+                except BaseException:
+                    # Tell the others this rank has no batch, so that they end
+                    # the epoch here instead of waiting for it.
+                    try:
+                        self.queue.agree_step(self.rank, self.world_size, (epoch << 32) | step,
+                                              False, timeout=0)
+                    except Exception:
+                        pass
+                    raise
+                exhausted = batch is _END
+            has_batch = batch is not _END
+            if self._agree(epoch, step, has_batch) == "all_have_batch":
+                step += 1
+                report["steps"] = step
+                yield batch  # a zero-copy batch dies at the next next(it)
+                continue
+            # The group ends the epoch here: whatever this rank still has is left over.
+            if has_batch:
+                self._leftover(batch, report, last_epoch)
+            for batch in carried:
+                self._leftover(batch, report, last_epoch)
+            if not exhausted:
+                for batch in it:
+                    self._leftover(batch, report, last_epoch)
+            break
+        if report["dropped_records"] and self.on_leftover is None:
+            _log.warning("tailcut.torch: rank %d dropped %d leftover records (%d batches) at the "
+                         "end of epoch %d; pass carry_over=True to use them in the next epoch or "
+                         "on_leftover= to handle them", self.rank, report["dropped_records"],
+                         report["dropped_batches"], epoch)
+
+    def _leftover(self, batch, report, last_epoch):
+        n = self._count(batch)
+        report["leftover_batches"] += 1
+        report["leftover_records"] += n
+        if self.carry_over and not last_epoch:
+            self._carried.append(_clone(batch))
+            report["carried_out"] += 1
+            return
+        report["dropped_batches"] += 1
+        report["dropped_records"] += n
+        if self.on_leftover is not None:
+            self.on_leftover(batch)
+
+    def __repr__(self):
+        return (f"EqualSteps(rank={self.rank}, world_size={self.world_size}, epoch={self.epoch}, "
+                f"carry_over={self.carry_over})")

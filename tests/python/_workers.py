@@ -1,0 +1,56 @@
+"""Process entry points for the multi-process tests (importable by spawn)."""
+
+import json
+import os
+import signal
+import time
+
+import tailcut
+
+
+def take_all(name, works, num_epochs, num_clients, out_path, delay=0.0, seed=7):
+    """Takes and acks items until the end; writes [(epoch, index), ...] as JSON."""
+    got = []
+    with tailcut.WorkQueue(works, num_epochs=num_epochs, num_clients=num_clients, name=name,
+                           seed=seed, num_slices=24, on_notice=lambda line: None) as q:
+        # Start together, so that only speed decides who takes what.
+        deadline = time.monotonic() + 60
+        while q.summary()["clients_joined"] < num_clients and time.monotonic() < deadline:
+            time.sleep(0.005)
+        while True:
+            item = q.take()
+            if item is None:
+                break
+            with item:
+                if delay:
+                    time.sleep(delay)
+                got.append((item.epoch, item.index))
+    with open(out_path, "w") as f:
+        json.dump(got, f)
+
+
+def take_some_then_die(name, works, num_epochs, num_clients, out_path, count, seed=7):
+    """Acks `count` items, takes two more, reports what it acked, then SIGKILLs itself."""
+    q = tailcut.WorkQueue(works, num_epochs=num_epochs, num_clients=num_clients, name=name,
+                          seed=seed, num_slices=24, on_notice=lambda line: None)
+    acked = []
+    for _ in range(count):
+        item = q.take()
+        item.ack()
+        acked.append((item.epoch, item.index))
+    q.take()
+    q.take()  # held, never acked: must go to another process
+    with open(out_path, "w") as f:
+        json.dump(acked, f)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def read_records(name, works, fmt, out_path, record_bytes=None):
+    """Reads every record of the queue; writes their hex strings as JSON."""
+    got = []
+    with tailcut.WorkQueue(works, name=name, num_slices=12, num_clients=3, format=fmt,
+                           record_bytes=record_bytes, on_notice=lambda line: None) as q:
+        for r in q.records(buffer_budget_bytes=16 * 4096, chunk_bytes=4096):
+            got.append(bytes(r).hex())
+    with open(out_path, "w") as f:
+        json.dump(got, f)

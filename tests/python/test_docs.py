@@ -1,0 +1,46 @@
+"""Runs every ```python block of docs/python.md as a program in an empty directory."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+
+
+def python_blocks():
+    text = DOC.read_text()
+    blocks = []
+    for match in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(pytest.param(match.group(1), id=f"line{line}"))
+    return blocks
+
+
+def test_the_doc_has_examples():
+    assert len(python_blocks()) >= 8
+
+
+@pytest.mark.parametrize("code", python_blocks())
+def test_doc_example_runs(code, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    env = dict(os.environ)
+    # The example imports tailcut from wherever this test does.
+    import tailcut
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(pathlib.Path(tailcut.__file__).parent.parent)] + env.get("PYTHONPATH", "").split(os.pathsep))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
+    # Examples name their queues after their pid and clean up after themselves.
+    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut.{os.geteuid()}.*")
+            if f"-{proc.pid}" in p.name]
+    assert not left, f"the example left queues behind: {left}"
