@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs tailcut from BUILD_DIR into a temporary prefix, builds the tiny
+# trainer in tests/install/trainer against it with find_package(tailcut), and
+# runs it as 3 processes on one queue: together they must read every line once.
+set -euo pipefail
+build=$1
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d /tmp/tailcut-install-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+test -x "$work/prefix/bin/tailcut" || { echo "the CLI was not installed"; exit 1; }
+test -f "$work/prefix/include/tailcut/work_queue.h" || { echo "headers were not installed"; exit 1; }
+cmake -S "$here/trainer" -B "$work/trainer" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/trainer" >/dev/null
+
+# Data: 4 files of numbered lines.
+expect_lines=0; expect_bytes=0
+for f in 0 1 2 3; do
+  for ((i = 0; i < 5000; i++)); do echo "file $f line $i"; done > "$work/data$f.txt"
+  expect_lines=$((expect_lines + 5000))
+  expect_bytes=$((expect_bytes + $(wc -c < "$work/data$f.txt") - 5000))
+done
+
+queue="install_test_$$"
+export LD_LIBRARY_PATH="$work/prefix/lib:$work/prefix/lib64:${LD_LIBRARY_PATH:-}"
+for p in 0 1 2; do
+  "$work/trainer/tiny_trainer" "$queue" "$work"/data*.txt > "$work/out$p" &
+done
+wait
+read -r lines bytes < <(awk '{l += $1; b += $2} END {print l, b}' "$work"/out*)
+echo "3 processes read $lines lines ($bytes bytes); expected $expect_lines ($expect_bytes)"
+if [[ "$lines" != "$expect_lines" || "$bytes" != "$expect_bytes" ]]; then
+  echo "install_test: FAILED"; exit 1
+fi
+echo "install_test: 1 passed, 0 failed"
