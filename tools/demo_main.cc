@@ -147,7 +147,7 @@ ts::TickFn Progress(const char* label, const Args& a, bool tty, bool kill) {
     std::printf("%s  %-8s %5.1f s [%s%s] %3.0f%%  k records per process:%s", tty ? "\r" : "", label, elapsed,
                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                 100.0 * done / std::max<uint64_t>(total, 1), per.c_str());
-    if (!tty) std::printf("\n");
+    std::printf(tty ? "\033[K" : "\n");  // a terminal: clear what a longer line left
     if (victim >= 0) {
       std::printf("%s  -> killing process 0 (pid %d) with SIGKILL at %.1f s\n", tty ? "\n" : "",
                   static_cast<int>(r.procs[0].pid), elapsed);
@@ -259,8 +259,19 @@ int main(int argc, char** argv) {
       std::printf("  %-28s %7.2f s %7.2f s %8.2fx %20.2f s\n",
                   r == &rs ? "static sharding" : "tailcut (elastic + split)", r->makespan, r->ideal,
                   r->makespan / r->ideal, r->idle_fast_mean);
-    std::printf("  (ideal: total work / sum of the processes' speeds, all processes alive; the killed\n"
-                "   process's lost capacity and its re-read partial item count against tailcut)\n\n");
+    for (const auto& p : rt.procs) {
+      if (!p.killed) continue;
+      // The ideal once a fast process is gone at p.end: the work left then,
+      // spread over the speeds that remain.
+      double fast = 1e6 / c.cost_us, speed = (c.processes - c.slow) * fast + c.slow * fast / c.slowdown;
+      double work = static_cast<double>(c.records * c.epochs);
+      double left = std::max(0.0, work - p.end * speed);
+      double ideal_kill = std::min(p.end, work / speed) + left / (speed - fast);
+      std::printf("  %-28s %7s   %7.2f s %8.2fx   (process %d lost at %.2f s)\n", "  ideal with the kill", "",
+                  ideal_kill, rt.makespan / ideal_kill, p.rank, p.end);
+    }
+    std::printf("  (ideal: total work / sum of the processes' speeds. The tailcut run also re-reads the\n"
+                "   killed process's open item from its start.)\n\n");
     bool ok = CheckEpochs("static", rs);
     ok = CheckEpochs("tailcut", rt) && ok;
     for (const auto& p : rt.procs)
