@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -79,6 +80,12 @@ int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* 
   }
 }
 
+uint64_t CoarseNs() noexcept {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
                      uint64_t seed, bool shuffle)
     : seg_(segment),
@@ -91,7 +98,18 @@ QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint6
 
 uint64_t QueueCore::ItemAt(uint64_t epoch, uint64_t position) const noexcept {
   if (!shuffle_) return position;
-  return Permutation(items_.size(), seed_, epoch)(position);
+  // Deriving an epoch's round keys costs as much as the walk itself; takes
+  // on one thread mostly stay in one epoch, so keep the last one per thread.
+  struct Cached {
+    const QueueCore* core;
+    uint64_t seed, n, epoch;
+    Permutation permutation;
+  };
+  thread_local std::optional<Cached> cache;
+  uint64_t n = items_.size();
+  if (!cache || cache->core != this || cache->seed != seed_ || cache->n != n || cache->epoch != epoch)
+    cache.emplace(Cached{this, seed_, n, epoch, Permutation(n, seed_, epoch)});
+  return cache->permutation(position);
 }
 
 void QueueCore::WakeWaiters() noexcept {

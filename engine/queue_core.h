@@ -19,6 +19,9 @@
 namespace tailcut::detail {
 
 uint64_t MonotonicNs() noexcept;
+// CLOCK_MONOTONIC_COARSE: the same clock at tick resolution (a few ms), at a
+// fraction of the cost. For progress stamps and timeouts on the hot path.
+uint64_t CoarseNs() noexcept;
 
 // Locks a robust mutex with a deadline. Returns 0 (locked), ETIMEDOUT or
 // another errno (a garbage mutex); sets *died if the previous holder died.

@@ -263,7 +263,7 @@ class WorkQueue::Impl {
   // Reserves a FREE lease of our region as TAKING. Returns false if none.
   bool ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept;
   void FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket, uint64_t begin,
-                uint64_t end) const noexcept;
+                uint64_t end, uint64_t index = kNoTicket) const noexcept;
   void Housekeep() noexcept;
   ClientSlot& me() const { return segment_->client(slot_); }
 
@@ -533,11 +533,11 @@ void WorkQueue::Impl::Register() {
 }
 
 void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket,
-                               uint64_t begin, uint64_t end) const noexcept {
+                               uint64_t begin, uint64_t end, uint64_t index) const noexcept {
   uint64_t n = core_->num_items();
   out->ticket = ticket;
   out->epoch = ticket / n;
-  out->index = core_->ItemAt(out->epoch, ticket % n);
+  out->index = index != kNoTicket ? index : core_->ItemAt(out->epoch, ticket % n);
   const WorkQueue::Item& item = config_.items[out->index];
   out->file = item.file;
   out->path = config_.paths[item.file];
@@ -609,7 +609,7 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
   // an orphan was published behind our scan, which ResetOrphanHint detects.
   core_->ResetOrphanHint(seq_before);
   last_fruitless_orphans_.store(c.orphans.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  last_fruitless_ns_.store(MonotonicNs(), std::memory_order_relaxed);
+  last_fruitless_ns_.store(CoarseNs(), std::memory_order_relaxed);
   return false;
 }
 
@@ -621,7 +621,7 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   // while a publish was in progress; the end of the data always scans).
   if (uint64_t hint = c.orphans.load(std::memory_order_acquire); hint > 0) {
     bool recent = hint == last_fruitless_orphans_.load(std::memory_order_relaxed) &&
-                  MonotonicNs() - last_fruitless_ns_.load(std::memory_order_relaxed) < 1000000;
+                  CoarseNs() - last_fruitless_ns_.load(std::memory_order_relaxed) < 5000000;
     if (!recent && ClaimOrphan(out)) return true;
   }
   std::atomic<uint64_t>& cursor = segment_->cursor().next_ticket;
@@ -655,7 +655,8 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
       continue;
     }
     uint64_t n = core_->num_items();
-    const WorkQueue::Item& item = config_.items[core_->ItemAt(ticket / n, ticket % n)];
+    const uint64_t index = core_->ItemAt(ticket / n, ticket % n);
+    const WorkQueue::Item& item = config_.items[index];
     ls.begin.store(item.begin, std::memory_order_relaxed);
     ls.end.store(item.end, std::memory_order_relaxed);
     ls.progress.store(item.begin, std::memory_order_relaxed);
@@ -667,7 +668,7 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     // Fails only if a lease timeout reassigned the ticket while we were paused.
     if (!ls.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel)) continue;
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
-    FillItem(out, l, open, ticket, item.begin, item.end);
+    FillItem(out, l, open, ticket, item.begin, item.end, index);
     return true;
   }
   return false;
@@ -700,7 +701,7 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
       LeaseSlot& ls = segment_->lease(l);
       uint64_t w = ls.word.load(std::memory_order_acquire);
       if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) == slot_) continue;
-      if (ls.flags.load(std::memory_order_relaxed) & (kLeasePiece | kLeasePreset)) continue;
+      if (ls.flags.load(std::memory_order_relaxed) & kLeasePreset) continue;
       uint64_t e = ls.extent.load(std::memory_order_acquire);
       Extent x = Extent::Of(e);
       if (!x.splittable || x.pending != 0) continue;
@@ -782,8 +783,8 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
     return AckStatus::kStale;
   uint64_t begin = ls.begin.load(std::memory_order_relaxed);
   uint64_t limit = ls.end.load(std::memory_order_relaxed);
-  if ((ls.flags.load(std::memory_order_relaxed) & (kLeasePiece | kLeasePreset)) || begin > limit) {
-    *end = item.end;  // pieces and restored items are never split
+  if ((ls.flags.load(std::memory_order_relaxed) & kLeasePreset) || begin > limit) {
+    *end = item.end;  // restored items are never split
     return AckStatus::kOk;
   }
   uint64_t unit = SplitUnit(limit - begin);
@@ -801,7 +802,7 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
     x = Extent::Of(e);
   }
   *end = std::min(limit, begin + x.end * unit);
-  me().last_progress_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;
 }
 
@@ -859,7 +860,7 @@ void WorkQueue::Impl::Housekeep() noexcept {
 TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
                                  std::chrono::steady_clock::time_point deadline) noexcept {
   if (closed_ || out == nullptr) return TakeStatus::kEnd;
-  uint64_t now = MonotonicNs();
+  uint64_t now = CoarseNs();
   me().last_progress_ns.store(now, std::memory_order_relaxed);
   uint64_t next = next_housekeeping_ns_.load(std::memory_order_relaxed);
   if (now >= next && next_housekeeping_ns_.compare_exchange_strong(next, now + kHousekeepingNs))
@@ -931,7 +932,7 @@ AckStatus WorkQueue::Impl::Ack(const WorkItem& item) noexcept {
   ClientSlot& cs = me();
   cs.items_acked.fetch_add(1, std::memory_order_relaxed);
   cs.bytes_acked.fetch_add(item.end - item.begin, std::memory_order_relaxed);
-  cs.last_progress_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  cs.last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   core_->WakeWaiters();
   return AckStatus::kOk;
 }
@@ -957,8 +958,8 @@ AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
   if (ls.word.load(std::memory_order_acquire) != LeaseWord(kLeaseOpen, slot_, item.generation))
     return AckStatus::kStale;
   ls.progress.store(std::clamp(offset, item.begin, item.end), std::memory_order_relaxed);
-  me().records.fetch_add(records, std::memory_order_relaxed);
-  me().last_progress_ns.store(MonotonicNs(), std::memory_order_relaxed);
+  if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
+  me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;
 }
 
@@ -995,7 +996,7 @@ std::string WorkQueue::Impl::SaveState() const {
         if (ls.word.load(std::memory_order_acquire) != w1) continue;
         uint64_t state = LeaseStateOf(w1);
         if (ticket >= total || begin > end) break;
-        if (!(flags & (kLeasePiece | kLeasePreset)))  // a split lowers an anchor's end
+        if (!(flags & kLeasePreset))  // a split lowers an anchor's end
           end = std::min(end, begin + Extent::Of(extent).end * SplitUnit(end - begin));
         if (state == kLeaseAcking) {
           acking.push_back(ticket);

@@ -820,20 +820,31 @@ TEST_F(WorkQueueTest, IdleClientSplitsTheUnclaimedTailOfAClaimedItem) {
   // The owner sees the lowered end and cannot claim past it.
   ASSERT_EQ(a->Claim(it, size, &end), AckStatus::kOk);
   EXPECT_EQ(end, piece.begin);
-  // A piece is never split again, and a's part is claimed to its end.
+  // A piece is split again like any claimed item: c, idle, takes the
+  // unclaimed tail of b's piece (a's part is claimed to its end).
   uint64_t piece_end = 0;
   ASSERT_EQ(b->Claim(piece, piece.begin + 4096, &piece_end), AckStatus::kOk);
   EXPECT_EQ(piece_end, piece.end);
-  EXPECT_EQ(c->TryTake(&other), TakeStatus::kEmpty);
+  WorkItem piece2;
+  ASSERT_EQ(c->TryTake(&piece2), TakeStatus::kOk);
+  EXPECT_TRUE(piece2.piece);
+  EXPECT_EQ(piece2.ticket, it.ticket);
+  EXPECT_EQ(piece2.end, piece.end);
+  EXPECT_GT(piece2.begin, piece.begin + 4096);
+  ASSERT_EQ(b->Claim(piece, piece.end, &piece_end), AckStatus::kOk);
+  EXPECT_EQ(piece_end, piece2.begin) << "b must stop where c starts";
   EXPECT_EQ(b->Ack(piece), AckStatus::kOk);
+  EXPECT_EQ(c->Ack(piece2), AckStatus::kOk);
   EXPECT_EQ(c->TryTake(&other), TakeStatus::kEmpty) << "a still holds its part";
   EXPECT_EQ(a->Ack(it), AckStatus::kOk);
   EXPECT_EQ(a->TryTake(&other), TakeStatus::kEnd);
   EXPECT_EQ(c->TryTake(&other), TakeStatus::kEnd);
   const QueueStats s = a->Stats();
   EXPECT_EQ(s.done, 1u);
-  EXPECT_EQ(s.splits, 1u);
-  for (const ClientStats& cs : s.clients) EXPECT_EQ(cs.splits, cs.slot == s.clients[1].slot ? 1u : 0u);
+  EXPECT_EQ(s.splits, 2u);
+  uint64_t by_clients = 0;
+  for (const ClientStats& cs : s.clients) by_clients += cs.splits;
+  EXPECT_EQ(by_clients, 2u);
 }
 
 TEST_F(WorkQueueTest, NoSplitWhenDisabledOrTheTailIsSmall) {

@@ -70,11 +70,11 @@ struct WorkQueueOptions {
   // this has its open items reassigned; its later acks are refused. 0: never.
   std::chrono::milliseconds lease_timeout{0};
   // Tail splitting: a process with nothing left to take splits the unread
-  // tail of the open item with the most left (only items whose owner uses
-  // Claim, as tailcut's Reader does) and takes it as a new item. Each part
-  // is at least min_split_bytes.
+  // tail of the open item (or piece) with the most left, and takes it as a
+  // new item. Only items whose owner uses Claim, as tailcut's Reader does,
+  // are split. Each part is at least min_split_bytes.
   bool split_tail = true;
-  uint64_t min_split_bytes = 512 << 10;
+  uint64_t min_split_bytes = 64 << 10;
   // A state from WorkQueue::SaveState(): a newly created queue continues from
   // it. Every process of the job may pass the same state.
   std::string restore_state;
