@@ -494,6 +494,10 @@ bool Reader::Impl::StartItem(const WorkItem& item) noexcept {
   held_[(held_head_ + held_count_) % held_.size()] = slot;
   ++held_count_;
   Bump(stats_.items_taken);
+  // Claim nothing yet, but say that we claim before we read: an idle process
+  // may then split the unread tail of this item even while it is only
+  // prefetched, instead of waiting for us to get to it.
+  ClaimUpTo(it, item.begin);
 
   if (!OpenFile(it)) {
     it.failed = true;

@@ -27,6 +27,7 @@
 
 #include "tailcut/error.h"
 #include "tailcut/work_queue.h"
+#include "tools/top.h"
 
 #ifndef TAILCUT_VERSION
 #define TAILCUT_VERSION "unknown"
@@ -507,8 +508,12 @@ struct Command {
   int (*run)(std::span<const std::string> args);
 };
 
+int RunTopCommand(std::span<const std::string> args) {
+  const ParsedArgs parsed = ParseArgs("top", args, {"--once"});
+  return tailcut_cli::RunTop(OneName("top", parsed), parsed.Has("--once"), 1.0);
+}
+
 // One row per subcommand, in the order `tailcut --help` lists them.
-// (A live view, `top`, is planned as one more row here.)
 constexpr Command kCommands[] = {
     {"ls", "ls", "list this user's queues with clients, epoch and progress",
      "Lists every queue of this user: its name, live/joined clients, the epoch\n"
@@ -535,6 +540,22 @@ constexpr Command kCommands[] = {
      "  $ tailcut stat imagenet\n"
      "  $ tailcut stat imagenet --json | python3 -m json.tool\n",
      RunStat},
+    {"top", "top NAME [--once]", "live view of one queue: progress, rates, stragglers",
+     "Refreshes every second, like top: the epoch, done / in flight / remaining\n"
+     "with a progress bar, recovered items, split tails and stale acks, then one\n"
+     "row per client with items/s and MB/s since the last refresh, open items,\n"
+     "idle share and splits. The slowest live client still holding items is\n"
+     "flagged as the straggler when it runs at under half the median rate;\n"
+     "clients that died are shown with their items recovered. Ends on Ctrl-C\n"
+     "or when the queue's last process removes it.\n"
+     "\n"
+     "Options:\n"
+     "  --once   print one frame (rates over each client's lifetime) and exit\n"
+     "\n"
+     "Examples:\n"
+     "  $ tailcut top imagenet\n"
+     "  $ tailcut top imagenet --once\n",
+     RunTopCommand},
     {"rm", "rm NAME [--force]", "remove a queue's shared-memory segment",
      "Removes the queue's segment. Refuses while live clients are registered\n"
      "and names their pids; a queue whose clients all died is stale and is\n"
