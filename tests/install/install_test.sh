@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs tailcut from BUILD_DIR into a temporary prefix, builds the tiny
-# trainer in tests/install/trainer against it with find_package(tailcut), and
-# runs it as 3 processes on one queue: together they must read every line once.
+# Installs tailcut from BUILD_DIR into a temporary prefix, builds the trainer
+# that docs/cpp.md shows (its ```cmake and ```cpp blocks, extracted from the
+# page) against it with find_package(tailcut), and runs it as 3 processes on
+# one queue: together they must read every line once.
 set -euo pipefail
 build=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,7 +12,12 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -x "$work/prefix/bin/tailcut" || { echo "the CLI was not installed"; exit 1; }
 test -f "$work/prefix/include/tailcut/work_queue.h" || { echo "headers were not installed"; exit 1; }
-cmake -S "$here/trainer" -B "$work/trainer" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+doc="$here/../../docs/cpp.md"
+mkdir -p "$work/src"
+awk '/^```cmake$/ {on=1; next} /^```$/ {if (on) exit} on' "$doc" > "$work/src/CMakeLists.txt"
+awk '/^```cpp$/ {on=1; next} /^```$/ {if (on) exit} on' "$doc" > "$work/src/trainer.cc"
+grep -q "int main" "$work/src/trainer.cc" || { echo "no program in docs/cpp.md"; exit 1; }
+cmake -S "$work/src" -B "$work/trainer" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/trainer" >/dev/null
 
 # Data: 4 files of numbered lines.
