@@ -42,6 +42,7 @@
 #include <cstdint>
 
 #include "engine/config.h"
+#include "tailcut/export.h"
 
 namespace tailcut::detail {
 
@@ -232,7 +233,8 @@ struct Geometry {
   uint64_t bitmap_words() const { return (total_tickets + 63) / 64; }
 };
 
-Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
+// Exported for tests that inspect or damage a segment on purpose.
+TAILCUT_EXPORT Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
                          uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client);
 
 }  // namespace tailcut::detail
