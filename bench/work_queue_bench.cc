@@ -52,9 +52,9 @@
 // The machine may have fewer cores than processes; bench/engine_ratios.py
 // runs the binary and prints medians and ratios (see docs/benchmarks.md).
 //
-// Fork rule: the parent never opens a WorkQueue (the library uses threads and
-// oneTBB, which are not fork-safe); the queue holder and the workers are
-// children that open their own and leave with _exit.
+// Fork rule: the parent never opens a WorkQueue (the library runs a holder
+// thread and oneTBB, neither promised to survive fork); the queue holder and
+// the workers are children that open their own and leave with _exit.
 
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
