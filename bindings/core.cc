@@ -102,7 +102,7 @@ PyObject* ExceptionFor(tc::ErrorKind kind) {
 // "file '...' at offset N: read ..." come from the I/O layer, everything else
 // that names a format ("tfrecord file '...' at offset N: data CRC mismatch")
 // from a parser, i.e. data that fails validation.
-tc::ErrorKind ReaderErrorKind(const std::string& text) {
+[[maybe_unused]] tc::ErrorKind ReaderErrorKind(const std::string& text) {
   auto has = [&](const char* s) { return text.find(s) != std::string::npos; };
   if (text.rfind("file '", 0) == 0) {
     if (has("No such file or directory") || has("Not a directory")) return tc::ErrorKind::kNotFound;
@@ -987,6 +987,14 @@ struct BatchIterator : IteratorBase {
     return st.items_taken > gone ? st.items_taken - gone : 0;
   }
   std::vector<tc::Record> records;
+  // With max_epoch a batch holds records of one epoch only: records of
+  // another epoch's item met while packing wait in records[stash_begin,
+  // stash_begin + stashed) for the next batches. They stay valid: the reader
+  // is not called before they are handed out, and closing gives their item
+  // back whole.
+  size_t stashed = 0;
+  size_t stash_begin = 0;   // where they start: after those handed out last
+  uint64_t last_epoch = 0;  // epoch of the items of the last batch
   std::string pending_error;
   tc::ErrorKind pending_kind = tc::ErrorKind::kIo;
 
@@ -1002,7 +1010,15 @@ struct BatchIterator : IteratorBase {
     return py::array_t<T>(shape, v->data(), owner);
   }
 
-  py::object Next() {
+  py::object Next() { return Read(batch_size); }
+
+  // The next batch, of at most `limit` records (at most batch_size).
+  py::object ReadUpTo(const py::object& limit) {
+    uint64_t want = ToU64(limit, "max_records", 1);
+    return Read(static_cast<size_t>(std::min<uint64_t>(want, batch_size)));
+  }
+
+  py::object Read(size_t want) {
     if (!pending_error.empty()) {
       done = true;
       std::string text = std::move(pending_error);
@@ -1024,21 +1040,35 @@ struct BatchIterator : IteratorBase {
     {
       py::gil_scoped_release nogil;
       lock.lock();
-      status =
-          rs->closed ? tc::ReadStatus::kEnd : rs->reader->NextBatch(records.data(), batch_size, &n);
-      if (status == tc::ReadStatus::kOk && PastEpochLocked()) {
+      if (rs->closed) {
         status = tc::ReadStatus::kEnd;
-        n = 0;
+      } else if (stashed > 0) {
+        status = tc::ReadStatus::kOk;
+        if (stash_begin > 0) {  // what the last batch left over moves to the front
+          std::copy(records.begin() + static_cast<std::ptrdiff_t>(stash_begin),
+                    records.begin() + static_cast<std::ptrdiff_t>(stash_begin + stashed),
+                    records.begin());
+        }
+        n = std::min(stashed, want);
+        stashed -= n;
+        stash_begin = stashed > 0 ? n : 0;
+      } else {
+        status = rs->reader->NextBatch(records.data(), want, &n);
+        if (status == tc::ReadStatus::kOk && PastEpochLocked()) {
+          status = tc::ReadStatus::kEnd;
+          n = 0;
+        }
       }
-      if (status == tc::ReadStatus::kOk && fixed && !copy && n == batch_size &&
+      if (status == tc::ReadStatus::kOk) last_epoch = rs->reader->current_item().epoch;
+      if (status == tc::ReadStatus::kOk && fixed && !copy && n == want &&
           Contiguous(records.data(), n, rb)) {
         view = true;
       } else if (status == tc::ReadStatus::kOk) {
         // Pack into owned arrays, filling the batch across chunk and item ends.
         data = std::make_unique<std::vector<uint8_t>>();
-        if (fixed) data->reserve(batch_size * rb);
+        if (fixed) data->reserve(want * rb);
         offsets = std::make_unique<std::vector<int64_t>>();
-        offsets->reserve(batch_size + 1);
+        offsets->reserve(want + 1);
         offsets->push_back(0);
         for (;;) {
           for (size_t i = 0; i < n; ++i) {
@@ -1047,14 +1077,20 @@ struct BatchIterator : IteratorBase {
             offsets->push_back(static_cast<int64_t>(data->size()));
           }
           have += n;
-          if (have == batch_size) break;
+          if (have == want || stashed > 0) break;
           if (short_at_end && HeldLocked() <= 1) break;
-          status = rs->reader->NextBatch(records.data(), batch_size - have, &n);
+          status = rs->reader->NextBatch(records.data(), want - have, &n);
           // A batch never mixes in an item past max_epoch: its records are
           // dropped unseen and the item goes back whole.
           if (status == tc::ReadStatus::kEnd ||
               (status == tc::ReadStatus::kOk && PastEpochLocked())) {
             ended = true;
+            break;
+          }
+          if (status == tc::ReadStatus::kOk && max_epoch &&
+              rs->reader->current_item().epoch != last_epoch) {
+            stashed = n;  // another epoch's item: they start the next batch
+            stash_begin = 0;
             break;
           }
           if (status == tc::ReadStatus::kError) {
@@ -1087,7 +1123,7 @@ struct BatchIterator : IteratorBase {
       arr.attr("setflags")(py::arg("write") = false);
       return arr;
     }
-    if (ended && drop_last && have < batch_size) throw py::stop_iteration();
+    if (ended && drop_last && have < want) throw py::stop_iteration();
     if (fixed) {
       auto* d = data.release();
       return OwnedArray<uint8_t>(d, {static_cast<py::ssize_t>(have), static_cast<py::ssize_t>(rb)});
@@ -1546,9 +1582,16 @@ PYBIND11_MODULE(_core, m) {
       "own them.");
   DefineIteratorCommon<BatchIterator>(batch_cls);
   batch_cls.def("__next__", &BatchIterator::Next)
+      .def("read", &BatchIterator::ReadUpTo, py::arg("max_records"),
+           "The next batch, like next(it) but of at most max_records records (capped at "
+           "batch_size): lets a caller that joins short batches ask for exactly the rest of one. "
+           "Raises StopIteration at the end.")
       .def_property_readonly(
-          "batch_size", [](const BatchIterator& it) { return it.batch_size; },
-          "Records per batch.");
+          "batch_size", [](const BatchIterator& it) { return it.batch_size; }, "Records per batch.")
+      .def_property_readonly(
+          "epoch", [](const BatchIterator& it) { return it.last_epoch; },
+          "The epoch of the items the last batch came from (with max_epoch a batch holds one "
+          "epoch's records; otherwise its last record's).");
 
   // ---- WorkQueue
   py::class_<QueueHandle, HandlePtr>(
@@ -1582,8 +1625,8 @@ PYBIND11_MODULE(_core, m) {
           "Releases the GIL while it waits.")
       .def(
           "agree_step",
-          [](const HandlePtr& h, py::object rank, py::object ranks, py::object step,
-             bool has_batch, py::object timeout) {
+          [](const HandlePtr& h, py::object rank, py::object ranks, py::object step, bool has_batch,
+             py::object timeout) {
             return AgreeStepBlocking(*h, rank, ranks, step, has_batch, timeout);
           },
           py::arg("rank"), py::arg("ranks"), py::arg("step"), py::arg("has_batch"),
@@ -1591,9 +1634,9 @@ PYBIND11_MODULE(_core, m) {
           "Equal steps for synchronous trainers (PyTorch DDP): ranks 0..ranks-1 of one group each "
           "call this once per step, saying whether they have a batch for it, and all get the same "
           "answer: 'all_have_batch' (run the step) or 'end_epoch' (some rank has none: every rank "
-          "ends its epoch before this step). Returns 'timeout' when some rank did not arrive within "
-          "`timeout` seconds (None: wait on). Steps must grow over the queue's lifetime, e.g. "
-          "(epoch << 32) | step_in_epoch; a step below this rank's last one raises "
+          "ends its epoch before this step). Returns 'timeout' when some rank did not arrive "
+          "within `timeout` seconds (None: wait on). Steps must grow over the queue's lifetime, "
+          "e.g. (epoch << 32) | step_in_epoch; a step below this rank's last one raises "
           "InvalidArgumentError. Releases the GIL while it waits. tailcut.torch.EqualSteps builds "
           "on it.")
       .def(

@@ -732,7 +732,11 @@ class Children {
     r.error = Error(i);
     return r;
   }
-  size_t SlotStride() const { return sizeof(detail::ChildSlot) + capacity_ * sizeof(Record); }
+  // Rounded up so that every slot keeps ChildSlot's 64-byte alignment.
+  size_t SlotStride() const {
+    size_t bytes = sizeof(detail::ChildSlot) + capacity_ * sizeof(Record);
+    return (bytes + alignof(detail::ChildSlot) - 1) / alignof(detail::ChildSlot) * alignof(detail::ChildSlot);
+  }
   detail::ChildSlot* slot(size_t i) const {
     return reinterpret_cast<detail::ChildSlot*>(static_cast<char*>(region_.data()) + i * SlotStride());
   }

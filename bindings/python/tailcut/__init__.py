@@ -14,6 +14,8 @@ process that dies go to the others.
             train_on(bytes(record))   # a memoryview, valid until the next record
 
 See docs/python.md for the whole API and the differences from PAI's WorkQueue.
+PyTorch: `import tailcut.torch` (QueueDataset, EqualSteps; docs/pytorch.md). This
+package itself never imports torch.
 """
 
 import atexit as _atexit

@@ -20,7 +20,6 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
-import re
 import threading
 import warnings
 
@@ -36,14 +35,14 @@ _log = logging.getLogger(__name__)
 
 # Zero-copy batches are read-only numpy views of the reader's buffers, and
 # torch.from_numpy warns about read-only arrays because torch has no read-only
-# tensors. The tensors this module makes from them are documented as read-only
-# and valid until the next batch: nothing here writes to them, and a caller
-# who wants to write asks for copy=True (owned, writable arrays, no warning).
-# The filter matches only calls made from this module. torch emits this
-# warning once per process, so after tailcut's first zero-copy batch a
-# from_numpy of a read-only array elsewhere no longer warns either.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
-                        category=UserWarning, module=re.escape(__name__) + "$")
+# tensors. The tensors made here from such views are documented as read-only
+# and valid until the next batch: nothing in tailcut writes to them, and a
+# caller who wants to write asks for copy=True (owned, writable arrays). torch
+# issues that warning once per process (TORCH_WARN_ONCE), so only the first
+# conversion needs to silence it; later ones cannot warn. As a consequence, a
+# from_numpy of a read-only array elsewhere in the process no longer warns.
+_quiet_lock = threading.Lock()
+_quieted = False
 
 # Records per read in per-record mode (batch_size=None).
 _RECORD_GROUP = 64
@@ -99,6 +98,7 @@ class _Pump:
         self._it = it
         self._cv = threading.Condition()
         self._busy = False  # a read is requested or running
+        self._want = 1  # records the requested read may return
         self._result = None  # (kind, value) of the last read, until fetched
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="tailcut-reader", daemon=True)
@@ -112,7 +112,8 @@ class _Pump:
                 if not self._busy:  # stopped while idle: the consumer closes the iterator
                     return
             try:
-                result = ("ok", next(self._it))
+                piece = self._it.read(self._want)
+                result = ("ok", (piece, self._it.epoch))
             except StopIteration:
                 result = ("end", None)
             except BaseException as e:  # handed to the consumer, raised there
@@ -128,9 +129,10 @@ class _Pump:
             self._it.close()
             return
 
-    def request(self):
+    def request(self, want):
         with self._cv:
             self._busy = True
+            self._want = want
             self._result = None
             self._cv.notify_all()
 
@@ -165,7 +167,7 @@ class _Pump:
 
 
 class _Source:
-    """The pieces of a BatchIterator; ends instead of waiting at the end of the data."""
+    """Reads a BatchIterator; ends instead of waiting at the end of the data."""
 
     def __init__(self, q, it):
         self._q = q
@@ -173,23 +175,25 @@ class _Source:
         self._pump = None
         self._done = False
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
+    def read(self, want):
+        """(piece, epoch): the next piece of at most `want` records and the
+        epoch of its items; None at the end."""
         if self._done:
-            raise StopIteration
+            return None
         if _held(self._it) >= 2:
             # The reader holds an item taken ahead: this read takes nothing
             # that could wait, so no thread is needed.
             try:
-                return next(self._it)
+                return self._it.read(want), self._it.epoch
+            except StopIteration:
+                self._done = True
+                return None
             except BaseException:
                 self._done = True
                 raise
         if self._pump is None:
             self._pump = _Pump(self._it)
-        self._pump.request()
+        self._pump.request(want)
         wait = _FIRST_CHECK_S
         while True:
             result = self._pump.result(wait)
@@ -198,9 +202,9 @@ class _Source:
             if _waiting_for_others(self._q):
                 result = self._pump.abandon()
                 if result is None:
-                    self._pump = None  # its thread closes the iterator
+                    self._pump = self._it = None  # the pump's thread closes the iterator
                     self._done = True
-                    raise StopIteration
+                    return None
                 break
             wait = min(wait * 2, _MAX_CHECK_S)
         kind, value = result
@@ -208,15 +212,15 @@ class _Source:
             return value
         self._done = True
         if kind == "end":
-            raise StopIteration
+            return None
         raise value
 
     def close(self):
         if self._pump is not None:
             self._pump.close()
-            self._pump = None
-        else:
+        elif self._it is not None:
             self._it.close()
+        self._pump = self._it = None
         self._done = True
 
 
@@ -229,12 +233,12 @@ def _count(piece):
     return len(piece) if isinstance(piece, np.ndarray) else len(piece[1]) - 1
 
 
-def _take(piece, begin, end):
-    """Records [begin, end) of a piece, as owned arrays."""
-    if isinstance(piece, np.ndarray):
-        return piece[begin:end].copy()
-    data, offsets = piece
-    return (data[offsets[begin]:offsets[end]].copy(), offsets[begin:end + 1] - offsets[begin])
+def _owned(piece):
+    """The piece itself if it owns its memory, else a copy (zero-copy views are
+    read-only and die at the next read)."""
+    if isinstance(piece, np.ndarray) and not piece.flags.writeable:
+        return piece.copy()
+    return piece
 
 
 def _concat(pieces):
@@ -249,8 +253,16 @@ def _concat(pieces):
 
 
 def _tensor(array):
-    # A zero-copy view is read-only; see the warning filter at the top.
-    return torch.from_numpy(array)
+    global _quieted
+    if _quieted or array.flags.writeable:
+        return torch.from_numpy(array)
+    with _quiet_lock:  # a read-only zero-copy view: see _quieted above
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                                    category=UserWarning)
+            tensor = torch.from_numpy(array)
+        _quieted = True
+    return tensor
 
 
 def _to_torch(piece):
@@ -259,28 +271,32 @@ def _to_torch(piece):
     return _tensor(piece[0]), _tensor(piece[1])
 
 
-def _full_batches(pieces, batch_size, drop_last):
-    """Batches of exactly batch_size records from pieces of at most that many,
-    except the last one (dropped with drop_last). A full piece passes through
-    untouched (a zero-copy view stays one); short pieces (near the end of the
-    data) are joined into owned arrays."""
-    pending, have = [], 0
-    for piece in pieces:
+def _full_batches(source, batch_size, drop_last):
+    """(batch, epoch) pairs: batches of exactly batch_size records of one
+    epoch, except the last one of each epoch met (dropped with drop_last). A
+    full piece passes through untouched (a zero-copy view stays one); short
+    pieces (near the end of the data) are joined into owned arrays, asking the
+    reader for exactly the rest so that the batches after them line up with
+    its buffers again."""
+    pending, have, pending_epoch = [], 0, None
+    while (got := source.read(batch_size - have)) is not None:
+        piece, epoch = got
+        if pending and epoch != pending_epoch:  # one epoch per batch
+            if not drop_last:
+                yield _concat(pending), pending_epoch
+            pending, have = [], 0
         n = _count(piece)
         if not pending and n == batch_size:
-            yield piece
+            yield piece, epoch
             continue
-        at = 0
-        while at < n:
-            k = min(batch_size - have, n - at)
-            pending.append(_take(piece, at, at + k))
-            have += k
-            at += k
-            if have == batch_size:
-                yield _concat(pending)
-                pending, have = [], 0
+        pending.append(_owned(piece))
+        pending_epoch = epoch
+        have += n
+        if have == batch_size:
+            yield _concat(pending), pending_epoch
+            pending, have = [], 0
     if pending and not drop_last:
-        yield _concat(pending)
+        yield _concat(pending), pending_epoch
 
 
 def _records(piece):
@@ -330,7 +346,12 @@ class QueueDataset(IterableDataset):
     epoch is the one set with set_epoch() (as with DistributedSampler), else
     the queue's current epoch when the iteration starts. A process that has
     nothing left to read while others still hold items ends its iteration
-    rather than wait for them.
+    rather than wait for them. An item of an earlier epoch that comes back to
+    the queue after every process finished that epoch (a reader that stopped
+    at an epoch boundary gave it back late, or a process died) is read by a
+    later iteration: its records are used once, late. A batch holds records of
+    one epoch; `batch_epoch` says which (a transform may read it) and
+    `late_records` counts the late ones this process read.
 
     reader_options: keywords of WorkQueue.batches() (chunk_bytes,
     buffer_budget_bytes, prefetch_items, backend, ...).
@@ -343,8 +364,8 @@ class QueueDataset(IterableDataset):
             works = [works]
         queue_options.setdefault("num_clients", _env_int("LOCAL_WORLD_SIZE", 1))
         self._queue_args = dict(works=list(works), **queue_options)
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
+        if batch_size is not None and (isinstance(batch_size, bool)
+                                       or not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}")
         self.batch_size = batch_size
         self.transform = transform
@@ -355,6 +376,13 @@ class QueueDataset(IterableDataset):
             if key in self.reader_options:
                 raise TypeError(f"reader_options may not set {key!r}: QueueDataset sets it")
         self._epoch = None  # set_epoch()
+        # The epoch of the items the batch (or record) being produced came
+        # from, for a transform that wants it: the iteration's epoch, or an
+        # earlier one for a late item.
+        self.batch_epoch = None
+        # Records this process read in a later epoch than their own (late
+        # items; see "Epochs" above).
+        self.late_records = 0
         self._last_epoch = {}  # pid -> the epoch that process iterated last
         self._queue = None
         self._queue_pid = None
@@ -364,10 +392,11 @@ class QueueDataset(IterableDataset):
     @property
     def queue(self):
         """This process's tailcut.WorkQueue (each process opens its own)."""
-        if self._queue is not None and self._queue_pid == os.getpid():
+        if self._queue_pid == os.getpid():
+            if self._closed:
+                raise tailcut.InvalidArgumentError(
+                    f"QueueDataset of queue '{self._queue.name}' is closed")
             return self._queue
-        if self._closed and self._queue_pid == os.getpid():
-            raise tailcut.InvalidArgumentError("QueueDataset is closed")
         # In a forked worker self._queue is the parent's: never use or close it.
         q = tailcut.WorkQueue(**self._queue_args)
         if multiprocessing.parent_process() is not None:
@@ -406,17 +435,23 @@ class QueueDataset(IterableDataset):
         else:
             it = q.batches(self.batch_size, copy=self.copy or in_worker, max_epoch=epoch,
                            short_at_end=True, **self.reader_options)
-        return self._generate(_Source(q, it))
+        return self._generate(_Source(q, it), epoch)
 
-    def _generate(self, source):
+    def _generate(self, source, epoch):
         transform = self.transform
         try:
             if self.batch_size is None:
-                for piece in source:
+                while (got := source.read(_RECORD_GROUP)) is not None:
+                    piece, self.batch_epoch = got
+                    if self.batch_epoch < epoch:
+                        self.late_records += _count(piece)
                     for record in _records(piece):
                         yield record if transform is None else transform(record)
             else:
-                for piece in _full_batches(source, self.batch_size, self.drop_last):
+                for piece, self.batch_epoch in _full_batches(source, self.batch_size,
+                                                             self.drop_last):
+                    if self.batch_epoch < epoch:
+                        self.late_records += _count(piece)
                     batch = _to_torch(piece)
                     yield batch if transform is None else transform(batch)
         finally:
@@ -543,9 +578,10 @@ class EqualSteps:
         self.on_leftover = on_leftover
         self._count = count or _count_records
         self._group = group
-        if group is None and torch.distributed.is_available() and torch.distributed.is_initialized():
-            if torch.distributed.get_world_size() > self.world_size:
-                self._group = torch.distributed.group.WORLD
+        dist = torch.distributed
+        if group is None and dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() > self.world_size:
+                self._group = dist.group.WORLD
         self.epoch = 0
         self.reports = []
         self._carried = []
@@ -635,10 +671,11 @@ class EqualSteps:
                     self._leftover(batch, report, last_epoch)
             break
         if report["dropped_records"] and self.on_leftover is None:
+            why = ("the queue has no later epoch to carry them into" if self.carry_over else
+                   "pass carry_over=True to use them in the next epoch")
             _log.warning("tailcut.torch: rank %d dropped %d leftover records (%d batches) at the "
-                         "end of epoch %d; pass carry_over=True to use them in the next epoch or "
-                         "on_leftover= to handle them", self.rank, report["dropped_records"],
-                         report["dropped_batches"], epoch)
+                         "end of epoch %d (%s, or on_leftover= to handle them)", self.rank,
+                         report["dropped_records"], report["dropped_batches"], epoch, why)
 
     def _leftover(self, batch, report, last_epoch):
         n = self._count(batch)

@@ -159,7 +159,8 @@ class TAILCUT_EXPORT Reader {
   ReadStatus NextChunk(ChunkView* out) noexcept;
 
   // Waits for reads in flight, gives back every item not acked (the current
-  // one with a last Progress), closes files and frees the buffers. Idempotent;
+  // one too: it is handed out again from its start), closes files and frees
+  // the buffers. Idempotent;
   // afterwards the Next* calls return kEnd (or the sticky kError).
   void Close() noexcept;
 

@@ -1,0 +1,244 @@
+"""tailcut.torch: QueueDataset under DataLoader workers, EqualSteps under DDP (gloo, CPU).
+
+The multi-process tests spawn their ranks (plain multiprocessing, gloo with a
+file:// rendezvous in a temporary directory) and give every wait a bound: a
+hang fails the test instead of blocking the run.
+"""
+
+import collections
+import json
+import multiprocessing
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+import tailcut
+
+torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import tailcut.torch as tt  # noqa: E402
+from _torch_workers import (RECORD_BYTES, ddp_rank, loader_rank, quiet, record_id,  # noqa: E402
+                            split, write_records)
+
+SMALL = dict(chunk_bytes=4096, buffer_budget_bytes=64 << 10)
+
+
+def ids_of(batch):
+    return split(batch)[0].tolist()
+
+
+@pytest.fixture
+def uneven(tmp_path):
+    """Three files of 3000, 1000 and 500 records (ids 0..4499): uneven items."""
+    works = [write_records(tmp_path / "a.bin", range(0, 3000)),
+             write_records(tmp_path / "b.bin", range(3000, 4000)),
+             write_records(tmp_path / "c.bin", range(4000, 4500))]
+    return works, set(range(4500))
+
+
+def test_importing_tailcut_does_not_import_torch():
+    code = "import sys, tailcut; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_batches_are_zero_copy_views_in_the_reading_process(tmp_path, qname):
+    works = [write_records(tmp_path / "a.bin", range(2000))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's not-writable warning must not reach the caller
+        ds = tt.QueueDataset(works, 16, name=qname, shuffle=False, format="fixed",
+                             record_bytes=RECORD_BYTES, reader_options=SMALL)
+        got, ptrs = [], []
+        for batch in ds:
+            assert batch.dtype == torch.uint8 and batch.shape == (16, RECORD_BYTES)
+            got += ids_of(batch)
+            ptrs.append(batch.data_ptr())
+    ds.close()
+    assert got == list(range(2000))
+    # Consecutive batches of one chunk sit next to each other in the reader's
+    # buffers: views, not copies.
+    steps = collections.Counter(b - a for a, b in zip(ptrs, ptrs[1:]))
+    assert steps[16 * RECORD_BYTES] > len(ptrs) // 2
+
+
+def test_copy_true_gives_owned_writable_tensors(tmp_path, qname):
+    works = [write_records(tmp_path / "a.bin", range(500))]
+    with tt.QueueDataset(works, 50, copy=True, name=qname, shuffle=False, format="fixed",
+                         record_bytes=RECORD_BYTES, reader_options=SMALL) as ds:
+        kept = list(ds)
+    kept[0][0, 0] = 7  # writable, owned
+    assert sum(len(ids_of(b)) for b in kept) == 500
+    assert ids_of(kept[-1])[-1] == 499
+
+
+def test_records_mode_and_text_batches(tmp_path, qname):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"line {i}\n" for i in range(1000)))
+    with tt.QueueDataset([str(path)], name=qname, num_slices=7,
+                         reader_options=SMALL) as ds:
+        records = list(ds)
+    assert sorted(records) == sorted(f"line {i}".encode() for i in range(1000))
+    with tt.QueueDataset([str(path)], 64, name=qname + "-b", num_slices=7,
+                         reader_options=SMALL) as ds:
+        lines = []
+        for data, offsets in ds:
+            raw = data.numpy().tobytes()
+            lines += [raw[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    assert sorted(lines) == sorted(f"line {i}".encode() for i in range(1000))
+
+
+def test_dataloader_workers_read_each_record_once_per_epoch(uneven, qname):
+    works, all_ids = uneven
+    with tt.QueueDataset(works, 32, transform=split, name=qname, num_epochs=2, num_slices=9,
+                         format="fixed", record_bytes=RECORD_BYTES, reader_options=SMALL,
+                         on_notice=lambda line: None) as ds:
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            seen = collections.Counter()
+            for ids, x in DataLoader(ds, batch_size=None, num_workers=2, timeout=60):
+                seen.update(ids.tolist())
+                assert torch.equal(x[:, 0], ids.to(torch.float32))
+            assert set(seen) == all_ids and set(seen.values()) == {1}, epoch
+        assert ds.queue.summary()["done"] == ds.queue.summary()["total"]
+    assert not os.path.exists(tailcut.segment_path(qname))  # finished: removed
+
+
+def test_spawned_persistent_workers_in_records_mode_without_set_epoch(uneven, qname):
+    """Per-record mode batched by the DataLoader; spawned workers (the dataset is
+    pickled) that persist across epochs; the epoch comes from the queue."""
+    works, all_ids = uneven
+    with tt.QueueDataset(works, transform=record_id, name=qname, num_epochs=2, num_slices=5,
+                         format="fixed", record_bytes=RECORD_BYTES, reader_options=SMALL,
+                         on_notice=quiet) as ds:
+        loader = DataLoader(ds, batch_size=100, num_workers=2, timeout=60,
+                            multiprocessing_context="spawn", persistent_workers=True)
+        for epoch in range(2):
+            seen = collections.Counter()
+            for ids in loader:
+                seen.update(ids.tolist())
+            assert set(seen) == all_ids and set(seen.values()) == {1}, epoch
+        del loader  # its workers close their queues as they exit
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_equal_steps_alone_times_out_instead_of_hanging(tmp_path, qname):
+    works = [write_records(tmp_path / "a.bin", range(100))]
+    with tt.QueueDataset(works, 10, name=qname, format="fixed", record_bytes=RECORD_BYTES,
+                         num_clients=2) as ds:
+        steps = tt.EqualSteps(ds, rank=0, world_size=2, timeout=0.3)
+        start = time.monotonic()
+        with pytest.raises(tailcut.TimeoutError, match="epoch 0, step 0"):
+            for _ in steps:
+                pass
+        assert time.monotonic() - start < 5
+
+
+def test_equal_steps_single_rank_carries_nothing_and_counts_steps(tmp_path, qname):
+    works = [write_records(tmp_path / "a.bin", range(1000))]
+    with tt.QueueDataset(works, 100, transform=split, name=qname, num_epochs=2,
+                         format="fixed", record_bytes=RECORD_BYTES, reader_options=SMALL) as ds:
+        steps = tt.EqualSteps(ds, rank=0, world_size=1, carry_over=True)
+        for epoch in range(2):
+            ids = [i for batch_ids, _ in steps for i in batch_ids.tolist()]
+            assert sorted(ids) == list(range(1000))
+        assert [r["steps"] for r in steps.reports] == [10, 10]
+        assert steps.leftover == 0 and steps.epoch == 2
+
+
+def run_ranks(target, args, world, limit_s):
+    """Runs target(rank, args) in `world` spawned processes; fails (and kills
+    them) past limit_s seconds. Returns each rank's JSON log."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(r, args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + limit_s
+    try:
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        assert not hung, f"ranks {hung} still running after {limit_s} s: a hang"
+        assert [p.exitcode for p in procs] == [0] * world
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    out = pathlib.Path(args["out_dir"])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def check_accounting(logs, all_ids, epochs, group_of=lambda rank: 0):
+    """Equal steps in each group; every record of every epoch trained once (in
+    that epoch, or in a later one when carried over) or dropped and reported."""
+    for e in range(epochs):
+        by_group = collections.defaultdict(set)
+        for r, log in enumerate(logs):
+            rep = log[e]["report"]
+            assert rep["epoch"] == e and len(log[e]["trained"]) == rep["steps"]
+            by_group[group_of(r)].add(rep["steps"])
+            # Carried batches come first; later ones are the epoch's own (or
+            # late items of an earlier epoch).
+            origins = [origin for origin, _ in log[e]["trained"]]
+            assert all(o < e for o in origins[:rep["carried_in"]]), origins
+            assert set(origins) <= set(range(e + 1)), origins
+            assert rep["leftover_batches"] == rep["carried_out"] + rep["dropped_batches"]
+            assert rep["dropped_records"] == sum(len(ids) for _, ids in log[e]["dropped"])
+            if e + 1 == epochs:
+                assert rep["carried_out"] == 0  # nothing to carry into
+        assert all(len(s) == 1 for s in by_group.values()), (e, dict(by_group))
+    per_epoch = collections.defaultdict(collections.Counter)
+    for log in logs:
+        for e in range(epochs):
+            for origin, ids in log[e]["trained"] + log[e]["dropped"]:
+                per_epoch[origin].update(ids)
+    for e in range(epochs):
+        assert set(per_epoch[e]) == all_ids and set(per_epoch[e].values()) == {1}, f"epoch {e}"
+
+
+@pytest.mark.parametrize("carry_over", [False, True], ids=["drop", "carry"])
+def test_ddp_ranks_run_equal_steps_with_a_slow_rank(tmp_path, qname, carry_over):
+    """4 gloo DDP ranks, rank 2 loads 5x slower, 3 epochs."""
+    all_ids = set(range(1800))
+    sizes = [90, 180, 270, 360, 450, 450]  # uneven items: ranks run out at different steps
+    works = [write_records(tmp_path / f"part{i}.bin", range(sum(sizes[:i]), sum(sizes[:i + 1])))
+             for i in range(len(sizes))]
+    args = dict(works=works, job=qname, epochs=3, batch_size=16, num_slices=24, seed=5,
+                world=4, slow_rank=2, delay=0.001, carry_over=carry_over,
+                init_file=str(tmp_path / "rendezvous"), out_dir=str(tmp_path))
+    logs = run_ranks(ddp_rank, args, world=4, limit_s=120)
+    check_accounting(logs, all_ids, epochs=3)
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_ddp_across_two_hosts_runs_equal_steps(tmp_path, qname):
+    """2 "hosts" of 2 ranks, one queue each: the per-host answers are combined
+    with an all_reduce, so all 4 ranks run the same steps."""
+    works_by_host = [
+        [write_records(tmp_path / "h0.bin", range(0, 1200))],  # host 0 has more data
+        [write_records(tmp_path / "h1.bin", range(1200, 1800))],
+    ]
+    args = dict(works_by_host=works_by_host, works=None, job=qname, epochs=2, batch_size=16,
+                num_slices=8, seed=5, world=4, local_world=2, slow_rank=None, delay=0.0,
+                carry_over=False, init_file=str(tmp_path / "rendezvous"), out_dir=str(tmp_path))
+    logs = run_ranks(ddp_rank, args, world=4, limit_s=120)
+    steps = {tuple(log[e]["report"]["steps"] for log in logs) for e in range(2)}
+    assert all(len(set(s)) == 1 for s in steps), steps
+    for host, ids in enumerate([set(range(1200)), set(range(1200, 1800))]):
+        check_accounting(logs[2 * host:2 * host + 2], ids, epochs=2)
+
+
+def test_equal_steps_over_dataloader_workers(tmp_path, qname):
+    """2 ranks, each a DataLoader with 2 workers (6 processes on one queue)."""
+    all_ids = set(range(2400))
+    works = [write_records(tmp_path / f"part{i}.bin", range(i * 800, (i + 1) * 800))
+             for i in range(3)]
+    args = dict(works=works, job=qname, epochs=2, batch_size=20, num_slices=12, seed=3,
+                world=2, slow_rank=1, delay=0.001, carry_over=True, out_dir=str(tmp_path))
+    logs = run_ranks(loader_rank, args, world=2, limit_s=120)
+    check_accounting(logs, all_ids, epochs=2)
