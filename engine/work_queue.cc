@@ -260,6 +260,8 @@ class WorkQueue::Impl {
   bool TakeOnce(WorkItem* out, bool* limit) noexcept;
   bool ClaimOrphan(WorkItem* out) noexcept;
   bool TrySplit(WorkItem* out) noexcept;
+  // Bytes acked per busy nanosecond of a client, 0 if not known yet.
+  double ClientRate(uint64_t slot) const noexcept;
   // Reserves a FREE lease of our region as TAKING. Returns false if none.
   bool ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept;
   void FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket, uint64_t begin,
@@ -690,6 +692,17 @@ bool WorkQueue::Impl::ReserveLease(uint64_t* lease, uint64_t* taking_word) noexc
   return false;
 }
 
+double WorkQueue::Impl::ClientRate(uint64_t slot) const noexcept {
+  if (slot >= segment_->geometry().max_clients) return 0;
+  const ClientSlot& cs = segment_->client(slot);
+  uint64_t bytes = cs.bytes_acked.load(std::memory_order_relaxed);
+  uint64_t joined = cs.joined_ns.load(std::memory_order_relaxed);
+  uint64_t idle = cs.idle_ns.load(std::memory_order_relaxed);
+  uint64_t now = CoarseNs();
+  if (bytes == 0 || now <= joined + idle) return 0;
+  return static_cast<double>(bytes) / static_cast<double>(now - joined - idle);
+}
+
 bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
   if (!options_.split_tail) return false;
   const uint64_t min_part = std::max<uint64_t>(options_.min_split_bytes, 1);
@@ -697,11 +710,14 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     // The open, splittable item with the most unclaimed bytes.
     uint64_t victim = kNoOwner, best = 0, victim_extent = 0, victim_ticket = 0, victim_begin = 0,
              victim_unit = 0, victim_end = 0;
+    bool victim_piece = false;
+    uint64_t victim_owner = kNoOwner;
     for (uint64_t l = 0; l < core_->num_leases(); ++l) {
       LeaseSlot& ls = segment_->lease(l);
       uint64_t w = ls.word.load(std::memory_order_acquire);
       if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) == slot_) continue;
-      if (ls.flags.load(std::memory_order_relaxed) & kLeasePreset) continue;
+      uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+      if (flags & kLeasePreset) continue;
       uint64_t e = ls.extent.load(std::memory_order_acquire);
       Extent x = Extent::Of(e);
       if (!x.splittable || x.pending != 0) continue;
@@ -721,12 +737,27 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
       victim_begin = begin;
       victim_unit = unit;
       victim_end = current_end;
+      victim_piece = (flags & kLeasePiece) != 0;
+      victim_owner = LeaseOwnerOf(w);
     }
     if (victim == kNoOwner || best < 2 * min_part) return false;
-    // Split in the middle of what the owner has not claimed yet.
+    // Split in the middle of what the owner has not claimed yet; an item the
+    // owner has not started (it is only prefetched) goes almost whole: all
+    // but its first unit, which the owner reads and acks. Not so a piece: a
+    // thief starts its piece at once, and taking it whole would only pass it
+    // from thief to thief.
+    // Between the two, the owner keeps the share of the rest that matches its
+    // speed against ours (bytes acked per busy second, from the counters in
+    // the segment), so one split leaves it about as much as it can read while
+    // we read ours; with no rate known yet, half.
     Extent x = Extent::Of(victim_extent);
     uint64_t end_units = ExtentUnits(victim_end - victim_begin, victim_unit);
-    uint64_t split_units = x.claim + (end_units - x.claim) / 2;
+    uint64_t rest = end_units - x.claim;
+    uint64_t keep = rest / 2;
+    double owner_rate = ClientRate(victim_owner), our_rate = ClientRate(slot_);
+    if (owner_rate > 0 && our_rate > 0)
+      keep = static_cast<uint64_t>(static_cast<double>(rest) * owner_rate / (owner_rate + our_rate));
+    uint64_t split_units = x.claim == 0 && !victim_piece ? 1 : x.claim + std::max<uint64_t>(keep, 1);
     uint64_t split = victim_begin + split_units * victim_unit;
     if (split_units <= x.claim || split >= victim_end || victim_end - split < min_part)
       return false;

@@ -98,6 +98,7 @@ struct ItemSlot {
   uint64_t align = 1;      // offset/length alignment of reads (direct)
   uint64_t file_size = 0;  // as when the queue was created
   uint64_t end = 0;        // the item's end now: lowered when another process splits the tail off
+  uint64_t claimed = 0;    // records starting before this may be handed out (WorkQueue::Claim)
   uint64_t feed_start = 0;
   uint64_t read_end = 0;        // the next read starts here
   uint64_t plan_end = 0;        // reads are issued while read_end < plan_end
@@ -489,6 +490,7 @@ bool Reader::Impl::StartItem(const WorkItem& item) noexcept {
   it.unreported = 0;
   it.file_size = item.file < file_sizes_.size() ? file_sizes_[item.file] : item.end;
   it.end = item.end;
+  it.claimed = item.begin;
   it.feed_start = it.read_end = it.plan_end = item.begin;
   it.extend = chunk_bytes_;
   held_[(held_head_ + held_count_) % held_.size()] = slot;
@@ -560,6 +562,7 @@ uint64_t Reader::Impl::PlanEnd(const ItemSlot& it) const noexcept {
 void Reader::Impl::ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept {
   if (it.stale) return;
   uint64_t end = it.end;
+  it.claimed = std::max(it.claimed, up_to);
   if (queue_.Claim(it.item, up_to, &end) == AckStatus::kStale) {
     it.stale = true;
     std::string path(it.item.path);
@@ -962,7 +965,6 @@ bool Reader::Impl::TakeWindowChunk(ItemSlot& it) noexcept {
   win_size_ = ch.want - start;
   win_end_off_ = ch.offset + ch.want;
   stream_off_ = win_end_off_;
-  ClaimUpTo(it, win_end_off_);
   return true;
 }
 
@@ -983,7 +985,6 @@ bool Reader::Impl::AppendCarry(ItemSlot& it) noexcept {
     src_size_ = ch.want - start;
     src_used_ = 0;
     stream_off_ = ch.offset + ch.want;
-    ClaimUpTo(it, stream_off_);
   }
   uint64_t cap = carry_->capacity();
   uint64_t step = std::max<uint64_t>(carry_size_, kCarryStep);
@@ -1022,6 +1023,10 @@ void Reader::Impl::LeaveCarryIfPossible() noexcept {
   carry_start_ = carry_size_ = 0;
   // No Trim() here: the record just handed out may live in the carry buffer.
 }
+
+// How far ahead of the record being handed out the Reader claims its item,
+// at most: never more than a chunk. What is claimed no idle process can take.
+constexpr uint64_t kClaimStep = 16 << 10;
 
 // The parser needs more bytes than the window has.
 bool Reader::Impl::MoreBytes(ItemSlot& it) noexcept {
@@ -1101,6 +1106,19 @@ ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n) noexcept {
     }
     switch (status) {
       case ParseStatus::kRecord:
+        // Claim in small steps as records go out, not a chunk at a time, so
+        // that an idle process can split off the tail of a slow consumer's
+        // item even within the chunk being read. A record at or past the
+        // end that a split just left us belongs to the thief: not handed out.
+        if (record.offset >= it.claimed) {
+          uint64_t end_before = it.end;
+          ClaimUpTo(it, record.offset + std::min(kClaimStep, chunk_bytes_));
+          if (it.stale) break;
+          if (it.end < end_before && record.offset >= it.end) {
+            it.done = true;
+            break;
+          }
+        }
         out[(*n)++] = record;
         ++it.unreported;
         Bump(stats_.records);
