@@ -19,6 +19,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Removes the queue when the test ends, passed or failed: these queues hand
+// out no items, so they stay unfinished and would outlive their last Close.
+struct RemoveOnExit {
+  std::string name;
+  ~RemoveOnExit() {
+    try {
+      RemoveQueue(name, /*force=*/true);
+    } catch (const Error&) {
+    }
+  }
+};
+
 WorkQueueOptions Options(const std::string& dir, const std::string& name) {
   std::string p = dir + "/f";
   int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
@@ -35,6 +47,7 @@ TEST(StepsTest, RanksWithDifferentAmountsOfDataEndEveryEpochAtTheSameStep) {
   std::string dir = ::mkdtemp(tmpl);
   std::string name = "steps_" + std::to_string(::getpid());
   auto o = Options(dir, name);
+  RemoveOnExit remove{name};
   auto keep = WorkQueue::Open(o);
   constexpr int kRanks = 4, kEpochs = 3;
   // batches[epoch][rank]: what each rank could produce.
@@ -84,7 +97,8 @@ TEST(StepsTest, RanksWithDifferentAmountsOfDataEndEveryEpochAtTheSameStep) {
 TEST(StepsTest, AMissingRankIsATimeoutNotAHang) {
   char tmpl[] = "/tmp/tailcut-steps-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
-  auto q = WorkQueue::Open(Options(dir, "steps_missing_" + std::to_string(::getpid())));
+  RemoveOnExit remove{"steps_missing_" + std::to_string(::getpid())};
+  auto q = WorkQueue::Open(Options(dir, remove.name));
   auto t0 = Clock::now();
   EXPECT_EQ(q->AgreeStep(0, 2, 0, true, Clock::now() + std::chrono::milliseconds(200)),
             StepStatus::kTimeout);

@@ -30,6 +30,8 @@ for target in "${targets[@]}"; do
       -artifact_prefix="$build/artifacts/$target-"; then
     failed+=("$target")
   fi
+  # An input that crashed the segment fuzzer left its segment behind.
+  rm -f /dev/shm/tailcut."$(id -u)".fuzz-*
 done
 
 if (( ${#failed[@]} )); then
