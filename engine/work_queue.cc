@@ -440,6 +440,10 @@ bool WorkQueue::Impl::TryAttach() {
                                          "`");
   uint32_t state = h.state.load(std::memory_order_acquire);
   if (state == kRemoved) {
+    // Its remover unlinks it right after marking it, unless it was killed
+    // in between: finish the removal (UnlinkIfSame is safe to repeat), or
+    // every later Open would find this segment again.
+    segment_->UnlinkIfSame();
     admin.Unlock();
     segment_.reset();
     return false;
