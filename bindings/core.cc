@@ -1192,6 +1192,7 @@ py::dict ClientDict(const tc::ClientStats& c) {
   d["bytes_acked"] = c.bytes_acked;
   d["records"] = c.records;
   d["stale_acks"] = c.stale_acks;
+  d["splits"] = c.splits;
   d["open_items"] = c.open_items;
   d["busy_ns"] = c.busy_ns;
   d["idle_ns"] = c.idle_ns;
@@ -1217,6 +1218,7 @@ py::dict StatsDict(const tc::QueueStats& s) {
   d["clients_joined"] = s.clients_joined;
   d["recovered_items"] = s.recovered_items;
   d["stale_acks"] = s.stale_acks;
+  d["splits"] = s.splits;
   d["now_ns"] = s.now_ns;
   py::list clients;
   for (const auto& c : s.clients) clients.append(ClientDict(c));
@@ -1346,6 +1348,7 @@ void AddSummary(QueueHandle& h, const py::object& writer, const py::object& step
   put("clients_alive", static_cast<double>(alive));
   put("recovered_items", static_cast<double>(s.recovered_items));
   put("stale_acks", static_cast<double>(s.stale_acks));
+  put("splits", static_cast<double>(s.splits));
   for (const auto& c : s.clients) {
     std::string p = "client_" + std::to_string(c.slot) + "/";
     put(p + "alive", c.alive ? 1.0 : 0.0);
@@ -1356,6 +1359,7 @@ void AddSummary(QueueHandle& h, const py::object& writer, const py::object& step
     put(p + "bytes_acked", static_cast<double>(c.bytes_acked));
     put(p + "records", static_cast<double>(c.records));
     put(p + "stale_acks", static_cast<double>(c.stale_acks));
+    put(p + "splits", static_cast<double>(c.splits));
     put(p + "open_items", static_cast<double>(c.open_items));
     put(p + "busy_seconds", static_cast<double>(c.busy_ns) * 1e-9);
     put(p + "idle_seconds", static_cast<double>(c.idle_ns) * 1e-9);

@@ -9,9 +9,10 @@ from conftest import SMALL_READER, write_lines
 
 QUEUE_FIELDS = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
                 "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
-                "recovered_items", "stale_acks", "now_ns", "clients"}
+                "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
 CLIENT_FIELDS = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",
-                 "items_recovered", "bytes_acked", "records", "stale_acks", "open_items", "busy_ns",
+                 "items_recovered", "bytes_acked", "records", "stale_acks", "splits", "open_items",
+                 "busy_ns",
                  "idle_ns", "last_progress_ns", "joined_ns"}
 
 

@@ -49,6 +49,7 @@ class _ClientStats(TypedDict):
     bytes_acked: int
     records: int
     stale_acks: int
+    splits: int
     open_items: int
     busy_ns: int
     idle_ns: int
@@ -71,6 +72,7 @@ class _QueueStats(TypedDict):
     clients_joined: int
     recovered_items: int
     stale_acks: int
+    splits: int
     now_ns: int
     clients: list[_ClientStats]
 
