@@ -1,5 +1,7 @@
-"""Runs every ```python block of docs/python.md as a program in an empty directory."""
+"""Runs every ```python block of docs/python.md and docs/pytorch.md as a program in an empty
+directory."""
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -8,27 +10,37 @@ import sys
 
 import pytest
 
-DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+# doc -> (fewest examples it must have, module the examples need)
+PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch")}
 
 
-def python_blocks():
-    text = DOC.read_text()
-    blocks = []
-    for match in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
-        line = text.count("\n", 0, match.start()) + 1
-        blocks.append(pytest.param(match.group(1), id=f"line{line}"))
-    return blocks
+def python_blocks(page):
+    text = (DOCS / page).read_text()
+    return [(text.count("\n", 0, m.start()) + 1, m.group(1))
+            for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
 
 
-def test_the_doc_has_examples():
-    assert len(python_blocks()) >= 8
+def examples():
+    for page, (_, needs) in PAGES.items():
+        marks = []
+        if needs and importlib.util.find_spec(needs) is None:
+            marks.append(pytest.mark.skip(reason=f"docs/{page} needs {needs}"))
+        for line, code in python_blocks(page):
+            yield pytest.param(code, id=f"{page}:line{line}", marks=marks)
 
 
-@pytest.mark.parametrize("code", python_blocks())
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_the_doc_has_examples(page):
+    assert len(python_blocks(page)) >= PAGES[page][0]
+
+
+@pytest.mark.parametrize("code", examples())
 def test_doc_example_runs(code, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(code)
     env = dict(os.environ)
+    env.pop("LOCAL_RANK", None)  # the DDP example starts its own ranks unless under torchrun
     # The example imports tailcut from wherever this test does.
     import tailcut
     env["PYTHONPATH"] = os.pathsep.join(
