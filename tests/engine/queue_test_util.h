@@ -195,6 +195,19 @@ inline WorkQueueOptions BaseOptions(const std::string& name, std::vector<std::st
   return o;
 }
 
+// The fixture the engine suites share: a temporary directory for work files
+// and fresh queue names that are force-removed when the test ends.
+class QueueTest : public ::testing::Test {
+ protected:
+  std::string NewName(std::string_view tag) {
+    std::string n = UniqueQueueName(tag);
+    guards_.push_back(std::make_unique<QueueGuard>(n));
+    return n;
+  }
+  TempDir dir_;
+  std::vector<std::unique_ptr<QueueGuard>> guards_;
+};
+
 inline std::string ErrorText(const tailcut::Error& e) {
   return std::string("tailcut::Error(") + ErrorKindName(e.kind()) + "): " + e.what();
 }

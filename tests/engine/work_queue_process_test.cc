@@ -18,16 +18,7 @@ using std::chrono::milliseconds;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-class WorkQueueProcessTest : public ::testing::Test {
- protected:
-  std::string NewName(std::string_view tag) {
-    std::string n = UniqueQueueName(tag);
-    guards_.push_back(std::make_unique<QueueGuard>(n));
-    return n;
-  }
-  TempDir dir_;
-  std::vector<std::unique_ptr<QueueGuard>> guards_;
-};
+class WorkQueueProcessTest : public QueueTest {};
 
 TEST_F(WorkQueueProcessTest, SixteenProcessesTakeEachItemExactlyOncePerEpochAndFastOnesTakeMore) {
   constexpr int kProcs = 16;

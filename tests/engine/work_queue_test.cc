@@ -23,14 +23,8 @@ using Order = std::vector<std::pair<uint64_t, uint64_t>>;  // (epoch, index) in 
 
 constexpr uint64_t kMiB = 1 << 20;
 
-class WorkQueueTest : public ::testing::Test {
+class WorkQueueTest : public QueueTest {
  protected:
-  // A fresh queue name, force-removed when the test ends.
-  std::string NewName(std::string_view tag) {
-    std::string n = UniqueQueueName(tag);
-    guards_.push_back(std::make_unique<QueueGuard>(n));
-    return n;
-  }
   WorkQueueOptions Options(std::string_view tag, std::vector<std::string> works) {
     return BaseOptions(NewName(tag), std::move(works));
   }
@@ -42,9 +36,6 @@ class WorkQueueTest : public ::testing::Test {
     for (const WorkItem& it : Drain(*q)) out.emplace_back(it.epoch, it.index);
     return out;
   }
-
-  TempDir dir_;
-  std::vector<std::unique_ptr<QueueGuard>> guards_;
 };
 
 // ============================================================ order

@@ -15,16 +15,7 @@ using std::chrono::milliseconds;
 
 constexpr uint64_t kMiB = 1 << 20;
 
-class WorkQueueThreadTest : public ::testing::Test {
- protected:
-  std::string NewName(std::string_view tag) {
-    std::string n = UniqueQueueName(tag);
-    guards_.push_back(std::make_unique<QueueGuard>(n));
-    return n;
-  }
-  TempDir dir_;
-  std::vector<std::unique_ptr<QueueGuard>> guards_;
-};
+class WorkQueueThreadTest : public QueueTest {};
 
 // What one thread saw.
 struct ThreadLog {
