@@ -92,8 +92,8 @@ void RemoveQueue(const std::string& name, bool force) {
                       "); stop them first, or remove it anyway with --force (they keep running "
                       "on the removed segment)");
     }
-    o.segment->header().state.store(kRemoved, std::memory_order_release);
     o.segment->UnlinkIfSame();
+    o.segment->header().state.store(kRemoved, std::memory_order_release);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kNotFound || !force) throw;
     // A segment we cannot validate: --force removes the name anyway.

@@ -454,8 +454,8 @@ bool WorkQueue::Impl::TryAttach() {
                   "queue '" + options_.name + "': segment " + segment_->path() +
                       " is in an unknown state; remove it with `tailcut rm --force " +
                       options_.name + "`");
-    h.state.store(kRemoved, std::memory_order_release);
     segment_->UnlinkIfSame();
+    h.state.store(kRemoved, std::memory_order_release);
     Notice("queue '" + options_.name +
            "': replaced a segment whose creator died while setting it up");
     admin.Unlock();
@@ -467,8 +467,8 @@ bool WorkQueue::Impl::TryAttach() {
                                       h.shuffle != 0);
   int live = core_->LiveClients(kNoOwner, /*admin_held=*/true);
   auto replace = [&](const std::string& why) {
-    h.state.store(kRemoved, std::memory_order_release);
     segment_->UnlinkIfSame();
+    h.state.store(kRemoved, std::memory_order_release);
     Notice("queue '" + options_.name + "': " + why);
     core_.reset();
     admin.Unlock();
@@ -1098,8 +1098,10 @@ void WorkQueue::Impl::Close() noexcept {
     bool done = core_->AllDone();
     uint64_t joined = seg.counters().clients_joined.load(std::memory_order_relaxed);
     if (done && joined >= seg.header().num_clients) {
-      seg.header().state.store(kRemoved, std::memory_order_release);
+      // Unlink first: killed in between, this leaves nothing under the
+      // name (a process still holding the object finds a finished queue).
       seg.UnlinkIfSame();
+      seg.header().state.store(kRemoved, std::memory_order_release);
     } else if (!done) {
       QueueStats st = core_->Stats(options_.name);
       Notice("queue '" + options_.name + "' left unfinished (" + std::to_string(st.done) + " of " +
