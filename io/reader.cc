@@ -416,8 +416,13 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
   }
   if (fd < 0) {
     int err = errno;
+    // The queue checked every file when it was created: say what changed since.
     SetText(&it.error, "file '%s': cannot open: %s%s", p, strerror(err),
-            err == ENOENT ? " (removed after the queue was created?)" : "");
+            err == ENOENT   ? " (removed after the queue was created? restore it or recreate "
+                              "the queue)"
+            : err == EACCES ? " (made unreadable after the queue was created? fix its "
+                              "permissions)"
+                            : "");
     it.error_kind = err == ENOENT                   ? ErrorKind::kNotFound
                     : err == EACCES || err == EPERM ? ErrorKind::kPermission
                                                     : ErrorKind::kIo;
