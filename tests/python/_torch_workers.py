@@ -145,3 +145,19 @@ def loader_rank(rank, args):
     ds.close()
     with open(os.path.join(args["out_dir"], f"rank{rank}.json"), "w") as f:
         json.dump(log, f)
+
+
+class DieInWorker1:
+    """A transform under which DataLoader worker 1 is SIGKILLed at its first
+    batch (it holds items then) and worker 0 reads slowly, so that worker 1
+    surely starts before the data runs out. Returns split(batch)."""
+
+    def __call__(self, batch):
+        import signal
+        import torch
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if info is not None:
+            time.sleep(0.002)
+        return split(batch)

@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python
 from torch.utils.data import DataLoader  # noqa: E402
 
 import tailcut.torch as tt  # noqa: E402
-from _torch_workers import (RECORD_BYTES, ddp_rank, loader_rank, quiet, record_id,  # noqa: E402
-                            split, write_records)
+from _torch_workers import (RECORD_BYTES, DieInWorker1, ddp_rank, loader_rank, quiet,  # noqa: E402
+                            record_id, split, write_records)
 
 SMALL = dict(chunk_bytes=4096, buffer_budget_bytes=64 << 10)
 
@@ -124,6 +124,65 @@ def test_spawned_persistent_workers_in_records_mode_without_set_epoch(uneven, qn
             assert set(seen) == all_ids and set(seen.values()) == {1}, epoch
         del loader  # its workers close their queues as they exit
     assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_a_dataloader_worker_that_dies_loses_no_records(uneven, qname):
+    """Worker 1 is SIGKILLed holding items: the DataLoader raises, and the next
+    pass over the same epoch (here, in the trainer process) gets them back."""
+    works, all_ids = uneven
+    with tt.QueueDataset(works, 32, transform=DieInWorker1(), name=qname, num_slices=9,
+                         format="fixed", record_bytes=RECORD_BYTES, reader_options=SMALL,
+                         on_notice=quiet) as ds:
+        ds.set_epoch(0)
+        seen = collections.Counter()
+        it = iter(DataLoader(ds, batch_size=None, num_workers=2, timeout=60))
+        with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid"):
+            for ids, _ in it:
+                seen.update(ids.tolist())
+        del it  # shuts the other worker down: its open items go back
+        again = collections.Counter()
+        for ids, _ in ds:  # the same epoch, read in this process
+            again.update(ids.tolist())
+        assert set(seen) | set(again) == all_ids, "records of the dead worker's items were lost"
+        summary = ds.queue.summary()
+        assert summary["recovered_items"] >= 1, "the dead worker held no item"
+        assert summary["done"] == summary["total"]
+
+
+def test_queue_dataset_refuses_bad_arguments_by_name(tmp_path, qname):
+    works = [write_records(tmp_path / "a.bin", range(100))]
+    fixed = dict(format="fixed", record_bytes=RECORD_BYTES)
+    with pytest.raises(ValueError, match=r"^batch_size must be None or an int >= 1, got 0$"):
+        tt.QueueDataset(works, 0, name=qname, **fixed)
+    with pytest.raises(TypeError,
+                       match=r"^reader_options may not set 'max_epoch': QueueDataset sets it$"):
+        tt.QueueDataset(works, 10, name=qname, reader_options={"max_epoch": 1}, **fixed)
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=rf"^queue '{qname}': num_epochs is 0; it must be at least 1$"):
+        tt.QueueDataset(works, 10, name=qname, num_epochs=0, **fixed)
+    ds = tt.QueueDataset(works, 10, name=qname, **fixed)
+    with pytest.raises(ValueError, match=r"^epoch must be an int >= 0, got -1$"):
+        ds.set_epoch(-1)
+    ds.close()
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=rf"^QueueDataset of queue '{qname}' is closed$"):
+        iter(ds)
+
+
+def test_equal_steps_refuses_bad_arguments_by_name(tmp_path, qname):
+    works = [write_records(tmp_path / "a.bin", range(100))]
+    with pytest.raises(TypeError,
+                       match=r"^EqualSteps needs queue= unless the loader reads a QueueDataset$"):
+        tt.EqualSteps([1, 2, 3])
+    with tt.QueueDataset(works, 10, name=qname, format="fixed", record_bytes=RECORD_BYTES) as ds:
+        with pytest.raises(ValueError, match=r"^rank 2 is not in \[0, world_size=2\)$"):
+            tt.EqualSteps(ds, rank=2, world_size=2)
+        with pytest.raises(ValueError,
+                           match=r"^timeout must be a number of seconds > 0 or None, got 0$"):
+            tt.EqualSteps(ds, rank=0, world_size=1, timeout=0)
+        steps = tt.EqualSteps(ds, rank=0, world_size=1)
+        with pytest.raises(ValueError, match=r"^epoch must be an int in \[0, 2\*\*30\), got -1$"):
+            steps.set_epoch(-1)
 
 
 def test_equal_steps_alone_times_out_instead_of_hanging(tmp_path, qname):

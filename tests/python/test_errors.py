@@ -1,0 +1,198 @@
+"""Bad arguments and misuse from Python: which exception, with which message.
+
+The rows of docs/reliability.md ("Python and PyTorch") point here; each test
+checks the whole message, or the part of it that names the thing and the fix.
+"""
+
+import builtins
+import os
+import queue as std_queue
+import re
+import time
+
+import pytest
+
+import tailcut
+from conftest import write_lines
+
+
+@pytest.fixture
+def files(tmp_path):
+    return [write_lines(tmp_path / f"part-{i}.txt",
+                        [b"file %d line %d" % (i, j) for j in range(50)])
+            for i in range(4)]
+
+
+def exact(message):
+    """A pytest.raises(match=...) pattern for exactly this message."""
+    return "^" + re.escape(message) + "$"
+
+
+# The C++ tailcut::ErrorKind of each class (bindings/core.cc, ExceptionFor), and
+# the built-in exception it also is, so that generic handlers catch it.
+@pytest.mark.parametrize("cls, builtin", [
+    (tailcut.InvalidArgumentError, ValueError),           # kInvalidArgument
+    (tailcut.NotFoundError, FileNotFoundError),           # kNotFound
+    (tailcut.PermissionDeniedError, PermissionError),     # kPermission
+    (tailcut.NoSpaceError, OSError),                      # kNoSpace
+    (tailcut.ConfigMismatchError, None),                  # kConfigMismatch
+    (tailcut.CorruptError, None),                         # kCorrupt
+    (tailcut.TimeoutError, builtins.TimeoutError),        # kTimeout
+    (tailcut.IoError, OSError),                           # kIo
+    (tailcut.StaleItemError, None),                       # the bindings: a refused ack
+    (tailcut.Empty, std_queue.Empty),                     # the bindings: take(timeout)
+], ids=lambda v: getattr(v, "__name__", str(v)))
+def test_every_error_class_is_a_tailcut_error_and_its_builtin(cls, builtin):
+    assert issubclass(cls, tailcut.Error) and cls is not tailcut.Error
+    assert cls.__module__ == "tailcut"
+    if builtin is not None:
+        assert issubclass(cls, builtin)
+
+
+def test_arguments_of_the_wrong_type_are_type_errors_naming_the_argument(files, qname):
+    cases = [
+        (dict(num_epochs="2"), "num_epochs must be an int, not str"),
+        (dict(num_slices=True), "num_slices must be an int, not bool"),
+        (dict(attach_timeout="soon"), "attach_timeout must be a number of seconds or None"),
+        (dict(restore_state=5), "restore_state must be bytes, not int"),
+        (dict(on_notice=5), "on_notice must be callable or None"),
+        (dict(bogus=1), "WorkQueue() got an unexpected keyword argument 'bogus'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(TypeError, match=exact(message)):
+            tailcut.WorkQueue(files, name=qname, **kwargs)
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
+    cases = [
+        (dict(num_epochs=-1), "num_epochs must be a non-negative int, got -1"),
+        (dict(num_clients=0), f"queue '{qname}': num_clients is 0; it must be at least 1"),
+        (dict(num_slices=0),
+         f"queue '{qname}': num_slices is 0; pass None (one item per file) or >= 1"),
+        (dict(max_clients=0), f"queue '{qname}': max_clients must be 1..4096"),
+        (dict(attach_timeout=-1), "attach_timeout must be a finite number of seconds >= 0, got -1"),
+        (dict(lease_timeout=float("nan")),
+         "lease_timeout must be a finite number of seconds >= 0, got nan"),
+        (dict(restore_state={"seed": 1}),
+         "restore_state: a dict must be what state_dict() returned (no 'state' key)"),
+        (dict(format="csv"),
+         "unknown record format 'csv' (expected fixed, lines, tfrecord or file)"),
+        (dict(format="fixed"),
+         "record format 'fixed' needs record_bytes > 0 (the size of one record)"),
+        (dict(format="lines", record_bytes=4),
+         "record_bytes (4) is only allowed with record format 'fixed', not 'lines'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(tailcut.InvalidArgumentError, match=exact(message)):
+            tailcut.WorkQueue(files, name=qname, **kwargs)
+    empty = f"queue '{qname}': works is empty; pass at least one file path"
+    with pytest.raises(tailcut.InvalidArgumentError, match=exact(empty)):
+        tailcut.WorkQueue([], name=qname)
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
+    with tailcut.WorkQueue(files, name=qname, shuffle=False, on_notice=notices.append) as q:
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact("timeout must be a finite number of seconds >= 0, got -1")):
+            q.take(timeout=-1)
+        with pytest.raises(TypeError, match=exact("timeout must be a number of seconds or None")):
+            q.take(timeout="1")
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact("capacity must be at least 1, got 0")):
+            q.input_producer(capacity=0)
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact("item_at: epoch or position out of range")):
+            q.item_at(1, 0)
+        item = q.take()
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact("offset must be a non-negative int, got -1")):
+            item.progress(-1)
+        item.ack()
+        with pytest.raises(tailcut.InvalidArgumentError, match=exact(
+                f"cannot report progress of item 0 (epoch 0, '{files[0]}' [0, {item.end})) of "
+                f"queue '{qname}': it is already acked")):
+            item.progress(item.end)
+        while (item := q.take()) is not None:
+            item.ack()
+
+
+def test_bad_reader_options_name_the_option_and_the_fix(files, qname, notices):
+    with tailcut.WorkQueue(files, name=qname, format="lines", on_notice=notices.append) as q:
+        cases = [
+            (dict(buffer_budget_bytes=0), "buffer_budget_bytes must be at least 1, got 0"),
+            (dict(chunk_bytes=2 << 30), "reader: chunk_bytes (2147483648) must be at most 1 GiB"),
+            (dict(buffer_budget_bytes=8192, chunk_bytes=4096),
+             "reader: buffer_budget_bytes (8192) must hold at least 3 chunks of chunk_bytes "
+             "(4096); raise the budget or lower chunk_bytes"),
+            (dict(max_record_bytes=0), "max_record_bytes must be at least 1, got 0"),
+            (dict(backend="spdk"), "backend 'spdk' is not 'uring', 'pread' or None"),
+            (dict(format="tfrecord"),
+             f"queue '{qname}' was opened with format 'lines', not 'tfrecord': every process "
+             "must read a queue's items the same way; leave format out or open the queue with "
+             "the format you read"),
+        ]
+        for kwargs, message in cases:
+            with pytest.raises(tailcut.InvalidArgumentError, match=exact(message)):
+                q.records(**kwargs)
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact("batch_size must be at least 1, got 0")):
+            q.batches(0)
+        with pytest.raises(TypeError,
+                           match=exact("batches() got an unexpected keyword argument 'bogus'")):
+            q.batches(10, bogus=1)
+        # More address space than a process has: the arena cannot be mapped.
+        with pytest.raises(tailcut.NoSpaceError, match=exact(
+                "reader: cannot map 1024 TiB of chunk buffers: Cannot allocate memory; lower "
+                "buffer_budget_bytes")):
+            q.records(buffer_budget_bytes=1 << 50, chunk_bytes=1 << 30)
+        # None of these took an item.
+        assert q.summary()["handed_out"] == 0
+        assert len(list(q.records())) == 200
+
+
+def test_a_reassigned_item_raises_stale_item_error(files, qname, notices):
+    # Two clients of one queue in this process: the holder stops making
+    # progress, so after lease_timeout the taker gets its item.
+    kwargs = dict(name=qname, shuffle=False, lease_timeout=0.2, on_notice=notices.append)
+    with tailcut.WorkQueue(files, **kwargs) as holder, tailcut.WorkQueue(files, **kwargs) as taker:
+        held = holder.take()
+        for _ in range(3):
+            taker.take().ack()
+        again = taker.take(timeout=10)
+        assert (again.index, again.epoch) == (held.index, held.epoch)
+        with pytest.raises(tailcut.StaleItemError, match=exact(
+                f"ack of item 0 (epoch 0, '{files[0]}' [0, {held.end})) of queue '{qname}' "
+                "refused: the item was reassigned to another process after a lease timeout "
+                "(its records may be read twice); stop reading it")):
+            held.ack()
+        assert held.state == "stale"
+        again.ack()
+        assert taker.summary()["stale_acks"] == 1
+
+
+def test_a_closed_queue_refuses_every_call_naming_the_queue(files, qname, notices):
+    q = tailcut.WorkQueue(files, name=qname, on_notice=notices.append)
+    ds = q.input_dataset()
+    q.close()
+    closed = exact(f"queue '{qname}' is closed")
+    for call in (q.take, lambda: next(ds), q.records, lambda: q.batches(10), q.state_dict,
+                 q.summary, lambda: q.agree_step(0, 1, 0, True), q.input_producer):
+        with pytest.raises(tailcut.InvalidArgumentError, match=closed):
+            call()
+    tailcut.remove_queue(qname)  # unfinished: nobody else removes it
+
+
+def test_a_take_that_waits_too_long_raises_empty_naming_the_queue(files, qname, notices):
+    with tailcut.WorkQueue(files, name=qname, on_notice=notices.append) as holder, \
+            tailcut.WorkQueue(files, name=qname, on_notice=notices.append) as waiter:
+        held = [holder.take() for _ in range(4)]
+        start = time.monotonic()
+        with pytest.raises(tailcut.Empty, match=exact(
+                f"queue '{qname}': no item within the timeout; other processes still hold open "
+                "items, which come back if they die or give them back")):
+            waiter.take(timeout=0.1)
+        assert time.monotonic() - start < 5
+        for item in held:
+            item.ack()
