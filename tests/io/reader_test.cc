@@ -927,9 +927,9 @@ TEST(ReaderTest, SeccompBlockingIoUringFallsBackToPreadWithANotice) {
 }
 
 // Drops CAP_IPC_LOCK and lowers RLIMIT_MEMLOCK in a child, as for an ordinary
-// user: 64 KiB is the kernel's default, which many distributions and
-// container runtimes leave as it is; 1 MiB is a limit raised a little. Both
-// are far below the 4 MiB arena, so locking fails and reading goes on.
+// user: 64 KiB was the kernel's default before Linux 5.16 and is still common
+// in distributions and containers; 1 MiB is a limit raised a little. Both are
+// far below the 4 MiB arena, so locking fails and reading goes on.
 //
 // io_uring: since Linux 5.12 a ring's own memory is charged to the memory
 // cgroup, not to RLIMIT_MEMLOCK, so the ring is set up; registering the arena
