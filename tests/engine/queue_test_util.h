@@ -47,6 +47,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -392,14 +393,16 @@ class Coverage {
 
  private:
   bool FillsGap(uint64_t k, uint64_t b, uint64_t e) const {
-    // The gap must be the union of uncertain ranges, back to back.
+    // The gap must be the union of uncertain ranges, back to back: e must
+    // be reachable from b. Sorted by start, every range that can end at a
+    // start comes before it.
     auto u = uncertain_[k];
     std::sort(u.begin(), u.end());
-    uint64_t pos = b;
+    std::set<uint64_t> reach{b};
     for (const auto& [ub, ue] : u) {
-      if (ub == pos && ue <= e) pos = ue;
+      if (ue <= e && reach.count(ub) != 0) reach.insert(ue);
     }
-    return pos == e;
+    return reach.count(e) != 0;
   }
   std::vector<WorkQueue::Item> items_;
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges_;
@@ -430,7 +433,9 @@ enum class Rec : uint32_t {
   kAcked = 3,     // Ack returned kOk
   kStale = 4,     // Ack returned kStale
   kGaveBack = 5,  // GiveBack returned kOk
-  kProgress = 6,  // Progress returned kOk (begin = offset)
+  kProgress = 6,  // about to call Progress ([begin, end): the item's start to the offset)
+  kSaveBegin = 7, // about to call SaveState
+  kSaveEnd = 8,   // SaveState returned (ticket = its checkpoint slot)
 };
 
 // For kIntent/kAcked records of RunWorker, [begin, end) is the byte range the
@@ -444,7 +449,38 @@ struct Record {
   uint64_t ticket;
   uint64_t begin;
   uint64_t end;
+  // Stamped by ChildContext::Log from one counter shared by all children: the
+  // order of records across processes (Log is called after what it reports
+  // returned, or before what it announces is called).
+  uint64_t seq = 0;
 };
+
+// What a queue restored from a state saved during [save_begin, save_end)
+// (record seqs) may take as done, from one process's log of the run the
+// state was saved from: its acks that finished before the save began surely,
+// and its acks and Progress calls that began before the save ended maybe (a
+// Progress offset is where a restored item may resume). An ack a killed process may
+// or may not have finished counts as overlapping.
+inline void AddAckedBeforeSave(Coverage* cov, const std::vector<Record>& log, bool killed, uint64_t save_begin,
+                               uint64_t save_end) {
+  std::optional<Record> pending;
+  for (const Record& r : log) {
+    if (r.kind == Rec::kIntent) pending = r;
+    if (r.kind == Rec::kStale) pending.reset();
+    if (r.kind == Rec::kProgress && r.seq < save_end) cov->AddUncertain(r.epoch, r.index, r.begin, r.end);
+    if (r.kind == Rec::kAcked) {
+      if (r.seq < save_begin) {
+        cov->Add(r.epoch, r.index, r.begin, r.end);
+      } else if (pending && pending->seq < save_end) {
+        cov->AddUncertain(r.epoch, r.index, r.begin, r.end);
+      }
+      pending.reset();
+    }
+  }
+  if (pending && pending->seq < save_end && killed) {
+    cov->AddUncertain(pending->epoch, pending->index, pending->begin, pending->end);
+  }
+}
 
 namespace detail {
 
@@ -547,6 +583,7 @@ class ChildContext {
       return;
     }
     records_[n] = r;
+    records_[n].seq = seq_->fetch_add(1, std::memory_order_seq_cst) + 1;
     slot_->count.store(n + 1, std::memory_order_release);  // pairs with Records()' acquire
   }
   void Log(Rec kind, const WorkItem& it) noexcept {
@@ -580,12 +617,14 @@ class ChildContext {
 
  private:
   friend class Children;
-  ChildContext(size_t index, detail::ChildSlot* slot, Record* records, size_t capacity)
-      : index_(index), slot_(slot), records_(records), capacity_(capacity) {}
+  ChildContext(size_t index, detail::ChildSlot* slot, Record* records, size_t capacity,
+               std::atomic<uint64_t>* seq)
+      : index_(index), slot_(slot), records_(records), capacity_(capacity), seq_(seq) {}
   size_t index_;
   detail::ChildSlot* slot_;
   Record* records_;
   size_t capacity_;
+  std::atomic<uint64_t>* seq_;
 };
 
 // Forked children with a shared report area. Not thread-safe; use from the
@@ -595,7 +634,7 @@ class Children {
   Children(size_t max_children, size_t records_per_child)
       : max_(max_children),
         capacity_(records_per_child),
-        region_(max_children * (sizeof(detail::ChildSlot) + records_per_child * sizeof(Record)) + 4096) {}
+        region_(max_children * (sizeof(detail::ChildSlot) + records_per_child * sizeof(Record)) + 4096 + 64) {}
 
   ~Children() {
     for (size_t i = 0; i < pids_.size(); ++i) {
@@ -615,7 +654,7 @@ class Children {
   size_t Spawn(std::function<int(ChildContext&)> body) {
     const size_t i = pids_.size();
     if (i >= max_) throw std::logic_error("Children: more children than room");
-    ChildContext ctx(i, slot(i), records(i), capacity_);
+    ChildContext ctx(i, slot(i), records(i), capacity_, seq());
     std::fflush(stdout);
     std::fflush(stderr);
     const pid_t parent = ::getpid();
@@ -750,6 +789,10 @@ class Children {
     size_t bytes = sizeof(detail::ChildSlot) + capacity_ * sizeof(Record);
     return (bytes + alignof(detail::ChildSlot) - 1) / alignof(detail::ChildSlot) * alignof(detail::ChildSlot);
   }
+  // The record counter, in the last 64 bytes (past every slot).
+  std::atomic<uint64_t>* seq() const {
+    return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(region_.data()) + region_.size() - 64);
+  }
   detail::ChildSlot* slot(size_t i) const {
     return reinterpret_cast<detail::ChildSlot*>(static_cast<char*>(region_.data()) + i * SlotStride());
   }
@@ -774,6 +817,7 @@ struct WorkerOptions {
   uint64_t stop_after = ~0ull;  // return after this many acks, without reaching the end
   bool allow_stale = false;   // kStale acks are logged, not failures
   uint64_t die_after_takes = 0;  // SIGKILL itself right after this many takes (0: never)
+  uint64_t stop_after_takes = 0;  // SIGSTOP itself right after this many takes (0: never)
   // Read like tailcut's Reader: Claim each chunk of this many bytes before
   // "reading" it (spinning chunk_spin_us), stop at the end Claim reports (a
   // tail split off by another process). 0: no Claim, the item is never split.
@@ -806,7 +850,9 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
       if (std::string bad = CheckItem(q, it); !bad.empty()) return c.Fail("bad item: " + bad);
       c.Log(Rec::kTaken, it);
       batch.push_back(it);
-      if (w.die_after_takes != 0 && ++taken == w.die_after_takes) ::raise(SIGKILL);
+      ++taken;
+      if (taken == w.die_after_takes) ::raise(SIGKILL);
+      if (taken == w.stop_after_takes) ::raise(SIGSTOP);
     }
     if (batch.empty()) {
       if (last == TakeStatus::kEnd) {
@@ -828,6 +874,7 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
         while (pos < end) {
           const uint64_t up_to = std::min(pos + w.claim_chunk, it.end);
           const AckStatus cs = q.Claim(it, up_to, &end);
+          if (cs == AckStatus::kStale && w.allow_stale) break;
           if (cs != AckStatus::kOk) return c.Fail(std::string("Claim returned ") + StatusName(cs));
           if (end > it.end || end < pos) {
             return c.Fail("Claim moved the end of ticket " + std::to_string(it.ticket) + " to " +
@@ -842,7 +889,10 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
       }
       const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch, it.index, it.ticket, it.begin, covered_end};
       if (w.progress > 0 && coin(rng) < w.progress) {
-        const AckStatus p = q.Progress(it, it.begin + (it.end - it.begin) / 2, 1);
+        // Half of what this process consumed, as a reader reports it.
+        const uint64_t offset = it.begin + (covered_end - it.begin) / 2;
+        c.Log(Record{Rec::kProgress, 0, it.epoch, it.index, it.ticket, it.begin, offset});
+        const AckStatus p = q.Progress(it, offset, 1);
         if (p != AckStatus::kOk && !(p == AckStatus::kStale && w.allow_stale)) {
           return c.Fail(std::string("Progress returned ") + StatusName(p));
         }

@@ -6,6 +6,15 @@
 // chunk), so idle processes split the tails of others' items; then "exactly
 // once" means the acked byte ranges of each (epoch, item) tile it exactly.
 //
+// On top of that, in some trials: processes are SIGSTOPped and SIGCONTinued
+// at random times (with a lease_timeout shorter than some stops, so their
+// items are reassigned and their late acks must come back kStale), and a
+// checkpointer process calls SaveState while all this goes on. Each saved
+// state is then restored into a fresh queue and run to the end: what was
+// acked before the save began plus what the restored queue hands out must
+// tile every item exactly once (acks and Progress that overlapped the save
+// may count either way).
+//
 // A victim logs "about to ack" before Ack and "acked" after it (shared
 // memory, so the log survives the kill). An item whose Ack the victim may or
 // may not have finished counts once from the victim or once from a survivor:
@@ -14,7 +23,7 @@
 // Built twice: work_queue_crash_test (fast: TAILCUT_CRASH_TRIALS trials,
 // default 200) and work_queue_crash_stress_test (TAILCUT_CRASH_STRESS: as many
 // larger trials as fit in TAILCUT_STRESS_SECONDS, default 120). One trial can
-// be repeated with TAILCUT_CRASH_TRIAL_SEED=<seed from a failure message> (in
+// be repeated with TAILCUT_CRASH_TRIAL=<what a failure message says> (in
 // the same binary); TAILCUT_CRASH_ONLY=<point> puts every trial at one crash
 // point; TAILCUT_CRASH_KEEP_DIR=<dir> keeps the segment of a failed trial.
 #include <map>
@@ -47,6 +56,8 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
 // One randomized scenario, fully determined by its seed.
 struct Trial {
   uint64_t seed = 0;
+  int forced_point = -1;  // MakeTrial's arguments, to repeat the trial
+  int forced_alone = -1;
   bool alone = false;        // victim runs alone first; fresh processes finish after it
   int workers = 3;           // survivors (together) or fresh processes (alone)
   uint64_t slices = 100;
@@ -63,10 +74,24 @@ struct Trial {
   uint64_t spin_us = 10;
   bool reader = false;       // processes Claim chunks, so idle ones split others' tails
   uint64_t chunk_spin_us = 2;
+  // SIGSTOP of process `target` (0 victim, 1.. workers, -1 checkpointer) at
+  // at_us, SIGCONT for_us later. With self_stop_take > 0 the process stops
+  // itself right after that take instead (so it surely holds an item), and
+  // for_us counts from then.
+  struct Stop {
+    int64_t at_us;
+    int64_t for_us;
+    int target;
+    uint64_t self_stop_take = 0;
+  };
+  std::vector<Stop> stops;
+  int64_t lease_timeout_ms = 0;  // 0: none (then a kStale ack is a failure)
+  bool checkpoints = false;      // a checkpointer process saves the state, restored afterwards
 
   std::string Describe() const {
     std::ostringstream out;
-    out << "trial seed " << seed << " (repeat: TAILCUT_CRASH_TRIAL_SEED=" << seed << "): "
+    out << "trial seed " << seed << " (repeat: TAILCUT_CRASH_TRIAL=" << seed << ":" << forced_point << ":"
+        << forced_alone << "): "
         << (alone ? "alone" : "together") << ", " << workers << " workers, num_slices " << slices << ", "
         << epochs << " epochs, victim ";
     if (!point.empty()) {
@@ -84,6 +109,14 @@ struct Trial {
     out << ", batch " << victim_batch << ", give back " << victim_give_back << ", spin " << spin_us << " us"
         << (late_joiner ? ", late joiner" : "") << (gate ? ", gate" : "")
         << (reader ? ", readers that Claim (tails split), chunk spin " + std::to_string(chunk_spin_us) + " us" : "");
+    for (const Stop& s : stops) {
+      out << ", SIGSTOP " << (s.target < 0 ? std::string("checkpointer") : "process " + std::to_string(s.target))
+          << (s.self_stop_take > 0 ? " (itself, after take " + std::to_string(s.self_stop_take) + ")"
+                                   : " at " + std::to_string(s.at_us) + " us")
+          << " for " << s.for_us << " us";
+    }
+    if (lease_timeout_ms > 0) out << ", lease_timeout " << lease_timeout_ms << " ms";
+    if (checkpoints) out << ", checkpoints saved and restored";
     return out.str();
   }
 };
@@ -93,6 +126,8 @@ Trial MakeTrial(uint64_t seed, int forced_point, int forced_alone) {
   auto pick = [&](uint64_t lo, uint64_t hi) { return lo + rng() % (hi - lo + 1); };
   Trial t;
   t.seed = seed;
+  t.forced_point = forced_point;
+  t.forced_alone = forced_alone;
   t.alone = forced_alone >= 0 ? forced_alone == 1 : pick(0, 2) == 0;
   t.workers = static_cast<int>(kStress ? pick(1, 5) : pick(2, 3));
   t.slices = kStress ? pick(20, 500) : pick(50, 200);
@@ -132,10 +167,35 @@ Trial MakeTrial(uint64_t seed, int forced_point, int forced_alone) {
   if (!t.alone && (t.other_kill_us >= 0 || t.other_takes > 0)) t.workers = std::max(t.workers, 2);
   // The victim is spawned first: without a gate it is the likely creator.
   if (t.point.rfind("create.", 0) == 0) t.gate = false;
+  if (!t.alone) {
+    // A long stop is of a survivor: not the victim, nor a worker 0 that dies.
+    const bool other = t.other_kill_us >= 0 || t.other_takes > 0;
+    t.checkpoints = pick(0, 2) == 0;
+    if (pick(0, 1) == 1) {
+      const uint64_t n = pick(1, kStress ? 6 : 3);
+      for (uint64_t k = 0; k < n; ++k) {
+        const int lowest = t.checkpoints ? -1 : 0;
+        const int target = lowest + static_cast<int>(pick(0, static_cast<uint64_t>(t.workers - lowest)));
+        t.stops.push_back({static_cast<int64_t>(pick(0, 4000)),
+                           static_cast<int64_t>(pick(100, kStress ? 150000 : 60000)), target});
+      }
+      // A lease timeout shorter than the first stop: the stopped process's
+      // items are reassigned (others look every 50-100 ms) and its acks
+      // after SIGCONT must come back kStale.
+      if (pick(0, 2) == 0) {
+        t.lease_timeout_ms = static_cast<int64_t>(pick(10, 40));
+        t.stops[0] = {0, static_cast<int64_t>(pick(120000, 250000)),
+                      static_cast<int>(pick(other ? 2 : 1, static_cast<uint64_t>(t.workers))), pick(1, 3)};
+        // Nobody else stops it: a SIGCONT meant for another stop could
+        // come before it stops itself and leave it stopped for good.
+        std::erase_if(t.stops, [&](const Trial::Stop& s) { return s.self_stop_take == 0 && s.target == t.stops[0].target; });
+      }
+    }
+  }
   return t;
 }
 
-enum class Role { kWorker, kVictim, kOtherVictim, kLateJoiner };
+enum class Role { kWorker, kVictim, kOtherVictim, kLateJoiner, kCheckpointer };
 
 const char* RoleName(Role r) {
   switch (r) {
@@ -143,17 +203,32 @@ const char* RoleName(Role r) {
     case Role::kVictim: return "victim";
     case Role::kOtherVictim: return "other victim";
     case Role::kLateJoiner: return "late joiner";
+    case Role::kCheckpointer: return "checkpointer";
   }
   return "?";
 }
 
+constexpr int kMaxCheckpoints = 3;
+
 struct TrialResult {
   std::string failure;  // "" when the trial passed
-  uint64_t pieces = 0;  // acked pieces split off other processes' items
+  bool lost = false;     // some bytes of an (epoch, item) were never acked
+  bool doubled = false;  // some bytes were acked twice
+  bool hung = false;     // a process was still running at the deadline
+  uint64_t pieces = 0;   // acked pieces split off other processes' items
+  uint64_t stale = 0;    // acks refused after a lease timeout
+  int restored = 0;      // checkpoints restored and run to the end
   bool victim_died = false;
   bool point_fired = false;
   double ms = 0;
 };
+
+// A trial's failure text, classified for the totals.
+void Classify(const std::string& text, TrialResult* r) {
+  r->lost |= Contains(text, "never acked");
+  r->doubled |= Contains(text, "acked twice");
+  r->hung |= Contains(text, "HUNG");
+}
 
 class CrashTrialRunner {
  public:
@@ -176,14 +251,20 @@ class CrashTrialRunner {
     o.leases_per_client = 4;
     o.attach_timeout = milliseconds(1000);
     o.min_split_bytes = 64 << 10;
+    o.lease_timeout = milliseconds(t.lease_timeout_ms);
     const bool other = t.other_kill_us >= 0 || t.other_takes > 0;
     // Everyone who will ever join counts, so no early finisher removes the
     // queue before a later process has seen it.
-    o.num_clients = static_cast<uint32_t>(1 + t.workers + (t.late_joiner ? 1 : 0) + (t.alone && other ? 1 : 0));
+    o.num_clients = static_cast<uint32_t>(1 + t.workers + (t.late_joiner ? 1 : 0) + (t.alone && other ? 1 : 0) +
+                                          (t.checkpoints ? 1 : 0));
     const uint64_t cap = 6 * (t.slices + works_.size()) * t.epochs + 64;
-    Children kids(t.workers + 3, cap);
+    Children kids(t.workers + 4, cap);
     std::vector<Role> roles;
     std::mt19937_64 rng(t.seed ^ 0xA5A5A5A5u);
+    std::vector<std::unique_ptr<SharedBlob>> saved;
+    if (t.checkpoints) {
+      for (int k = 0; k < kMaxCheckpoints; ++k) saved.push_back(std::make_unique<SharedBlob>(1 << 20));
+    }
 
     auto spawn = [&](Role role, const std::string& crash_at, StartGate* gate) {
       WorkerOptions w;
@@ -191,6 +272,12 @@ class CrashTrialRunner {
       w.progress = 0.2;
       w.take_timeout = milliseconds(15000);
       w.rng_seed = t.seed + roles.size();
+      w.allow_stale = t.lease_timeout_ms > 0;
+      for (const Trial::Stop& s : t.stops) {
+        if (s.self_stop_take > 0 && !t.alone && static_cast<int>(roles.size()) == s.target) {
+          w.stop_after_takes = s.self_stop_take;
+        }
+      }
       if (t.reader) {
         w.claim_chunk = 16 << 10;
         w.chunk_spin_us = t.chunk_spin_us;
@@ -223,6 +310,53 @@ class CrashTrialRunner {
         return RunWorker(*q, c, w);  // the destructor closes
       });
     };
+    // Saves the state at random moments while the others work, until the
+    // queue is done or kMaxCheckpoints are saved.
+    auto spawn_checkpointer = [&](StartGate* gate) {
+      roles.push_back(Role::kCheckpointer);
+      const uint64_t seed = t.seed ^ 0x5A5A5A5Au;
+      return kids.Spawn([&o, &saved, gate, seed](ChildContext& c) {
+        if (gate != nullptr && !gate->Wait(milliseconds(20000))) return c.Fail("start gate never opened");
+        auto q = WorkQueue::Open(o);
+        std::mt19937_64 r(seed);
+        for (int k = 0; k < kMaxCheckpoints; ++k) {
+          ::usleep(static_cast<useconds_t>(r() % (k == 0 ? 300 : 2000)));
+          c.Log(Record{Rec::kSaveBegin, 0, 0, 0, static_cast<uint64_t>(k), 0, 0});
+          const std::string state = q->SaveState();
+          c.Log(Record{Rec::kSaveEnd, 0, 0, 0, static_cast<uint64_t>(k), 0, 0});
+          if (!saved[k]->Put(state)) return c.Fail("a saved state does not fit the test's buffer");
+          const QueueStats s = q->Stats();
+          if (s.done == s.total) break;
+        }
+        return 0;
+      });
+    };
+    // Sends the signals of `events` (time after start, child, signal) in
+    // time order; a child that already ended is a zombie until reaped, so
+    // its pid cannot be reused meanwhile. Signal 0 stands for "child stops
+    // itself": its SIGCONT is sent `cont_us` after it did.
+    using Event = std::tuple<int64_t, size_t, int>;
+    auto send = [&](std::vector<Event> events, Clock::time_point start, size_t self_stopper, int64_t cont_us) {
+      auto later = [](const Event& a, const Event& b) { return std::get<0>(a) > std::get<0>(b); };
+      std::make_heap(events.begin(), events.end(), later);
+      while (!events.empty()) {
+        std::pop_heap(events.begin(), events.end(), later);
+        const auto [us, i, sig] = events.back();
+        events.pop_back();
+        const auto when = start + std::chrono::microseconds(us);
+        while (Clock::now() < when) ::usleep(50);
+        if (sig != 0) {
+          kids.Kill(i, sig);
+          continue;
+        }
+        if (kids.WaitStopped(self_stopper, milliseconds(20000))) {
+          const int64_t now_us =
+              std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+          events.emplace_back(now_us + cont_us, self_stopper, SIGCONT);
+          std::push_heap(events.begin(), events.end(), later);
+        }
+      }
+    };
     auto kill_after = [&](size_t i, Clock::time_point start, int64_t us) {
       const auto when = start + std::chrono::microseconds(us);
       while (Clock::now() < when) {
@@ -234,6 +368,7 @@ class CrashTrialRunner {
     const std::string crash_at = t.point.empty() ? "" : t.point + ":" + std::to_string(t.point_n);
 
     size_t victim = 0;
+    size_t checkpointer = ~size_t{0};
     const auto deadline = Clock::now() + milliseconds(40000);
     if (t.alone) {
       if (other) {  // a first victim dies alone, holding items
@@ -250,14 +385,26 @@ class CrashTrialRunner {
       StartGate* g = t.gate ? &gate : nullptr;
       victim = spawn(Role::kVictim, crash_at, g);
       for (int k = 0; k < t.workers; ++k) spawn(k == 0 && other ? Role::kOtherVictim : Role::kWorker, "", g);
+      if (t.checkpoints) checkpointer = spawn_checkpointer(g);
       gate.Open();
       const auto start = Clock::now();
-      // Timer kills, earliest first.
-      std::vector<std::pair<int64_t, size_t>> kills;
-      if (t.kill_us >= 0) kills.push_back({t.kill_us, victim});
-      if (t.other_kill_us >= 0) kills.push_back({t.other_kill_us, victim + 1});
-      std::sort(kills.begin(), kills.end());
-      for (const auto& [us, i] : kills) kill_after(i, start, us);
+      std::vector<Event> events;
+      if (t.kill_us >= 0) events.emplace_back(t.kill_us, victim, SIGKILL);
+      if (t.other_kill_us >= 0) events.emplace_back(t.other_kill_us, victim + 1, SIGKILL);
+      size_t self_stopper = 0;
+      int64_t self_stop_for_us = 0;
+      for (const Trial::Stop& s : t.stops) {
+        const size_t i = s.target < 0 ? checkpointer : victim + static_cast<size_t>(s.target);
+        if (s.self_stop_take > 0) {
+          self_stopper = i;
+          self_stop_for_us = s.for_us;
+          events.emplace_back(0, i, 0);
+          continue;
+        }
+        events.emplace_back(s.at_us, i, SIGSTOP);
+        events.emplace_back(s.at_us + s.for_us, i, SIGCONT);
+      }
+      send(std::move(events), start, self_stopper, self_stop_for_us);
       if (t.late_joiner) {
         kids.Wait(victim, deadline);
         if (other) kids.Wait(victim + 1, deadline);
@@ -274,7 +421,7 @@ class CrashTrialRunner {
     for (size_t i = 0; i < kids.size(); ++i) {
       const ChildResult& r = results[i];
       const bool may_die = roles[i] == Role::kVictim || roles[i] == Role::kOtherVictim;
-      if (r.Ok() && kids.Value(i, kValueTakeEnd) == 1) continue;
+      if (r.Ok() && (roles[i] == Role::kCheckpointer || kids.Value(i, kValueTakeEnd) == 1)) continue;
       if (may_die && (r.Killed() || r.Ok())) continue;
       fail << "\n  " << RoleName(roles[i]) << " " << i << ": " << r.Describe();
     }
@@ -291,7 +438,11 @@ class CrashTrialRunner {
           pieces += r.flags;
           pending.reset();
         }
-        if (r.kind == Rec::kStale) fail << "\n  child " << i << ": kStale ack without a lease timeout";
+        if (r.kind == Rec::kStale) {
+          ++out.stale;
+          pending.reset();
+          if (t.lease_timeout_ms == 0) fail << "\n  child " << i << ": kStale ack without a lease timeout";
+        }
       }
       if (pending && results[i].Killed()) cov.AddUncertain(pending->epoch, pending->index, pending->begin, pending->end);
       if (kids.Overflowed(i)) fail << "\n  child " << i << " overflowed its log";
@@ -310,8 +461,20 @@ class CrashTrialRunner {
         fail << "\n  leftover segment cannot be inspected: " << ErrorText(e);
       }
     }
+    if (fail.str().empty() && t.checkpoints) {
+      for (int k = 0; k < kMaxCheckpoints; ++k) {
+        const std::optional<std::string> state = saved[k]->Get();
+        if (!state) break;
+        if (std::string bad = RunRestored(t, o, kids, results, k, *state); !bad.empty()) {
+          fail << "\n  checkpoint " << k << ": " << bad;
+          break;
+        }
+        ++out.restored;
+      }
+    }
     if (!fail.str().empty()) {
       out.failure = t.Describe() + fail.str();
+      Classify(out.failure, &out);
       // Keep the segment for a post-mortem when asked to.
       if (const char* keep = std::getenv("TAILCUT_CRASH_KEEP_DIR"); keep != nullptr && PathExists(SegmentPath(o.name))) {
         const std::string to = std::string(keep) + "/crash_" + std::to_string(t.seed) + ".seg";
@@ -323,6 +486,58 @@ class CrashTrialRunner {
     return out;
   }
 
+  // Restores checkpoint k into a fresh queue, runs it to the end with two
+  // processes and checks that it tiles every item exactly once together with
+  // what the trial acked before the save began. "" when it does.
+  std::string RunRestored(const Trial& t, const WorkQueueOptions& o, const Children& trial_kids,
+                          const std::vector<ChildResult>& trial_results, int k, const std::string& state) {
+    // The save's window in the trial's record order.
+    uint64_t save_begin = 0, save_end = 0;
+    for (size_t i = 0; i < trial_kids.size(); ++i) {
+      for (const Record& r : trial_kids.Records(i)) {
+        if (r.ticket != static_cast<uint64_t>(k)) continue;
+        if (r.kind == Rec::kSaveBegin) save_begin = r.seq;
+        if (r.kind == Rec::kSaveEnd) save_end = r.seq;
+      }
+    }
+    if (save_begin == 0 || save_end <= save_begin) return "no log of when the save ran";
+    Coverage cov(items_for(t.slices), t.epochs);
+    for (size_t i = 0; i < trial_kids.size(); ++i) {
+      AddAckedBeforeSave(&cov, trial_kids.Records(i), trial_results[i].Killed(), save_begin, save_end);
+    }
+    QueueGuard guard(UniqueQueueName("restored"));
+    WorkQueueOptions r = o;
+    r.name = guard.name();
+    r.restore_state = state;
+    r.num_clients = 2;
+    r.lease_timeout = milliseconds(0);
+    Children kids(2, 6 * (t.slices + works_.size()) * t.epochs + 64);
+    for (int n = 0; n < 2; ++n) {
+      WorkerOptions w;
+      w.rng_seed = t.seed + 100 + static_cast<uint64_t>(n);
+      w.batch = static_cast<uint32_t>(1 + n);
+      w.take_timeout = milliseconds(15000);
+      kids.Spawn([&r, w](ChildContext& c) {
+        auto q = WorkQueue::Open(r);
+        return RunWorker(*q, c, w);
+      });
+    }
+    std::ostringstream fail;
+    const std::vector<ChildResult> results = kids.WaitAll(milliseconds(30000));
+    for (size_t i = 0; i < kids.size(); ++i) {
+      if (!results[i].Ok() || kids.Value(i, kValueTakeEnd) != 1) {
+        fail << "restored worker " << i << ": " << results[i].Describe() << "; ";
+      }
+      for (const Record& rec : kids.Records(i)) {
+        if (rec.kind == Rec::kAcked && !cov.Add(rec.epoch, rec.index, rec.begin, rec.end)) {
+          fail << "restored worker " << i << " acked an item outside the queue; ";
+        }
+      }
+    }
+    if (std::string bad = cov.Check(); !bad.empty()) fail << "acks before the save plus the restored run:" << bad;
+    return fail.str();
+  }
+
  private:
   TempDir dir_;
   std::vector<std::string> works_;
@@ -331,8 +546,14 @@ class CrashTrialRunner {
 
 TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
   CrashTrialRunner runner;
-  if (const uint64_t one = EnvU64("TAILCUT_CRASH_TRIAL_SEED", 0); one != 0) {
-    const TrialResult r = runner.Run(MakeTrial(one, -1, -1));
+  if (const char* one = std::getenv("TAILCUT_CRASH_TRIAL"); one != nullptr && *one != '\0') {
+    unsigned long long seed = 0;
+    int point = -1, alone = -1;
+    ASSERT_GE(std::sscanf(one, "%llu:%d:%d", &seed, &point, &alone), 1) << "TAILCUT_CRASH_TRIAL=seed[:point:alone]";
+    ASSERT_LT(point, static_cast<int>(kCrashPoints.size()));
+    const Trial t = MakeTrial(seed, point, alone);
+    std::printf("%s\n", t.Describe().c_str());
+    const TrialResult r = runner.Run(t);
     EXPECT_EQ(r.failure, "");
     return;
   }
@@ -349,8 +570,8 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
   const auto budget = std::chrono::seconds(kStress ? EnvU64("TAILCUT_STRESS_SECONDS", 120) : 100000);
   const auto start = Clock::now();
   std::map<std::string, std::pair<int, int>> by_point;  // point -> (trials, fired)
-  int failures = 0, victims_died = 0;
-  uint64_t pieces = 0;
+  int failures = 0, victims_died = 0, lost = 0, doubled = 0, hung = 0, restored = 0;
+  uint64_t pieces = 0, stale = 0, stops = 0;
   uint64_t ran = 0;
   double slowest = 0;
   for (uint64_t i = 0; i < trials && Clock::now() - start < budget; ++i) {
@@ -363,6 +584,12 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
     slowest = std::max(slowest, r.ms);
     victims_died += r.victim_died;
     pieces += r.pieces;
+    stale += r.stale;
+    stops += t.stops.size();
+    restored += r.restored;
+    lost += r.lost;
+    doubled += r.doubled;
+    hung += r.hung;
     if (!t.point.empty()) {
       by_point[t.point].first++;
       by_point[t.point].second += r.point_fired;
@@ -379,14 +606,19 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
   RecordProperty("split_pieces_acked", std::to_string(pieces));
   RecordProperty("crash_points_fired", coverage.str());
   RecordProperty("slowest_trial_ms", std::to_string(slowest));
+  RecordProperty("stops", std::to_string(stops));
+  RecordProperty("stale_acks", std::to_string(stale));
+  RecordProperty("checkpoints_restored", std::to_string(restored));
   RecordProperty("elapsed_s", std::to_string(MillisSince(start) / 1000));
-  std::printf("%llu trials, %d victims died, %llu split pieces acked, %d failed; crash points fired/tried: %s\n",
-              static_cast<unsigned long long>(ran), victims_died, static_cast<unsigned long long>(pieces), failures,
+  std::printf("%llu trials, %d victims died, %llu split pieces acked, %llu SIGSTOPs, %llu stale acks refused, "
+              "%d checkpoints restored; crash points fired/tried: %s\n",
+              static_cast<unsigned long long>(ran), victims_died, static_cast<unsigned long long>(pieces),
+              static_cast<unsigned long long>(stops), static_cast<unsigned long long>(stale), restored,
               coverage.str().c_str());
   // Totals in the form soak reports are read in: a trial passes when nothing
   // was lost, nothing was acked twice and nobody hung.
-  std::printf("crash soak: %llu passed, %d failed\n",
-              static_cast<unsigned long long>(ran - static_cast<uint64_t>(failures)), failures);
+  std::printf("crash soak: %llu passed, %d failed (lost %d, doubled %d, hung %d)\n",
+              static_cast<unsigned long long>(ran - static_cast<uint64_t>(failures)), failures, lost, doubled, hung);
   for (const std::string& p : kCrashPoints) {
     if (by_point[p].first > 0 && by_point[p].second == 0) {
       std::printf("note: crash point %s never fired in %d trials\n", p.c_str(), by_point[p].first);

@@ -962,7 +962,7 @@ TEST_F(WorkQueueTest, RestoreAfterEveryProcessWasKilled) {
     auto q = WorkQueue::Open(o);
     Partial p = RunPartway(*q, 70);
     for (const auto& [e, i] : p.acked) c.Log(Record{Rec::kAcked, 0, e, i, 0, 0, 0});
-    for (const auto& [key, off] : p.open_from) c.Log(Record{Rec::kProgress, 0, key.first, key.second, 0, off, 0});
+    for (const auto& [key, off] : p.open_from) c.Log(Record{Rec::kProgress, 0, key.first, key.second, 0, 0, off});
     if (!state.Put(p.state)) return c.Fail("state too large for the test buffer");
     ::raise(SIGKILL);
     return 0;
@@ -974,7 +974,7 @@ TEST_F(WorkQueueTest, RestoreAfterEveryProcessWasKilled) {
   p.state = *state.Get();
   for (const Record& rec : kids.Records(0)) {
     if (rec.kind == Rec::kAcked) p.acked.insert({rec.epoch, rec.index});
-    if (rec.kind == Rec::kProgress) p.open_from[{rec.epoch, rec.index}] = rec.begin;
+    if (rec.kind == Rec::kProgress) p.open_from[{rec.epoch, rec.index}] = rec.end;
   }
   RemoveQueue(o.name, /*force=*/false);  // every client is dead: no force needed
 
