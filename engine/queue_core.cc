@@ -18,9 +18,13 @@
 namespace tailcut::detail {
 
 uint64_t MonotonicNs() noexcept {
+#ifdef TAILCUT_DETERMINISTIC_SCHEDULE
+  return ScheduleClockNs();
+#else
   struct timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+#endif
 }
 
 void InitRobustMutex(pthread_mutex_t* mu) {
@@ -81,9 +85,13 @@ int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* 
 }
 
 uint64_t CoarseNs() noexcept {
+#ifdef TAILCUT_DETERMINISTIC_SCHEDULE
+  return ScheduleClockNs();
+#else
   struct timespec ts;
   ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+#endif
 }
 
 QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
@@ -393,8 +401,9 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
         ++reassigned;
       }
     } else {
-      if (ls.flags.load(std::memory_order_relaxed) & kLeasePiece) continue;  // mid-split
-      uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+      uint64_t ticket = 0;
+      uint32_t flags = 0;
+      if (!ReadTicketAndFlags(ls, &ticket, &flags) || (flags & kLeasePiece)) continue;  // mid-split
       if (ticket == kNoTicket) continue;  // mid-fetch_add; it will record it when it runs
       if (ticket >= total_ || seg_->IsDone(ticket)) continue;  // it will free it itself
       const WorkQueue::Item& item = items_[ItemAt(ticket / items_.size(), ticket % items_.size())];

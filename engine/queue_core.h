@@ -18,6 +18,19 @@
 
 namespace tailcut::detail {
 
+// The ticket and flags of a lease as one pair. A thief fills a TAKING lease
+// as a piece (flags, then ticket) and undoes a failed split (ticket, then
+// flags) without changing the lease word, so a reader could take the ticket
+// of one moment and the flags of another and mistake a would-be piece for a
+// whole item. The flags read on both sides of the ticket tell: false when
+// they differ (read again, or skip the lease this time).
+inline bool ReadTicketAndFlags(const LeaseSlot& ls, uint64_t* ticket, uint32_t* flags) noexcept {
+  uint32_t before = ls.flags.load(std::memory_order_acquire);
+  *ticket = ls.ticket.load(std::memory_order_acquire);
+  *flags = ls.flags.load(std::memory_order_acquire);
+  return *flags == before;
+}
+
 uint64_t MonotonicNs() noexcept;
 // CLOCK_MONOTONIC_COARSE: the same clock at tick resolution (a few ms), at a
 // fraction of the cost. For progress stamps and timeouts on the hot path.

@@ -72,8 +72,8 @@ class Segment {
   FileEntry& file(uint64_t i) const { return At<FileEntry>(geometry_.files)[i]; }
   ItemEntry& item(uint64_t i) const { return At<ItemEntry>(geometry_.items)[i]; }
   char* path_bytes() const { return At<char>(geometry_.paths); }
-  std::atomic<uint64_t>& done_word(uint64_t i) const {
-    return At<std::atomic<uint64_t>>(geometry_.bitmap)[i];
+  SharedAtomic<uint64_t>& done_word(uint64_t i) const {
+    return At<SharedAtomic<uint64_t>>(geometry_.bitmap)[i];
   }
   bool IsDone(uint64_t ticket) const {
     return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;

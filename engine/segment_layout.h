@@ -42,6 +42,7 @@
 #include <cstdint>
 
 #include "engine/config.h"
+#include "engine/shared_atomic.h"
 #include "tailcut/export.h"
 
 namespace tailcut::detail {
@@ -116,9 +117,9 @@ inline uint64_t SplitUnit(uint64_t length) {
 inline uint64_t ExtentUnits(uint64_t length, uint64_t unit) { return (length + unit - 1) / unit; }
 
 struct alignas(kCacheLine) Header {
-  std::atomic<uint64_t> magic;  // written after the admin mutex exists
+  SharedAtomic<uint64_t> magic;  // written after the admin mutex exists
   uint32_t layout_version;
-  std::atomic<uint32_t> state;  // SegmentState; READY is published last
+  SharedAtomic<uint32_t> state;  // SegmentState; READY is published last
   uint64_t total_size;
   uint32_t creator_uid;
   int32_t creator_pid;
@@ -153,41 +154,41 @@ struct alignas(kCacheLine) Header {
 };
 
 struct alignas(kCacheLine) Cursor {
-  std::atomic<uint64_t> next_ticket;  // I1
+  SharedAtomic<uint64_t> next_ticket;  // I1
 };
 
 struct alignas(kCacheLine) Counters {
-  std::atomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
-  std::atomic<uint32_t> waiters;   // processes sleeping on wake_seq
-  std::atomic<uint64_t> orphans;   // hint: how many ORPHAN leases there may be
-  std::atomic<uint32_t> orphan_publishing;  // publishers between their CAS and count
-  std::atomic<uint64_t> orphan_seq;         // bumped by every finished publish
-  std::atomic<uint64_t> sweeps_pending;
-  std::atomic<uint64_t> clients_joined;
-  std::atomic<uint64_t> recovered_items;
-  std::atomic<uint64_t> stale_acks;
-  std::atomic<uint64_t> duplicate_acks;  // must stay 0; counted, never trusted
-  std::atomic<uint64_t> splits;
-  std::atomic<uint64_t> split_seq;  // bumped before every split CAS (SaveState rescans)
-  std::atomic<uint32_t> step_seq;   // futex word: bumped when a rank publishes a step
+  SharedAtomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
+  SharedAtomic<uint32_t> waiters;   // processes sleeping on wake_seq
+  SharedAtomic<uint64_t> orphans;   // hint: how many ORPHAN leases there may be
+  SharedAtomic<uint32_t> orphan_publishing;  // publishers between their CAS and count
+  SharedAtomic<uint64_t> orphan_seq;         // bumped by every finished publish
+  SharedAtomic<uint64_t> sweeps_pending;
+  SharedAtomic<uint64_t> clients_joined;
+  SharedAtomic<uint64_t> recovered_items;
+  SharedAtomic<uint64_t> stale_acks;
+  SharedAtomic<uint64_t> duplicate_acks;  // must stay 0; counted, never trusted
+  SharedAtomic<uint64_t> splits;
+  SharedAtomic<uint64_t> split_seq;  // bumped before every split CAS (SaveState rescans)
+  SharedAtomic<uint32_t> step_seq;   // futex word: bumped when a rank publishes a step
 };
 
 struct alignas(kCacheLine) ClientSlot {
   pthread_mutex_t life;         // held by the client's holder thread (I5)
-  std::atomic<uint32_t> state;  // ClientState
-  std::atomic<int32_t> pid;
-  std::atomic<uint64_t> joined_ns;
-  std::atomic<uint64_t> last_progress_ns;
-  std::atomic<uint64_t> items_taken;
-  std::atomic<uint64_t> items_acked;
-  std::atomic<uint64_t> items_given_back;
-  std::atomic<uint64_t> items_recovered;
-  std::atomic<uint64_t> bytes_acked;
-  std::atomic<uint64_t> records;
-  std::atomic<uint64_t> stale_acks;
-  std::atomic<uint64_t> splits;
-  std::atomic<uint64_t> idle_ns;
-  std::atomic<uint64_t> left_ns;  // when it left (0 while active)
+  SharedAtomic<uint32_t> state;  // ClientState
+  SharedAtomic<int32_t> pid;
+  SharedAtomic<uint64_t> joined_ns;
+  SharedAtomic<uint64_t> last_progress_ns;
+  SharedAtomic<uint64_t> items_taken;
+  SharedAtomic<uint64_t> items_acked;
+  SharedAtomic<uint64_t> items_given_back;
+  SharedAtomic<uint64_t> items_recovered;
+  SharedAtomic<uint64_t> bytes_acked;
+  SharedAtomic<uint64_t> records;
+  SharedAtomic<uint64_t> stale_acks;
+  SharedAtomic<uint64_t> splits;
+  SharedAtomic<uint64_t> idle_ns;
+  SharedAtomic<uint64_t> left_ns;  // when it left (0 while active)
 };
 
 // Equal steps: rank r publishes ((step + 1) << 1 | has_batch) in `word`,
@@ -195,19 +196,19 @@ struct alignas(kCacheLine) ClientSlot {
 // `decided`. A rank waits for all at every step, so it is at most one step
 // ahead of any other: a laggard reads its decision instead of guessing.
 struct alignas(kCacheLine) StepSlot {
-  std::atomic<uint64_t> word;
-  std::atomic<uint64_t> decided;
+  SharedAtomic<uint64_t> word;
+  SharedAtomic<uint64_t> decided;
 };
 
 struct alignas(kCacheLine) LeaseSlot {
-  std::atomic<uint64_t> word;
-  std::atomic<uint64_t> ticket;
-  std::atomic<uint64_t> begin;
-  std::atomic<uint64_t> end;
-  std::atomic<uint64_t> progress;  // resume offset for checkpoints
-  std::atomic<uint64_t> extent;    // Extent word (tail splitting)
-  std::atomic<uint64_t> anchor;    // pieces: the lease they were split off
-  std::atomic<uint32_t> flags;
+  SharedAtomic<uint64_t> word;
+  SharedAtomic<uint64_t> ticket;
+  SharedAtomic<uint64_t> begin;
+  SharedAtomic<uint64_t> end;
+  SharedAtomic<uint64_t> progress;  // resume offset for checkpoints
+  SharedAtomic<uint64_t> extent;    // Extent word (tail splitting)
+  SharedAtomic<uint64_t> anchor;    // pieces: the lease they were split off
+  SharedAtomic<uint32_t> flags;
 };
 
 struct FileEntry {

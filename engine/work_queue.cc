@@ -630,7 +630,7 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
                   CoarseNs() - last_fruitless_ns_.load(std::memory_order_relaxed) < 5000000;
     if (!recent && ClaimOrphan(out)) return true;
   }
-  std::atomic<uint64_t>& cursor = segment_->cursor().next_ticket;
+  SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
   const uint64_t total = core_->total();
   while (cursor.load(std::memory_order_relaxed) < total) {
     // Reserve a lease of our region before taking a ticket, so that a death
@@ -773,7 +773,7 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     // it for an ordinary TAKING lease and re-issue the whole item.
     ps.anchor.store(victim, std::memory_order_relaxed);
     ps.flags.store(kLeasePiece, std::memory_order_seq_cst);
-    ps.ticket.store(victim_ticket, std::memory_order_relaxed);
+    ps.ticket.store(victim_ticket, std::memory_order_release);  // see ReadTicketAndFlags
     ps.begin.store(split, std::memory_order_relaxed);
     ps.end.store(victim_end, std::memory_order_relaxed);
     ps.progress.store(split, std::memory_order_relaxed);
@@ -791,7 +791,7 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     if (!segment_->lease(victim).extent.compare_exchange_strong(victim_extent, lowered.Word(),
                                                                 std::memory_order_acq_rel)) {
       ps.ticket.store(kNoTicket, std::memory_order_relaxed);
-      ps.flags.store(0, std::memory_order_relaxed);
+      ps.flags.store(0, std::memory_order_release);  // after the ticket: see ReadTicketAndFlags
       ps.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
       continue;
@@ -847,7 +847,7 @@ StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t st
       step >= (uint64_t{1} << 62))
     return StepStatus::kInvalid;
   // Published as (step + 1) << 1 | has_batch, so that 0 means "nothing yet".
-  std::atomic<uint64_t>& mine = segment_->step(rank).word;
+  SharedAtomic<uint64_t>& mine = segment_->step(rank).word;
   uint64_t published = mine.load(std::memory_order_acquire);
   if (published != 0 && (published >> 1) - 1 > step) return StepStatus::kInvalid;
   mine.store(((step + 1) << 1) | (has_batch ? 1 : 0), std::memory_order_seq_cst);
@@ -1022,11 +1022,12 @@ std::string WorkQueue::Impl::SaveState() const {
       LeaseSlot& ls = seg.lease(l);
       for (;;) {
         uint64_t w1 = ls.word.load(std::memory_order_acquire);
-        uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
+        uint64_t ticket = 0;
+        uint32_t flags = 0;
+        if (!ReadTicketAndFlags(ls, &ticket, &flags)) continue;
         uint64_t begin = ls.begin.load(std::memory_order_relaxed);
         uint64_t end = ls.end.load(std::memory_order_relaxed);
         uint64_t progress = ls.progress.load(std::memory_order_relaxed);
-        uint32_t flags = ls.flags.load(std::memory_order_relaxed);
         uint64_t extent = ls.extent.load(std::memory_order_acquire);
         if (ls.word.load(std::memory_order_acquire) != w1) continue;
         uint64_t state = LeaseStateOf(w1);
@@ -1038,11 +1039,16 @@ std::string WorkQueue::Impl::SaveState() const {
         } else if (state == kLeaseOpen || state == kLeaseOrphan) {
           s.pieces.push_back({ticket, std::clamp(progress, begin, end), end});
         } else if (state == kLeaseTaking && (flags & kLeasePiece)) {
-          // A thief mid-split: its piece is real once the anchor names it (I7).
+          // A thief mid-split: its piece is real once the anchor names it
+          // (I7), and only then are its fields complete: read them again.
           uint64_t anchor = ls.anchor.load(std::memory_order_relaxed);
           if (anchor < core_->num_leases() &&
-              Extent::Of(seg.lease(anchor).extent.load(std::memory_order_acquire)).pending == l + 1)
+              Extent::Of(seg.lease(anchor).extent.load(std::memory_order_acquire)).pending == l + 1) {
+            begin = ls.begin.load(std::memory_order_relaxed);
+            end = ls.end.load(std::memory_order_relaxed);
+            if (ls.word.load(std::memory_order_acquire) != w1 || begin > end) continue;
             s.pieces.push_back({ticket, begin, end});
+          }
         } else if (state == kLeaseTaking && !(seg.IsDone(ticket) && !(flags & kLeasePreset))) {
           const WorkQueue::Item& item =
               config_.items[core_->ItemAt(ticket / s.num_items, ticket % s.num_items)];
