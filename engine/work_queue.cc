@@ -1067,7 +1067,10 @@ std::string WorkQueue::Impl::SaveState() const {
   uint64_t words = (s.cursor + 63) / 64;
   std::vector<uint64_t> bits(words);
   for (uint64_t i = 0; i < words; ++i) bits[i] = seg.done_word(i).load(std::memory_order_acquire);
-  for (uint64_t t : acking) bits[t / 64] |= uint64_t{1} << (t % 64);
+  // A ticket taken after we read the cursor is handed out again after a
+  // restore anyway; its bit would lie past the bitmap we copied.
+  for (uint64_t t : acking)
+    if (t < s.cursor) bits[t / 64] |= uint64_t{1} << (t % 64);
   for (const Piece& p : s.pieces)
     if (p.ticket < s.cursor) bits[p.ticket / 64] |= uint64_t{1} << (p.ticket % 64);
   s.low = 0;
