@@ -8,7 +8,7 @@
 // exactly once, end with nothing in flight, and every saved state must
 // restore into a queue that completes it exactly once.
 //
-// TAILCUT_SCHEDULE_SEEDS (default 600) seeds per run; the stress build runs
+// TAILCUT_SCHEDULE_SEEDS (default 600) seeds per run (seeds 1, 2, ...); the stress build runs
 // as many as fit in TAILCUT_STRESS_SECONDS. TAILCUT_SCHEDULE_SEED=<seed>
 // repeats one (the failure message names it).
 #include <memory>
@@ -229,14 +229,17 @@ TEST_F(WorkQueueScheduleTest, EverySeededInterleavingAcksEachByteOnce) {
     EXPECT_EQ(RunSeed(one), "");
     return;
   }
-  const uint64_t base = TestSeed();
+  // The fast tier runs the same seeds every time (1, 2, ...): a CI run is
+  // then a regression check of known interleavings; the stress tier draws
+  // new ones.
+  const uint64_t base = kStress ? TestSeed() : 1;
   const uint64_t seeds = kStress ? ~0ull : EnvU64("TAILCUT_SCHEDULE_SEEDS", 600);
   const auto budget = std::chrono::seconds(kStress ? EnvU64("TAILCUT_STRESS_SECONDS", 120) : 100000);
   const auto start = Clock::now();
   uint64_t ran = 0;
   int failures = 0;
   for (uint64_t i = 0; i < seeds && Clock::now() - start < budget; ++i) {
-    const std::string bad = RunSeed(base + i * 0x9E3779B97F4A7C15ull);
+    const std::string bad = RunSeed(kStress ? base + i * 0x9E3779B97F4A7C15ull : base + i);
     ++ran;
     if (!bad.empty()) {
       ADD_FAILURE() << bad;
