@@ -169,7 +169,7 @@ struct alignas(kCacheLine) Counters {
   SharedAtomic<uint64_t> stale_acks;
   SharedAtomic<uint64_t> duplicate_acks;  // must stay 0; counted, never trusted
   SharedAtomic<uint64_t> splits;
-  SharedAtomic<uint64_t> split_seq;  // bumped before every split CAS (SaveState rescans)
+  SharedAtomic<uint64_t> split_seq;  // bumped before and after every split CAS (SaveState rescans)
   SharedAtomic<uint32_t> step_seq;   // futex word: bumped when a rank publishes a step
 };
 

@@ -796,6 +796,9 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
                                       std::memory_order_acq_rel);
       continue;
     }
+    // Again after the CAS, still TAKING: a SaveState scan that saw neither
+    // bump change had this lease TAKING all along (see SaveState).
+    segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
     CrashPoint("split.after_cas");
     uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     ps.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel);
@@ -1011,50 +1014,36 @@ std::string WorkQueue::Impl::SaveState() const {
   // Leases first, then bits: an ack sets its bit before freeing its lease,
   // so nothing acked is missed, and an item acked meanwhile is merely
   // handed out again after a restore.
-  // A split moves a range from one lease to another: rescan if one happened
-  // while we looked, so no range is missed or listed twice.
+  //
+  // A split moves a range from its anchor to the thief's lease at the CAS
+  // on the anchor's extent; a thief bumps split_seq before and after that
+  // CAS. A scan that sees split_seq unchanged can only have missed a split
+  // whose thief sat between its two bumps for the whole scan: its lease was
+  // TAKING throughout, with its fields already written. Whether its range
+  // has moved is then told by the anchor's extent as this same scan read it
+  // (pending names the thief from the CAS until the piece is OPEN), so the
+  // anchor and the piece are judged at one moment: never both, never none.
+  struct Seen {
+    uint64_t word = 0, ticket = kNoTicket, begin = 0, end = 0, progress = 0, extent = 0, anchor = 0;
+    uint32_t flags = 0;
+  };
+  const uint64_t num_leases = core_->num_leases();
+  std::vector<Seen> seen(num_leases);
   std::vector<uint64_t> acking;
   for (int scan = 0;; ++scan) {
     uint64_t split_seq = seg.counters().split_seq.load(std::memory_order_seq_cst);
-    acking.clear();
-    s.pieces.clear();
-    for (uint64_t l = 0; l < core_->num_leases(); ++l) {
+    for (uint64_t l = 0; l < num_leases; ++l) {
       LeaseSlot& ls = seg.lease(l);
+      Seen& v = seen[l];
       for (;;) {
-        uint64_t w1 = ls.word.load(std::memory_order_acquire);
-        uint64_t ticket = 0;
-        uint32_t flags = 0;
-        if (!ReadTicketAndFlags(ls, &ticket, &flags)) continue;
-        uint64_t begin = ls.begin.load(std::memory_order_relaxed);
-        uint64_t end = ls.end.load(std::memory_order_relaxed);
-        uint64_t progress = ls.progress.load(std::memory_order_relaxed);
-        uint64_t extent = ls.extent.load(std::memory_order_acquire);
-        if (ls.word.load(std::memory_order_acquire) != w1) continue;
-        uint64_t state = LeaseStateOf(w1);
-        if (ticket >= total || begin > end) break;
-        if (!(flags & kLeasePreset))  // a split lowers an anchor's end
-          end = std::min(end, begin + Extent::Of(extent).end * SplitUnit(end - begin));
-        if (state == kLeaseAcking) {
-          acking.push_back(ticket);
-        } else if (state == kLeaseOpen || state == kLeaseOrphan) {
-          s.pieces.push_back({ticket, std::clamp(progress, begin, end), end});
-        } else if (state == kLeaseTaking && (flags & kLeasePiece)) {
-          // A thief mid-split: its piece is real once the anchor names it
-          // (I7), and only then are its fields complete: read them again.
-          uint64_t anchor = ls.anchor.load(std::memory_order_relaxed);
-          if (anchor < core_->num_leases() &&
-              Extent::Of(seg.lease(anchor).extent.load(std::memory_order_acquire)).pending == l + 1) {
-            begin = ls.begin.load(std::memory_order_relaxed);
-            end = ls.end.load(std::memory_order_relaxed);
-            if (ls.word.load(std::memory_order_acquire) != w1 || begin > end) continue;
-            s.pieces.push_back({ticket, begin, end});
-          }
-        } else if (state == kLeaseTaking && !(seg.IsDone(ticket) && !(flags & kLeasePreset))) {
-          const WorkQueue::Item& item =
-              config_.items[core_->ItemAt(ticket / s.num_items, ticket % s.num_items)];
-          s.pieces.push_back({ticket, item.begin, item.end});
-        }
-        break;
+        v.word = ls.word.load(std::memory_order_acquire);
+        if (!ReadTicketAndFlags(ls, &v.ticket, &v.flags)) continue;
+        v.begin = ls.begin.load(std::memory_order_relaxed);
+        v.end = ls.end.load(std::memory_order_relaxed);
+        v.progress = ls.progress.load(std::memory_order_relaxed);
+        v.extent = ls.extent.load(std::memory_order_acquire);
+        v.anchor = ls.anchor.load(std::memory_order_relaxed);
+        if (ls.word.load(std::memory_order_acquire) == v.word) break;
       }
     }
     if (seg.counters().split_seq.load(std::memory_order_seq_cst) == split_seq) break;
@@ -1063,6 +1052,26 @@ std::string WorkQueue::Impl::SaveState() const {
                   "queue '" + options_.name +
                       "': tails kept being split while "
                       "saving the state; retry, or open the queues with split_tail=false");
+  }
+  for (uint64_t l = 0; l < num_leases; ++l) {
+    const Seen& v = seen[l];
+    uint64_t state = LeaseStateOf(v.word);
+    if (v.ticket >= total || v.begin > v.end) continue;
+    uint64_t end = v.end;
+    if (!(v.flags & kLeasePreset))  // a split lowers an anchor's end
+      end = std::min(end, v.begin + Extent::Of(v.extent).end * SplitUnit(v.end - v.begin));
+    if (state == kLeaseAcking) {
+      acking.push_back(v.ticket);
+    } else if (state == kLeaseOpen || state == kLeaseOrphan) {
+      s.pieces.push_back({v.ticket, std::clamp(v.progress, v.begin, end), end});
+    } else if (state == kLeaseTaking && (v.flags & kLeasePiece)) {
+      if (v.anchor < num_leases && Extent::Of(seen[v.anchor].extent).pending == l + 1)
+        s.pieces.push_back({v.ticket, v.begin, v.end});
+    } else if (state == kLeaseTaking && !(seg.IsDone(v.ticket) && !(v.flags & kLeasePreset))) {
+      const WorkQueue::Item& item =
+          config_.items[core_->ItemAt(v.ticket / s.num_items, v.ticket % s.num_items)];
+      s.pieces.push_back({v.ticket, item.begin, item.end});
+    }
   }
   uint64_t words = (s.cursor + 63) / 64;
   std::vector<uint64_t> bits(words);
