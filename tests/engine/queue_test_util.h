@@ -101,14 +101,17 @@ inline void Spin(uint64_t us) {
   }
 }
 
+// A number from the environment (decimal, 0x hex or 0 octal), else fallback.
+inline uint64_t EnvU64(const char* name, uint64_t fallback) {
+  const char* s = std::getenv(name);
+  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 0) : fallback;
+}
+
 // A seed for randomized tests: TAILCUT_TEST_SEED if set, else the clock. Tests
 // print it on failure so a run can be repeated.
 inline uint64_t TestSeed() {
-  if (const char* s = std::getenv("TAILCUT_TEST_SEED"); s != nullptr && *s != '\0') {
-    return std::strtoull(s, nullptr, 0);
-  }
-  return static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-         (static_cast<uint64_t>(::getpid()) << 32);
+  return EnvU64("TAILCUT_TEST_SEED", static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
+                                         (static_cast<uint64_t>(::getpid()) << 32));
 }
 
 // ---------------------------------------------------------------- files

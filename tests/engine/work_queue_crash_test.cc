@@ -48,11 +48,6 @@ const std::vector<std::string> kCrashPoints = {
     "giveback.after_mark",  "recover.after_claim", "recover.mid_leases", "close.after_unregister",
     "split.after_reserve",  "split.after_cas",    "split.after_open"};
 
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* s = std::getenv(name);
-  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 0) : fallback;
-}
-
 // One randomized scenario, fully determined by its seed.
 struct Trial {
   uint64_t seed = 0;

@@ -27,11 +27,6 @@ constexpr bool kStress = true;
 constexpr bool kStress = false;
 #endif
 
-uint64_t EnvU64(const char* name, uint64_t fallback) {
-  const char* s = std::getenv(name);
-  return s != nullptr && *s != '\0' ? std::strtoull(s, nullptr, 0) : fallback;
-}
-
 // Records of all threads, stamped in the order the schedule ran them.
 class Logs {
  public:
