@@ -340,10 +340,11 @@ void Reader::Impl::Open() {
 
   IoBackend choice = options_.backend;
   bool forced = choice != IoBackend::kDefault;
+  bool forced_by_env = false;
   if (choice == IoBackend::kDefault) {
     const char* env = std::getenv("TAILCUT_IO");
     if (env && *env) {
-      forced = true;
+      forced = forced_by_env = true;
       if (std::strcmp(env, "uring") == 0) {
         choice = IoBackend::kUring;
       } else if (std::strcmp(env, "pread") == 0) {
@@ -369,14 +370,22 @@ void Reader::Impl::Open() {
     std::string problem;
     backend_ = detail::MakeUringBackend(settings, &err, &problem);
     if (!backend_) {
-      if (forced) {
-        throw Error(ErrorKind::kIo, "reader: io_uring was asked for but is unavailable (" +
-                                        problem + "); unset TAILCUT_IO or use the pread backend");
-      }
       const char* hint = err == ENOSYS   ? " (kernel too old, or seccomp blocks io_uring)"
                          : err == EPERM  ? " (kernel.io_uring_disabled, or seccomp)"
                          : err == ENOMEM ? " (RLIMIT_MEMLOCK too low for the ring)"
                                          : "";
+      if (forced_by_env) {
+        throw Error(ErrorKind::kIo, "reader: io_uring was asked for (TAILCUT_IO=uring) but is "
+                                    "unavailable: " + problem + hint +
+                                        "; unset TAILCUT_IO to fall back to pread threads, or "
+                                        "set TAILCUT_IO=pread");
+      }
+      if (forced) {
+        throw Error(ErrorKind::kIo, "reader: io_uring was asked for (backend 'uring') but is "
+                                    "unavailable: " + problem + hint +
+                                        "; use backend 'pread', or leave the backend unset to "
+                                        "fall back to pread threads");
+      }
       Notice("tailcut reader: io_uring unavailable: " + problem + hint + "; reading with " +
              std::to_string(threads) + " pread threads (TAILCUT_IO=pread silences this)");
     } else {

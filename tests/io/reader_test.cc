@@ -906,17 +906,34 @@ TEST(ReaderTest, SeccompBlockingIoUringFallsBackToPreadWithANotice) {
       }
       Outcome outcome = ReadRecords(*reader);
       if (outcome.last != ReadStatus::kEnd || Sorted(outcome.records) != data.records) return 12;
+      // Forced io_uring must not fall back silently, and the error names
+      // what forced it: the option or the environment.
+      const std::string unavailable = "but is unavailable: io_uring_setup: " + c.why + "; ";
       options.backend = IoBackend::kUring;
       try {
         Reader::Open(*queue, options);
-        return 13;  // forced io_uring must not fall back silently
+        return 13;
       } catch (const Error& e) {
         fprintf(stderr, "forced: %s\n", e.what());
         if (e.kind() != ErrorKind::kIo) return 14;
-        if (e.what() != "reader: io_uring was asked for but is unavailable (io_uring_setup: " +
-                            std::string(strerror(c.error)) +
-                            "); unset TAILCUT_IO or use the pread backend") {
+        if (e.what() != "reader: io_uring was asked for (backend 'uring') " + unavailable +
+                            "use backend 'pread', or leave the backend unset to fall back to "
+                            "pread threads") {
           return 15;
+        }
+      }
+      options.backend = IoBackend::kDefault;
+      setenv("TAILCUT_IO", "uring", 1);
+      try {
+        Reader::Open(*queue, options);
+        return 16;
+      } catch (const Error& e) {
+        fprintf(stderr, "forced by the environment: %s\n", e.what());
+        if (e.kind() != ErrorKind::kIo) return 17;
+        if (e.what() != "reader: io_uring was asked for (TAILCUT_IO=uring) " + unavailable +
+                            "unset TAILCUT_IO to fall back to pread threads, or set "
+                            "TAILCUT_IO=pread") {
+          return 18;
         }
       }
       return 0;
