@@ -440,10 +440,11 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
       case tc::TakeStatus::kEnd:
         return std::nullopt;
       case tc::TakeStatus::kLimit:
-        Raise(g_exc.error,
+        Raise(g_exc.invalid_argument,
               "queue '" + h.name + "': this process already holds " +
                   std::to_string(h.leases_per_client) +
-                  " open items (leases_per_client); ack or give one back before taking more");
+                  " open items (leases_per_client); ack or give one back before taking more, "
+                  "or open the queue with a larger leases_per_client (in every process)");
       case tc::TakeStatus::kEmpty:
         break;
     }
@@ -1626,6 +1627,7 @@ PYBIND11_MODULE(_core, m) {
           "Takes the next WorkItem. Returns None once every item of every epoch is done. At the "
           "end of the data it waits while other processes still hold open items (they come back "
           "if those die); with `timeout` (seconds) it raises Empty instead of waiting longer. "
+          "Raises InvalidArgumentError while this process holds leases_per_client open items. "
           "Releases the GIL while it waits.")
       .def(
           "agree_step",

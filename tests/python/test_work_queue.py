@@ -247,8 +247,13 @@ def test_close_from_another_thread_wakes_a_blocked_take(files, qname, notices):
 def test_taking_beyond_leases_per_client_raises(files, qname, notices):
     with open_queue(files, qname, notices, leases_per_client=2) as q:
         held = [q.take(), q.take()]
-        with pytest.raises(tailcut.Error, match="already holds 2 open items"):
+        with pytest.raises(tailcut.InvalidArgumentError) as e:
             q.take()
+        assert str(e.value) == (
+            f"queue '{qname}': this process already holds 2 open items (leases_per_client); "
+            "ack or give one back before taking more, or open the queue with a larger "
+            "leases_per_client (in every process)")
+        assert isinstance(e.value, ValueError)
         with pytest.raises(tailcut.InvalidArgumentError, match="below leases_per_client"):
             q.input_producer(capacity=2)
         held[0].ack()
