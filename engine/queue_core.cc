@@ -131,33 +131,11 @@ void QueueCore::WakeWaiters() noexcept {
 }
 
 bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_word) noexcept {
-  Counters& c = seg_->counters();
-  c.orphan_publishing.fetch_add(1, std::memory_order_seq_cst);
   bool ok = ls.word.compare_exchange_strong(*expected, orphan_word, std::memory_order_seq_cst);
-  if (ok) c.orphans.fetch_add(1, std::memory_order_seq_cst);
-  c.orphan_seq.fetch_add(1, std::memory_order_seq_cst);
-  c.orphan_publishing.fetch_sub(1, std::memory_order_seq_cst);
+  // After the CAS: a scan that missed this orphan read orphan_seq before it
+  // changes (seq_cst total order), so its process scans again.
+  if (ok) seg_->counters().orphan_seq.fetch_add(1, std::memory_order_seq_cst);
   return ok;
-}
-
-uint64_t QueueCore::OrphanSeqForScan() noexcept {
-  Counters& c = seg_->counters();
-  // Odd marks "a publish was in progress": the scan may not reset the hint.
-  uint64_t seq = c.orphan_seq.load(std::memory_order_seq_cst) << 1;
-  return c.orphan_publishing.load(std::memory_order_seq_cst) == 0 ? seq : seq | 1;
-}
-
-void QueueCore::ResetOrphanHint(uint64_t seq_before) noexcept {
-  Counters& c = seg_->counters();
-  uint64_t seen = c.orphans.load(std::memory_order_seq_cst);
-  if (seen == 0 || (seq_before & 1)) return;
-  // A publish that the scan missed either is still between its CAS and
-  // its count (publishing != 0) or has bumped orphan_seq (seq_cst total
-  // order): in both cases the hint stays.
-  if (c.orphan_publishing.load(std::memory_order_seq_cst) != 0 ||
-      (c.orphan_seq.load(std::memory_order_seq_cst) << 1) != seq_before)
-    return;
-  c.orphans.compare_exchange_strong(seen, 0, std::memory_order_seq_cst);
 }
 
 bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,

@@ -88,15 +88,9 @@ class QueueCore {
   // [begin, end) of ticket and a fresh extent. Returns false if it changed.
   bool PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket, uint64_t begin,
                      uint64_t end, uint32_t flags) noexcept;
-  // Moves a lease to ORPHAN by CAS from *expected to orphan_word and counts
-  // it, bracketed so that a fruitless orphan scan knows whether a publish
-  // raced it (see ResetOrphanHint). Returns whether the CAS succeeded.
+  // Moves a lease to ORPHAN by CAS from *expected to orphan_word, then bumps
+  // orphan_seq. Returns whether the CAS succeeded.
   bool MarkOrphan(LeaseSlot& lease, uint64_t* expected, uint64_t orphan_word) noexcept;
-  // After a scan of every lease found no orphan: sets the hint to 0 unless
-  // an orphan was published since `seq_before` (OrphanSeqForScan) or one is
-  // being published now.
-  uint64_t OrphanSeqForScan() noexcept;
-  void ResetOrphanHint(uint64_t seq_before) noexcept;
   // Clears the anchor's pending mark if it names `thief`, and frees the
   // anchor if it was only kept for that mark (I7).
   void SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept;

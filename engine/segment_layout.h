@@ -48,7 +48,7 @@
 namespace tailcut::detail {
 
 inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr size_t kCacheLine = 64;
 
 enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
@@ -160,9 +160,9 @@ struct alignas(kCacheLine) Cursor {
 struct alignas(kCacheLine) Counters {
   SharedAtomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
   SharedAtomic<uint32_t> waiters;   // processes sleeping on wake_seq
-  SharedAtomic<uint64_t> orphans;   // hint: how many ORPHAN leases there may be
-  SharedAtomic<uint32_t> orphan_publishing;  // publishers between their CAS and count
-  SharedAtomic<uint64_t> orphan_seq;         // bumped by every finished publish
+  // Bumped after every change of a lease to ORPHAN. A process scans the
+  // leases for orphans only when it moved since its last fruitless scan.
+  SharedAtomic<uint64_t> orphan_seq;
   SharedAtomic<uint64_t> sweeps_pending;
   SharedAtomic<uint64_t> clients_joined;
   SharedAtomic<uint64_t> recovered_items;

@@ -280,8 +280,10 @@ class WorkQueue::Impl {
   uint64_t timeout_ns_ = 0;
   std::atomic<uint64_t> next_housekeeping_ns_{0};
   std::atomic<uint64_t> orphan_scan_start_{0};
-  std::atomic<uint64_t> last_fruitless_orphans_{0};
-  std::atomic<uint64_t> last_fruitless_ns_{0};
+  // orphan_seq as read before this process's last scan that found no
+  // orphan (none at first): every orphan published up to it was visible to
+  // that scan, so the leases need scanning again only once it moves.
+  std::atomic<uint64_t> no_orphans_at_seq_{~uint64_t{0}};
   bool closed_ = true;
 };
 
@@ -557,7 +559,7 @@ void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word
 bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
   Counters& c = segment_->counters();
   uint64_t n = core_->num_leases();
-  uint64_t seq_before = core_->OrphanSeqForScan();
+  uint64_t seq_before = c.orphan_seq.load(std::memory_order_seq_cst);
   uint64_t start = orphan_scan_start_.fetch_add(1, std::memory_order_relaxed) % n;
   for (uint64_t k = 0; k < n; ++k) {
     uint64_t l = (start + k) % n;
@@ -567,10 +569,6 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     uint64_t open = NextLeaseWord(w, kLeaseOpen, slot_);
     // Acquire pairs with PublishOrphan's release: the fields are complete.
     if (!ls.word.compare_exchange_strong(w, open, std::memory_order_acq_rel)) continue;
-    uint64_t prev = c.orphans.load(std::memory_order_relaxed);
-    while (prev > 0 &&
-           !c.orphans.compare_exchange_weak(prev, prev - 1, std::memory_order_acq_rel)) {
-    }
     uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
     uint64_t begin = ls.begin.load(std::memory_order_relaxed);
     uint64_t end = ls.end.load(std::memory_order_relaxed);
@@ -611,25 +609,18 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     out->piece = flags & kLeasePiece;
     return true;
   }
-  // None found: the hint is stale (a claimer died before decrementing), or
-  // an orphan was published behind our scan, which ResetOrphanHint detects.
-  core_->ResetOrphanHint(seq_before);
-  last_fruitless_orphans_.store(c.orphans.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  last_fruitless_ns_.store(CoarseNs(), std::memory_order_relaxed);
+  no_orphans_at_seq_.store(seq_before, std::memory_order_relaxed);
   return false;
 }
 
 bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   Counters& c = segment_->counters();
-  // While the cursor still has tickets, a hint that stayed the same since a
-  // fruitless scan less than a millisecond ago is not worth another scan of
-  // every lease (a hint can stay high for good if a claimer died mid-claim
-  // while a publish was in progress; the end of the data always scans).
-  if (uint64_t hint = c.orphans.load(std::memory_order_acquire); hint > 0) {
-    bool recent = hint == last_fruitless_orphans_.load(std::memory_order_relaxed) &&
-                  CoarseNs() - last_fruitless_ns_.load(std::memory_order_relaxed) < 5000000;
-    if (!recent && ClaimOrphan(out)) return true;
-  }
+  // Orphans first, but scan for them only when one was published since
+  // our last fruitless scan (the end of the data always scans: see Take).
+  if (c.orphan_seq.load(std::memory_order_seq_cst) !=
+          no_orphans_at_seq_.load(std::memory_order_relaxed) &&
+      ClaimOrphan(out))
+    return true;
   SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
   const uint64_t total = core_->total();
   while (cursor.load(std::memory_order_relaxed) < total) {
@@ -912,7 +903,9 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     if (limit) return TakeStatus::kLimit;
     // Nothing to hand out: see whether anything can still come back.
     Housekeep();
-    if (c.orphans.load(std::memory_order_acquire) > 0 && ClaimOrphan(out)) break;
+    // Scan whatever orphan_seq says: a publisher that died between its CAS
+    // and its bump left an orphan that only a scan finds.
+    if (ClaimOrphan(out)) break;
     if (TrySplit(out)) break;
     if (core_->AllDone()) return TakeStatus::kEnd;
     if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kEmpty;
@@ -921,7 +914,9 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     uint32_t seq = c.wake_seq.load(std::memory_order_seq_cst);
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
     // Re-check after announcing ourselves (pairs with WakeWaiters).
-    bool changed = c.orphans.load(std::memory_order_seq_cst) > 0 || core_->AllDone() ||
+    bool changed = c.orphan_seq.load(std::memory_order_seq_cst) !=
+                       no_orphans_at_seq_.load(std::memory_order_relaxed) ||
+                   core_->AllDone() ||
                    c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
     if (!changed) {
       auto left = deadline - std::chrono::steady_clock::now();

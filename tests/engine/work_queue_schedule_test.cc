@@ -222,9 +222,12 @@ TEST_F(WorkQueueScheduleTest, ASeedRunsTheSameInterleavingAgain) {
 // Seeds that once found a bug, each run in every fast tier. 17070611127345144417: a torn read of
 // a thief's ticket and flags listed the owner's item twice in a saved state. 7593951705622718698
 // and 16313654251137480512: a thief that bumped split_seq before the scan began and split during
-// it let SaveState list the anchor's old range and the piece both.
+// it let SaveState list the anchor's old range and the piece both. 453898878288612545: a fruitless
+// scan reset the count of orphans while a claimer still owed its decrement, and an orphan
+// published then was never looked for: every thread saw kEmpty at the end of the data.
 TEST_F(WorkQueueScheduleTest, SeedsThatOnceFoundABugStillPass) {
-  for (uint64_t seed : {17070611127345144417ull, 7593951705622718698ull, 16313654251137480512ull}) {
+  for (uint64_t seed : {17070611127345144417ull, 7593951705622718698ull, 16313654251137480512ull,
+                        453898878288612545ull}) {
     EXPECT_EQ(RunSeed(seed), "");
   }
 }
