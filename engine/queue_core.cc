@@ -163,11 +163,13 @@ void QueueCore::SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noex
     x.pending = 0;
     if (as.extent.compare_exchange_weak(e, x.Word(), std::memory_order_acq_rel)) break;
   }
+  // Several may settle one anchor (its thief, housekeeping, a recoverer),
+  // so the free is the CAS alone: FinishAck cleared the ticket and flags
+  // while it still owned the lease, and a settler that lost the race must
+  // not write into a slot that may already be someone's new lease.
   uint64_t w = as.word.load(std::memory_order_acquire);
   if (LeaseStateOf(w) == kLeaseDoneWait &&
       Extent::Of(as.extent.load(std::memory_order_acquire)).pending == 0) {
-    as.ticket.store(kNoTicket, std::memory_order_relaxed);
-    as.flags.store(0, std::memory_order_relaxed);
     as.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseFree, kNoOwner),
                                     std::memory_order_acq_rel);
     WakeWaiters();
@@ -197,6 +199,10 @@ void QueueCore::FinishAck(uint64_t lease, uint64_t acking) noexcept {
       seg_->counters().duplicate_acks.fetch_add(1, std::memory_order_relaxed);
   }
   CrashPoint("ack.after_bit");
+  // Cleared while ACKING, which only we own (I6). A DONE_WAIT lease holds no
+  // ticket: its piece's thief holds it, or its bit is set.
+  ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+  ls.flags.store(0, std::memory_order_relaxed);
   if (x.pending != 0) {
     // A thief is between its split CAS and publishing its piece: keep the
     // slot (I7); the thief, or whoever recovers it, frees it.
@@ -204,8 +210,6 @@ void QueueCore::FinishAck(uint64_t lease, uint64_t acking) noexcept {
                                     std::memory_order_acq_rel);
     return;
   }
-  ls.ticket.store(kNoTicket, std::memory_order_relaxed);
-  ls.flags.store(0, std::memory_order_relaxed);
   ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseFree, kNoOwner),
                                   std::memory_order_acq_rel);
 }

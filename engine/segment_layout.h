@@ -23,6 +23,9 @@
 //      generation, so a holder whose lease was reassigned cannot ack it.
 //  I6. A FREE lease's ticket is kNoTicket: whoever frees a lease clears the
 //      ticket first, so a taker never writes a slot it does not own yet.
+//      Only a lease's sole owner writes its fields: an ack clears them while
+//      ACKING, before DONE_WAIT, because several may race to free a
+//      DONE_WAIT anchor (by CAS alone, writing nothing).
 //  I7. A split is one CAS on the anchor's extent word, made only after the
 //      thief filled its own TAKING lease with the piece; the CAS records the
 //      thief's lease as pending until the piece is OPEN. So a recoverer knows
