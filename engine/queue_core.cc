@@ -141,7 +141,6 @@ bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_wo
 bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,
                               uint64_t begin, uint64_t end, uint32_t flags) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
-  ls.ticket.store(ticket, std::memory_order_relaxed);
   ls.begin.store(begin, std::memory_order_relaxed);
   ls.end.store(end, std::memory_order_relaxed);
   ls.progress.store(begin, std::memory_order_relaxed);
@@ -149,6 +148,7 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
       Extent{ExtentUnits(end - begin, SplitUnit(end - begin)), 0, 0, false, false}.Word(),
       std::memory_order_relaxed);
   ls.flags.store(flags, std::memory_order_relaxed);
+  ls.ticket.store(ticket, std::memory_order_release);  // last, as in a take
   // The CAS releases the fields above to the claimer's acquire CAS.
   return MarkOrphan(ls, &expected_word, NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner));
 }
@@ -388,8 +388,15 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
       if (!ReadTicketAndFlags(ls, &ticket, &flags) || (flags & kLeasePiece)) continue;  // mid-split
       if (ticket == kNoTicket) continue;  // mid-fetch_add; it will record it when it runs
       if (ticket >= total_ || seg_->IsDone(ticket)) continue;  // it will free it itself
+      // Its owner may be only paused: take the lease over before writing
+      // it, so that neither it nor another reassigner writes it after us.
+      // Should we die next, our own recovery republishes it.
+      uint64_t ours = NextLeaseWord(w, kLeaseTaking, self);
+      if (self >= seg_->geometry().max_clients ||
+          !ls.word.compare_exchange_strong(w, ours, std::memory_order_acq_rel))
+        continue;
       const WorkQueue::Item& item = items_[ItemAt(ticket / items_.size(), ticket % items_.size())];
-      if (PublishOrphan(l, w, ticket, item.begin, item.end, 0)) {
+      if (PublishOrphan(l, ours, ticket, item.begin, item.end, 0)) {
         seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
         ++reassigned;
       }
@@ -468,7 +475,8 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
         if (LeaseStateOf(w) != kLeaseFree) continue;
         uint64_t taking = NextLeaseWord(w, kLeaseTaking, self);
         if (!ls.word.compare_exchange_strong(w, taking, std::memory_order_acq_rel)) continue;
-        ls.ticket.store(t, std::memory_order_release);
+        // PublishOrphan records t last: should we die first, the lease is a
+        // TAKING one without a ticket, and the next sweep finds t again.
         const WorkQueue::Item& item = items_[ItemAt(t / items_.size(), t % items_.size())];
         issued = PublishOrphan(l, taking, t, item.begin, item.end, 0);
         if (issued) c.recovered_items.fetch_add(1, std::memory_order_relaxed);

@@ -635,9 +635,8 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     CrashPoint("take.after_reserve");
     uint64_t ticket = cursor.fetch_add(1, std::memory_order_acq_rel);
     CrashPoint("take.after_fetch_add");
+    // Nothing recorded yet (the ticket stays kNoTicket): freeing is the CAS.
     auto release = [&] {
-      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
-      ls.flags.store(0, std::memory_order_relaxed);
       ls.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
     };
@@ -645,8 +644,6 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
       release();
       break;
     }
-    ls.ticket.store(ticket, std::memory_order_release);
-    CrashPoint("take.after_ticket");
     if (segment_->IsDone(ticket)) {  // done before a restore
       release();
       continue;
@@ -661,6 +658,10 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     ls.extent.store(Extent{ExtentUnits(length, SplitUnit(length)), 0, 0, false, false}.Word(),
                     std::memory_order_relaxed);
     ls.flags.store(0, std::memory_order_relaxed);
+    // The ticket last: a lease timeout may republish a TAKING lease once its
+    // ticket shows (ReassignHung), and from then on we write nothing more.
+    ls.ticket.store(ticket, std::memory_order_release);
+    CrashPoint("take.after_ticket");
     uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     // Fails only if a lease timeout reassigned the ticket while we were paused.
     if (!ls.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel)) continue;
