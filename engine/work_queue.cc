@@ -376,10 +376,16 @@ void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
   uint64_t first_word = s.low / 64;
   for (uint64_t i = 0; i < first_word; ++i)
     seg.done_word(i).store(~uint64_t{0}, std::memory_order_relaxed);
-  for (uint64_t i = 0; i < s.words.size(); ++i)
-    seg.done_word(first_word + i).store(s.words[i], std::memory_order_relaxed);
+  for (uint64_t i = 0; i < s.words.size(); ++i) {
+    uint64_t bits = s.words[i];
+    // Bits (and below, pieces) past the cursor mean nothing, though states
+    // saved by older builds have some: their tickets are handed out again.
+    if (i + 1 == s.words.size() && s.cursor % 64 != 0) bits &= (uint64_t{1} << (s.cursor % 64)) - 1;
+    seg.done_word(first_word + i).store(bits, std::memory_order_relaxed);
+  }
   uint64_t lease = 0;
   for (const Piece& p : s.pieces) {
+    if (p.ticket >= s.cursor) continue;
     uint64_t epoch = p.ticket / core_->num_items();
     const WorkQueue::Item& item =
         config_.items[core_->ItemAt(epoch, p.ticket % core_->num_items())];
@@ -1019,6 +1025,7 @@ std::string WorkQueue::Impl::SaveState() const {
   // has moved is then told by the anchor's extent as this same scan read it
   // (pending names the thief from the CAS until the piece is OPEN), so the
   // anchor and the piece are judged at one moment: never both, never none.
+  // A TAKING piece that moved on during the scan makes us scan again.
   struct Seen {
     uint64_t word = 0, ticket = kNoTicket, begin = 0, end = 0, progress = 0, extent = 0, anchor = 0;
     uint32_t flags = 0;
@@ -1042,7 +1049,22 @@ std::string WorkQueue::Impl::SaveState() const {
         if (ls.word.load(std::memory_order_acquire) == v.word) break;
       }
     }
-    if (seg.counters().split_seq.load(std::memory_order_seq_cst) == split_seq) break;
+    bool still = seg.counters().split_seq.load(std::memory_order_seq_cst) == split_seq;
+    // A thief's TAKING piece is judged below by its anchor as this scan
+    // read it, which holds only if the piece stayed TAKING all through the
+    // scan (it leaves the anchor's pending mark once OPEN). Read its fields
+    // again meanwhile: if its split happened, they were complete before it.
+    for (uint64_t l = 0; l < num_leases && still; ++l) {
+      Seen& v = seen[l];
+      if (LeaseStateOf(v.word) != kLeaseTaking || !(v.flags & kLeasePiece)) continue;
+      LeaseSlot& ls = seg.lease(l);
+      still = ReadTicketAndFlags(ls, &v.ticket, &v.flags);
+      v.anchor = ls.anchor.load(std::memory_order_relaxed);
+      v.begin = ls.begin.load(std::memory_order_relaxed);
+      v.end = ls.end.load(std::memory_order_relaxed);
+      still = still && ls.word.load(std::memory_order_acquire) == v.word;
+    }
+    if (still) break;
     if (scan == 100)
       throw Error(ErrorKind::kTimeout,
                   "queue '" + options_.name +
@@ -1072,12 +1094,14 @@ std::string WorkQueue::Impl::SaveState() const {
   uint64_t words = (s.cursor + 63) / 64;
   std::vector<uint64_t> bits(words);
   for (uint64_t i = 0; i < words; ++i) bits[i] = seg.done_word(i).load(std::memory_order_acquire);
-  // A ticket taken after we read the cursor is handed out again after a
-  // restore anyway; its bit would lie past the bitmap we copied.
+  // Only tickets below the cursor: one taken after we read it is handed
+  // out again, whole, after a restore; a bit or a piece of it here would
+  // make the restore skip some of it.
+  if (s.cursor % 64 != 0) bits[words - 1] &= (uint64_t{1} << (s.cursor % 64)) - 1;
+  std::erase_if(s.pieces, [&](const Piece& p) { return p.ticket >= s.cursor; });
   for (uint64_t t : acking)
     if (t < s.cursor) bits[t / 64] |= uint64_t{1} << (t % 64);
-  for (const Piece& p : s.pieces)
-    if (p.ticket < s.cursor) bits[p.ticket / 64] |= uint64_t{1} << (p.ticket % 64);
+  for (const Piece& p : s.pieces) bits[p.ticket / 64] |= uint64_t{1} << (p.ticket % 64);
   s.low = 0;
   while (s.low < s.cursor && ((bits[s.low / 64] >> (s.low % 64)) & 1)) ++s.low;
   s.words.assign(bits.begin() + static_cast<long>(s.low / 64), bits.end());
