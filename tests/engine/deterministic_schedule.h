@@ -10,6 +10,11 @@
 // bodies themselves make the same choices (seed their generators from it)
 // and do not block in the kernel while holding the turn.
 //
+// With pauses, a thread may be put to sleep at any schedule point, inside an
+// engine call as well, for a number of points: the others run meanwhile, as
+// they would beside a process stopped by SIGSTOP or a long GC pause. The
+// logical clock (1 us per point) runs on, so lease timeouts expire.
+//
 // Threads the scheduler did not start (e.g. a WorkQueue's holder thread) pass
 // through SchedulePoint() untouched. One Run at a time per process.
 #ifndef TAILCUT_TESTS_ENGINE_DETERMINISTIC_SCHEDULE_H_
@@ -23,7 +28,13 @@ namespace tailcut::test {
 
 class DeterministicSchedule {
  public:
+  struct Pauses {
+    double chance = 0;  // per schedule point of the running thread
+    uint64_t min_points = 0, max_points = 0;
+  };
+
   explicit DeterministicSchedule(uint64_t seed) : seed_(seed) {}
+  DeterministicSchedule(uint64_t seed, Pauses pauses) : seed_(seed), pauses_(pauses) {}
 
   // Runs every body to its end, interleaved at the schedule points. Returns
   // the number of schedule points passed.
@@ -35,6 +46,7 @@ class DeterministicSchedule {
 
  private:
   uint64_t seed_;
+  Pauses pauses_;
 };
 
 }  // namespace tailcut::test

@@ -11,8 +11,10 @@
 // TAILCUT_SCHEDULE_SEEDS (default 600) seeds per run (seeds 1, 2, ...); the stress build runs
 // as many as fit in TAILCUT_STRESS_SECONDS. TAILCUT_SCHEDULE_SEED=<seed>
 // repeats one (the failure message names it).
+#include <cstring>
 #include <memory>
 
+#include "engine/config.h"
 #include "tests/engine/deterministic_schedule.h"
 #include "tests/engine/queue_test_util.h"
 
@@ -43,9 +45,19 @@ class Logs {
   std::vector<std::vector<Record>> logs_;
 };
 
+// A third of the seeds run with a lease timeout of 1-3 ms of the logical
+// clock (1 us per schedule point) and pauses: a thread paused that long
+// loses its items to the others, and its late calls must be kStale.
+milliseconds LeaseTimeoutFor(uint64_t seed) {
+  const uint64_t h = seed * 0x9E3779B97F4A7C15ull;
+  return milliseconds(h % 3 == 0 ? 1 + (h >> 32) % 3 : 0);
+}
+
 // A worker thread: TryTake until kEnd (a kEmpty just lets the others run),
-// reading each item in claimed chunks; "" when all went as it should.
-std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed) {
+// reading each item in claimed chunks; "" when all went as it should. With a
+// lease timeout, any call on an item may find it reassigned (kStale): the
+// item is dropped, as a trainer would.
+std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed, bool may_be_stale, uint64_t* stale) {
   std::mt19937_64 rng(seed);
   for (uint64_t empty = 0;;) {
     WorkItem it;
@@ -62,27 +74,42 @@ std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed) {
     empty = 0;
     if (std::string bad = CheckItem(q, it); !bad.empty()) return "bad item: " + bad;
     logs.Log(me, Record{Rec::kTaken, 0, it.epoch, it.index, it.ticket, it.begin, it.end});
+    // "" to go on with the item, "stale" to drop it, else what went wrong.
+    auto check = [&](AckStatus a, const char* call) -> std::string {
+      if (a == AckStatus::kOk) return "";
+      if (a == AckStatus::kStale && may_be_stale) {
+        logs.Log(me, Record{Rec::kStale, 0, it.epoch, it.index, it.ticket, it.begin, it.end});
+        ++*stale;
+        return "stale";
+      }
+      return std::string(call) + " returned " + StatusName(a);
+    };
     uint64_t pos = it.begin, end = it.end;
-    while (pos < end) {
+    std::string bad;
+    while (pos < end && bad.empty()) {
       const uint64_t up_to = std::min(pos + (8 << 10), it.end);
-      if (q.Claim(it, up_to, &end) != AckStatus::kOk) return "Claim refused";
+      if (bad = check(q.Claim(it, up_to, &end), "Claim"); !bad.empty()) break;
       if (end > it.end || end < pos) return "Claim moved the end outside the item";
       if (pos >= end) break;
       pos = std::min(up_to, end);
       DeterministicSchedule::Yield();  // "reading" the chunk
     }
+    if (bad == "stale") continue;
+    if (!bad.empty()) return bad;
     if (rng() % 4 == 0 && pos > it.begin) {
       const uint64_t offset = it.begin + (pos - it.begin) / 2;
       logs.Log(me, Record{Rec::kProgress, 0, it.epoch, it.index, it.ticket, it.begin, offset});
-      if (q.Progress(it, offset, 1) != AckStatus::kOk) return "Progress refused";
+      if (bad = check(q.Progress(it, offset, 1), "Progress"); bad == "stale") continue;
+      if (!bad.empty()) return bad;
     }
     if (rng() % 12 == 0) {
-      if (q.GiveBack(it) != AckStatus::kOk) return "GiveBack refused";
+      if (bad = check(q.GiveBack(it), "GiveBack"); !bad.empty() && bad != "stale") return bad;
       continue;
     }
     const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch, it.index, it.ticket, it.begin, pos};
     logs.Log(me, consumed);
-    if (const AckStatus a = q.Ack(it); a != AckStatus::kOk) return std::string("Ack returned ") + StatusName(a);
+    if (bad = check(q.Ack(it), "Ack"); bad == "stale") continue;
+    if (!bad.empty()) return bad;
     Record done = consumed;
     done.kind = Rec::kAcked;
     logs.Log(me, done);
@@ -94,6 +121,9 @@ class WorkQueueScheduleTest : public QueueTest {
   // One seed: "" when every check passed, else what failed. *trace gets
   // every record of every thread in the order the schedule ran them.
   std::string RunSeed(uint64_t seed, std::vector<Record>* trace = nullptr) {
+    return RunSeed(seed, LeaseTimeoutFor(seed), trace);
+  }
+  std::string RunSeed(uint64_t seed, milliseconds lease_timeout, std::vector<Record>* trace = nullptr) {
     std::mt19937_64 rng(seed);
     auto o = BaseOptions(NewName("sched"), works_);
     o.num_slices = 3 + rng() % 5;
@@ -103,6 +133,7 @@ class WorkQueueScheduleTest : public QueueTest {
     o.max_clients = 4;  // few lease slots: every scan of them is short
     o.leases_per_client = 4;
     o.min_split_bytes = 8 << 10;
+    o.lease_timeout = lease_timeout;
     std::unique_ptr<WorkQueue> shared = WorkQueue::Open(o);
     std::unique_ptr<WorkQueue> own = WorkQueue::Open(o);
     std::unique_ptr<WorkQueue> saver = WorkQueue::Open(o);
@@ -116,7 +147,9 @@ class WorkQueueScheduleTest : public QueueTest {
     std::vector<std::function<void()>> bodies;
     for (size_t i = 0; i < kWorkers; ++i) {
       WorkQueue& q = i < 2 ? *shared : *own;
-      bodies.push_back([&, i, s = rng()] { errors[i] = Work(q, logs, i, s); });
+      bodies.push_back([&, i, s = rng()] {
+        errors[i] = Work(q, logs, i, s, lease_timeout.count() > 0, &stale_);
+      });
     }
     bodies.push_back([&, s = rng()] {
       std::mt19937_64 r(s);
@@ -134,7 +167,11 @@ class WorkQueueScheduleTest : public QueueTest {
         windows.emplace_back(begin, logs.of(kWorkers).back().seq);
       }
     });
-    DeterministicSchedule schedule(seed);
+    // With a lease timeout, threads are paused now and then for 0.3-4 ms of
+    // the logical clock, inside engine calls too, as by SIGSTOP.
+    DeterministicSchedule schedule(
+        seed, lease_timeout.count() > 0 ? DeterministicSchedule::Pauses{1.0 / 1500, 300, 4000}
+                                        : DeterministicSchedule::Pauses{});
     points_ += schedule.Run(std::move(bodies));
 
     if (trace != nullptr) {
@@ -167,8 +204,8 @@ class WorkQueueScheduleTest : public QueueTest {
     }
     if (fail.str().empty()) return "";
     return "seed " + std::to_string(seed) + " (repeat: TAILCUT_SCHEDULE_SEED=" + std::to_string(seed) + "), " +
-           std::to_string(o.num_slices.value()) + " slices, " + std::to_string(o.num_epochs) + " epochs:" +
-           fail.str();
+           std::to_string(o.num_slices.value()) + " slices, " + std::to_string(o.num_epochs) + " epochs, lease timeout " +
+           std::to_string(lease_timeout.count()) + " ms:" + fail.str();
   }
 
   // Restores a state into a fresh queue and drains it (no scheduler): with
@@ -199,6 +236,7 @@ class WorkQueueScheduleTest : public QueueTest {
   uint64_t points_ = 0;
   uint64_t pieces_ = 0;
   uint64_t splits_ = 0;
+  uint64_t stale_ = 0;
   int restored_ = 0;
 };
 
@@ -227,9 +265,53 @@ TEST_F(WorkQueueScheduleTest, ASeedRunsTheSameInterleavingAgain) {
 // published then was never looked for: every thread saw kEmpty at the end of the data.
 TEST_F(WorkQueueScheduleTest, SeedsThatOnceFoundABugStillPass) {
   for (uint64_t seed : {17070611127345144417ull, 7593951705622718698ull, 16313654251137480512ull,
-                        453898878288612545ull}) {
-    EXPECT_EQ(RunSeed(seed), "");
+                        453898878288612545ull, 3668780794851868250ull, 5114807108770098137ull}) {
+    EXPECT_EQ(RunSeed(seed, milliseconds(0)), "");
   }
+}
+
+// Seed 5114807108770098137 found SaveState copying done bits of tickets taken
+// after it read the cursor, so that a restore skipped those tickets although
+// their acks overlapped the save. States saved before the fix still carry such
+// bits (and such pieces): a restore ignores them and hands those tickets out
+// whole. Written by hand here, with the state's hash recomputed (the engine is
+// linked statically into this binary, so detail::HashBytes is at hand).
+TEST_F(WorkQueueScheduleTest, RestoreIgnoresBitsAndPiecesPastTheSavedCursor) {
+  auto o = BaseOptions(NewName("past_cursor"), works_);
+  o.num_slices = 10;
+  o.shuffle = false;
+  std::string state;
+  std::vector<WorkQueue::Item> items;
+  {
+    auto q = WorkQueue::Open(o);
+    items = q->items();
+    WorkItem a, b;
+    ASSERT_EQ(q->TryTake(&a), TakeStatus::kOk);
+    ASSERT_EQ(q->TryTake(&b), TakeStatus::kOk);
+    ASSERT_EQ(q->Ack(a), AckStatus::kOk);
+    state = q->SaveState();  // cursor 2: ticket 0 done, ticket 1 open
+    q->Close();
+  }
+  ASSERT_GE(items.size(), 6u);
+  std::vector<uint64_t> v(state.size() / 8);
+  std::memcpy(v.data(), state.data(), v.size() * 8);
+  // magic, version, fingerprint, items, epochs, seed, low, cursor, nwords,
+  // words, npieces, pieces (ticket, begin, end), hash.
+  ASSERT_EQ(v[7], 2u) << "cursor";
+  ASSERT_EQ(v[8], 1u) << "one word of done bits";
+  v[9] |= uint64_t{1} << 4;  // ticket 4: past the cursor
+  const uint64_t pieces = v[10];
+  v.insert(v.begin() + 11 + 3 * static_cast<long>(pieces), {5, items[5].begin, items[5].begin});
+  v[10] = pieces + 1;
+  v.back() = tailcut::detail::HashBytes(v.data(), (v.size() - 1) * 8);
+  auto r = o;
+  r.name = NewName("past_cursor_restored");
+  r.restore_state.assign(reinterpret_cast<const char*>(v.data()), v.size() * 8);
+  auto q = WorkQueue::Open(r);
+  Coverage cov(items, 1);
+  cov.Add(0, 0, items[0].begin, items[0].end);  // acked before the save
+  for (const WorkItem& it : Drain(*q)) cov.Add(it.epoch, it.index, it.begin, it.end);
+  EXPECT_EQ(cov.Check(), "");
 }
 
 TEST_F(WorkQueueScheduleTest, EverySeededInterleavingAcksEachByteOnce) {
@@ -256,9 +338,12 @@ TEST_F(WorkQueueScheduleTest, EverySeededInterleavingAcksEachByteOnce) {
   }
   RecordProperty("seeds", std::to_string(ran));
   RecordProperty("schedule_points", std::to_string(points_));
-  std::printf("%llu seeds, %llu schedule points, %llu tails split, %llu split pieces acked, %d saved states restored\n",
-              static_cast<unsigned long long>(ran), static_cast<unsigned long long>(points_),
-              static_cast<unsigned long long>(splits_), static_cast<unsigned long long>(pieces_), restored_);
+  std::printf(
+      "%llu seeds, %llu schedule points, %llu tails split, %llu split pieces acked, %llu stale calls refused, "
+      "%d saved states restored\n",
+      static_cast<unsigned long long>(ran), static_cast<unsigned long long>(points_),
+      static_cast<unsigned long long>(splits_), static_cast<unsigned long long>(pieces_),
+      static_cast<unsigned long long>(stale_), restored_);
   std::printf("deterministic schedule: %llu passed, %d failed\n",
               static_cast<unsigned long long>(ran - static_cast<uint64_t>(failures)), failures);
 }
