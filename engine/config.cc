@@ -198,6 +198,13 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
            where + " is not readable: " + std::strerror(errno) + "; fix its permissions");
       return;
     }
+    if (static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
+      fail(i, ErrorKind::kInvalidArgument,
+           where + " is " + std::to_string(st.st_size) +
+               " bytes, more than tailcut handles in one file (2^48 - 1 bytes, 256 TiB); "
+               "split it into smaller files");
+      return;
+    }
     config.sizes[i] = static_cast<uint64_t>(st.st_size);
   };
   if (n < kParallelStatThreshold) {

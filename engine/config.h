@@ -18,6 +18,8 @@ inline constexpr uint32_t kMaxClients = 4096;
 inline constexpr uint32_t kMaxLeasesPerClient = 256;
 // Lease indices must fit the 14-bit pending field of an extent word.
 inline constexpr uint64_t kMaxLeases = (uint64_t{1} << 14) - 2;
+// Offsets are kept in 48 bits of a lease's progress word (segment_layout.h).
+inline constexpr uint64_t kMaxFileBytes = (uint64_t{1} << 48) - 1;
 inline constexpr size_t kMaxNameLength = 200;
 inline constexpr size_t kFormatTagBytes = 64;
 

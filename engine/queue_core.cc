@@ -141,16 +141,16 @@ bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_wo
 bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,
                               uint64_t begin, uint64_t end, uint32_t flags) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
+  const uint64_t orphan = NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner);
   ls.begin.store(begin, std::memory_order_relaxed);
   ls.end.store(end, std::memory_order_relaxed);
-  ls.progress.store(begin, std::memory_order_relaxed);
-  ls.extent.store(
-      Extent{ExtentUnits(end - begin, SplitUnit(end - begin)), 0, 0, false, false}.Word(),
-      std::memory_order_relaxed);
+  ls.progress.store(ProgressWord(begin, orphan), std::memory_order_relaxed);
+  ls.extent.store(Extent::Fresh(ExtentUnits(end - begin, SplitUnit(end - begin)), orphan).Word(),
+                  std::memory_order_relaxed);
   ls.flags.store(flags, std::memory_order_relaxed);
   ls.ticket.store(ticket, std::memory_order_release);  // last, as in a take
   // The CAS releases the fields above to the claimer's acquire CAS.
-  return MarkOrphan(ls, &expected_word, NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner));
+  return MarkOrphan(ls, &expected_word, orphan);
 }
 
 void QueueCore::SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept {
@@ -284,8 +284,10 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
     return;
   }
   if (state == kLeaseOpen) {
-    ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    if (MarkOrphan(ls, &word, NextLeaseWord(word, kLeaseOrphan, kNoOwner))) {
+    const uint64_t orphan = NextLeaseWord(word, kLeaseOrphan, kNoOwner);
+    ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
+                      std::memory_order_relaxed);
+    if (MarkOrphan(ls, &word, orphan)) {
       c.recovered_items.fetch_add(1, std::memory_order_relaxed);
     }
     // A thief that died after publishing its piece but before settling.
@@ -377,8 +379,10 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
     uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
     if (last + timeout_ns > now) continue;
     if (state == kLeaseOpen) {
-      ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      if (MarkOrphan(ls, &w, NextLeaseWord(w, kLeaseOrphan, kNoOwner))) {
+      const uint64_t orphan = NextLeaseWord(w, kLeaseOrphan, kNoOwner);
+      ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
+                        std::memory_order_relaxed);
+      if (MarkOrphan(ls, &w, orphan)) {
         seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
         ++reassigned;
       }

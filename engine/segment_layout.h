@@ -89,35 +89,65 @@ inline constexpr uint32_t kLeasePreset = 1;
 // the ticket".
 inline constexpr uint32_t kLeasePiece = 2;
 
+// The low bits of a lease word's generation, kept in words that are written
+// after a check of the lease word (a paused owner's Claim or Progress may
+// land after its lease was reassigned and taken again): a tag that does not
+// match the lease word marks such a late write.
+inline uint64_t GenTag(uint64_t lease_word, int bits) {
+  return LeaseGenOf(lease_word) & ((uint64_t{1} << bits) - 1);
+}
+
 // Extent word of a lease, for tail splitting. Offsets are relative to the
 // lease's begin in units of SplitUnit(end - begin) bytes:
-//   bits 0-23  end: the owner stops at the first record starting at or past it
-//   bits 24-47 claim: the owner may hand out records starting before it
-//   bits 48-61 pending: lease index + 1 of a thief between its split CAS and
+//   bits 0-19  end: the owner stops at the first record starting at or past it
+//   bits 20-39 claim: the owner may hand out records starting before it
+//   bits 40-53 pending: lease index + 1 of a thief between its split CAS and
 //              publishing its piece (0: none)
+//   bits 54-61 tag: GenTag(8) of the word its owner holds the lease by (set
+//              when the lease is filled or claimed), so that a CAS by a
+//              former owner, or by a thief that read a former owner's
+//              extent, fails
 //   bit 62     splittable: the owner claims before it reads (set by Claim)
 //   bit 63     split: at least one tail was split off
 // A thief may lower end to a point past claim, only while pending is 0.
 struct Extent {
-  uint64_t end, claim, pending;
+  uint64_t end, claim, pending, tag;
   bool splittable, split;
   static Extent Of(uint64_t w) {
-    return {w & 0xffffff, (w >> 24) & 0xffffff, (w >> 48) & 0x3fff, ((w >> 62) & 1) != 0,
-            (w >> 63) != 0};
+    return {w & 0xfffff,         (w >> 20) & 0xfffff,     (w >> 40) & 0x3fff,
+            (w >> 54) & 0xff,    ((w >> 62) & 1) != 0,    (w >> 63) != 0};
+  }
+  // A fresh extent of `units` for an owner holding the lease by `word`.
+  static Extent Fresh(uint64_t units, uint64_t word) {
+    return {units, 0, 0, GenTag(word, 8), false, false};
   }
   uint64_t Word() const {
-    return end | (claim << 24) | (pending << 48) | (uint64_t{splittable} << 62) |
+    return end | (claim << 20) | (pending << 40) | (tag << 54) | (uint64_t{splittable} << 62) |
            (uint64_t{split} << 63);
   }
 };
-inline constexpr uint64_t kMaxExtentUnits = (uint64_t{1} << 24) - 1;
-// Smallest power of two >= 4 KiB that expresses `length` in 24 bits.
+static_assert(kMaxLeases < (uint64_t{1} << 14));
+inline constexpr uint64_t kMaxExtentUnits = (uint64_t{1} << 20) - 1;
+// Smallest power of two >= 4 KiB that expresses `length` in 20 bits.
 inline uint64_t SplitUnit(uint64_t length) {
   uint64_t unit = 4096;
   while (length / unit >= kMaxExtentUnits) unit *= 2;
   return unit;
 }
 inline uint64_t ExtentUnits(uint64_t length, uint64_t unit) { return (length + unit - 1) / unit; }
+
+// Progress word of a lease: the resume offset (bits 0-47; files are at most
+// kMaxFileBytes) and the GenTag(16) of the word its writer held or published
+// the lease by. A reader trusts the offset only when the tag matches the
+// lease word it read, and otherwise resumes from the lease's begin.
+inline uint64_t ProgressWord(uint64_t offset, uint64_t lease_word) {
+  return (offset & kMaxFileBytes) | (GenTag(lease_word, 16) << 48);
+}
+inline bool ProgressOffset(uint64_t progress, uint64_t lease_word, uint64_t* offset) {
+  if ((progress >> 48) != GenTag(lease_word, 16)) return false;
+  *offset = progress & kMaxFileBytes;
+  return true;
+}
 
 struct alignas(kCacheLine) Header {
   SharedAtomic<uint64_t> magic;  // written after the admin mutex exists
@@ -208,7 +238,7 @@ struct alignas(kCacheLine) LeaseSlot {
   SharedAtomic<uint64_t> ticket;
   SharedAtomic<uint64_t> begin;
   SharedAtomic<uint64_t> end;
-  SharedAtomic<uint64_t> progress;  // resume offset for checkpoints
+  SharedAtomic<uint64_t> progress;  // resume offset for checkpoints: ProgressWord
   SharedAtomic<uint64_t> extent;    // Extent word (tail splitting)
   SharedAtomic<uint64_t> anchor;    // pieces: the lease they were split off
   SharedAtomic<uint32_t> flags;

@@ -580,17 +580,23 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     uint64_t end = ls.end.load(std::memory_order_relaxed);
     uint32_t flags = ls.flags.load(std::memory_order_relaxed);
     if (begin <= end) {
-      // An anchor whose tail was split off ends where the split lowered it;
-      // it becomes splittable again when its new owner claims.
+      // Ours now: tag the extent (a former owner's late Claim, or a thief
+      // that read it before, then fails its CAS), and not splittable until
+      // we claim. An anchor whose tail was split off ends where the split
+      // lowered it, as the extent says once no thief can lower it further.
       uint64_t e = ls.extent.load(std::memory_order_acquire);
       Extent x = Extent::Of(e);
-      end = std::min(end, begin + x.end * SplitUnit(end - begin));
-      while (x.splittable) {
+      for (;;) {
         Extent y = x;
         y.splittable = false;
-        if (ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) break;
+        y.tag = GenTag(open, 8);
+        if (ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
+          x = y;
+          break;
+        }
         x = Extent::Of(e);
       }
+      end = std::min(end, begin + x.end * SplitUnit(end - begin));
     }
     // Never trust the segment: a piece must lie inside its ticket's item.
     bool valid = ticket < core_->total();
@@ -608,7 +614,7 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
       c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
       continue;
     }
-    ls.progress.store(begin, std::memory_order_relaxed);
+    ls.progress.store(ProgressWord(begin, open), std::memory_order_relaxed);
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
     me().items_recovered.fetch_add(1, std::memory_order_relaxed);
     FillItem(out, l, open, ticket, begin, end);
@@ -657,18 +663,18 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     uint64_t n = core_->num_items();
     const uint64_t index = core_->ItemAt(ticket / n, ticket % n);
     const WorkQueue::Item& item = config_.items[index];
+    const uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     ls.begin.store(item.begin, std::memory_order_relaxed);
     ls.end.store(item.end, std::memory_order_relaxed);
-    ls.progress.store(item.begin, std::memory_order_relaxed);
+    ls.progress.store(ProgressWord(item.begin, open), std::memory_order_relaxed);
     uint64_t length = item.end - item.begin;
-    ls.extent.store(Extent{ExtentUnits(length, SplitUnit(length)), 0, 0, false, false}.Word(),
+    ls.extent.store(Extent::Fresh(ExtentUnits(length, SplitUnit(length)), open).Word(),
                     std::memory_order_relaxed);
     ls.flags.store(0, std::memory_order_relaxed);
     // The ticket last: a lease timeout may republish a TAKING lease once its
     // ticket shows (ReassignHung), and from then on we write nothing more.
     ls.ticket.store(ticket, std::memory_order_release);
     CrashPoint("take.after_ticket");
-    uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     // Fails only if a lease timeout reassigned the ticket while we were paused.
     if (!ls.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel)) continue;
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
@@ -772,11 +778,12 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     ps.anchor.store(victim, std::memory_order_relaxed);
     ps.flags.store(kLeasePiece, std::memory_order_seq_cst);
     ps.ticket.store(victim_ticket, std::memory_order_release);  // see ReadTicketAndFlags
+    const uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     ps.begin.store(split, std::memory_order_relaxed);
     ps.end.store(victim_end, std::memory_order_relaxed);
-    ps.progress.store(split, std::memory_order_relaxed);
+    ps.progress.store(ProgressWord(split, open), std::memory_order_relaxed);
     uint64_t length = victim_end - split;
-    ps.extent.store(Extent{ExtentUnits(length, SplitUnit(length)), 0, 0, false, false}.Word(),
+    ps.extent.store(Extent::Fresh(ExtentUnits(length, SplitUnit(length)), open).Word(),
                     std::memory_order_relaxed);
     CrashPoint("split.after_reserve");
     Extent lowered = x;
@@ -798,7 +805,6 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     // bump change had this lease TAKING all along (see SaveState).
     segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
     CrashPoint("split.after_cas");
-    uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     ps.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel);
     CrashPoint("split.after_open");
     core_->SettleSplit(victim, mine, slot_);
@@ -815,8 +821,8 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
 AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
   LeaseSlot& ls = segment_->lease(item.lease);
-  if (ls.word.load(std::memory_order_acquire) != LeaseWord(kLeaseOpen, slot_, item.generation))
-    return AckStatus::kStale;
+  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
+  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
   uint64_t begin = ls.begin.load(std::memory_order_relaxed);
   uint64_t limit = ls.end.load(std::memory_order_relaxed);
   if ((ls.flags.load(std::memory_order_relaxed) & kLeasePreset) || begin > limit) {
@@ -828,6 +834,9 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
   uint64_t e = ls.extent.load(std::memory_order_acquire);
   Extent x = Extent::Of(e);
   for (;;) {
+    // Paused past a lease timeout, we may find the lease another owner's:
+    // its extent then carries that owner's tag, and we touch nothing.
+    if (x.tag != GenTag(ours, 8)) return AckStatus::kStale;
     Extent y = x;
     y.splittable = true;
     y.claim = std::max(x.claim, std::min(want, x.end));
@@ -837,6 +846,9 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
     }
     x = Extent::Of(e);
   }
+  // The fields above may be another owner's if the lease moved on after
+  // our first check; then the end would be theirs.
+  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
   *end = std::min(limit, begin + x.end * unit);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;
@@ -982,10 +994,11 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   LeaseSlot& ls = segment_->lease(item.lease);
   uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
   if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
-  ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  const uint64_t orphan = NextLeaseWord(expected, kLeaseOrphan, kNoOwner);
+  ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
+                    std::memory_order_relaxed);
   CrashPoint("giveback.after_mark");
-  if (!core_->MarkOrphan(ls, &expected, NextLeaseWord(expected, kLeaseOrphan, kNoOwner)))
-    return AckStatus::kStale;
+  if (!core_->MarkOrphan(ls, &expected, orphan)) return AckStatus::kStale;
   me().items_given_back.fetch_add(1, std::memory_order_relaxed);
   core_->WakeWaiters();
   return AckStatus::kOk;
@@ -995,9 +1008,12 @@ AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
                                     uint64_t records) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
   LeaseSlot& ls = segment_->lease(item.lease);
-  if (ls.word.load(std::memory_order_acquire) != LeaseWord(kLeaseOpen, slot_, item.generation))
-    return AckStatus::kStale;
-  ls.progress.store(std::clamp(offset, item.begin, item.end), std::memory_order_relaxed);
+  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
+  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  // Tagged: should the lease be reassigned and taken again before this
+  // store lands, SaveState ignores it.
+  ls.progress.store(ProgressWord(std::clamp(offset, item.begin, item.end), ours),
+                    std::memory_order_relaxed);
   if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;
@@ -1081,7 +1097,11 @@ std::string WorkQueue::Impl::SaveState() const {
     if (state == kLeaseAcking) {
       acking.push_back(v.ticket);
     } else if (state == kLeaseOpen || state == kLeaseOrphan) {
-      s.pieces.push_back({v.ticket, std::clamp(v.progress, v.begin, end), end});
+      // A progress written by a former owner (its tag differs) is not this
+      // item's: resume from its begin.
+      uint64_t resume = v.begin;
+      ProgressOffset(v.progress, v.word, &resume);
+      s.pieces.push_back({v.ticket, std::clamp(resume, v.begin, end), end});
     } else if (state == kLeaseTaking && (v.flags & kLeasePiece)) {
       if (v.anchor < num_leases && Extent::Of(seen[v.anchor].extent).pending == l + 1)
         s.pieces.push_back({v.ticket, v.begin, v.end});
@@ -1116,8 +1136,10 @@ void WorkQueue::Impl::Close() noexcept {
     LeaseSlot& ls = seg.lease(l);
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) != slot_) continue;
-    ls.progress.store(ls.begin.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    if (core_->MarkOrphan(ls, &w, NextLeaseWord(w, kLeaseOrphan, kNoOwner))) {
+    const uint64_t orphan = NextLeaseWord(w, kLeaseOrphan, kNoOwner);
+    ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
+                      std::memory_order_relaxed);
+    if (core_->MarkOrphan(ls, &w, orphan)) {
       me().items_given_back.fetch_add(1, std::memory_order_relaxed);
     }
   }

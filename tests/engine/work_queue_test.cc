@@ -344,6 +344,24 @@ TEST_F(WorkQueueTest, MissingWorkFileIsNotFoundAndNamed) {
   EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(p); }, ErrorKind::kNotFound, {dir_.path() + "/nothere"}));
 }
 
+// Resume offsets are kept in 48 bits. A sparse file on tmpfs (no blocks
+// used) stands for a file of that size.
+TEST_F(WorkQueueTest, AFileOver256TiBIsRejectedAndNamed) {
+  const std::string huge = "/dev/shm/tctest_huge_" + std::to_string(::getpid());
+  const int fd = ::open(huge.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0) << ErrnoText("open");
+  if (::ftruncate(fd, off_t{1} << 48) != 0) {
+    ::close(fd);
+    ::unlink(huge.c_str());
+    GTEST_SKIP() << "this file system does not take a 2^48-byte sparse file";
+  }
+  ::close(fd);
+  auto o = Options("huge", {dir_.File("ok", 100), huge});
+  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kInvalidArgument,
+                        {huge, "281474976710656 bytes", "256 TiB", "split it"}));
+  ::unlink(huge.c_str());
+}
+
 TEST_F(WorkQueueTest, DirectoryAsWorkIsRejectedAndNamed) {
   const std::string sub = dir_.path() + "/subdir";
   ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0);
