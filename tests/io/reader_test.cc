@@ -907,34 +907,34 @@ TEST(ReaderTest, SeccompBlockingIoUringFallsBackToPreadWithANotice) {
       Outcome outcome = ReadRecords(*reader);
       if (outcome.last != ReadStatus::kEnd || Sorted(outcome.records) != data.records) return 12;
       // Forced io_uring must not fall back silently, and the error names
-      // what forced it: the option or the environment.
-      const std::string unavailable = "but is unavailable: io_uring_setup: " + c.why + "; ";
-      options.backend = IoBackend::kUring;
-      try {
-        Reader::Open(*queue, options);
-        return 13;
-      } catch (const Error& e) {
-        fprintf(stderr, "forced: %s\n", e.what());
-        if (e.kind() != ErrorKind::kIo) return 14;
-        if (e.what() != "reader: io_uring was asked for (backend 'uring') " + unavailable +
-                            "use backend 'pread', or leave the backend unset to fall back to "
-                            "pread threads") {
-          return 15;
+      // what forced it: the option or the environment. 0 when Open threw
+      // kIo with exactly "reader: io_uring was asked for (<by>) but is
+      // unavailable: ...; <fix>".
+      auto forced = [&](const std::string& by, const std::string& fix) {
+        try {
+          Reader::Open(*queue, options);
+          return 1;
+        } catch (const Error& e) {
+          fprintf(stderr, "forced (%s): %s\n", by.c_str(), e.what());
+          if (e.kind() != ErrorKind::kIo) return 2;
+          return e.what() == "reader: io_uring was asked for (" + by +
+                                 ") but is unavailable: io_uring_setup: " + c.why + "; " + fix
+                     ? 0
+                     : 3;
         }
+      };
+      options.backend = IoBackend::kUring;
+      if (int bad = forced("backend 'uring'",
+                           "use backend 'pread', or leave the backend unset to fall back to "
+                           "pread threads")) {
+        return 12 + bad;
       }
       options.backend = IoBackend::kDefault;
       setenv("TAILCUT_IO", "uring", 1);
-      try {
-        Reader::Open(*queue, options);
-        return 16;
-      } catch (const Error& e) {
-        fprintf(stderr, "forced by the environment: %s\n", e.what());
-        if (e.kind() != ErrorKind::kIo) return 17;
-        if (e.what() != "reader: io_uring was asked for (TAILCUT_IO=uring) " + unavailable +
-                            "unset TAILCUT_IO to fall back to pread threads, or set "
-                            "TAILCUT_IO=pread") {
-          return 18;
-        }
+      if (int bad = forced("TAILCUT_IO=uring",
+                           "unset TAILCUT_IO to fall back to pread threads, or set "
+                           "TAILCUT_IO=pread")) {
+        return 15 + bad;
       }
       return 0;
     });
