@@ -15,6 +15,10 @@
 
 #include "tailcut/error.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
+
 namespace tailcut::detail {
 namespace {
 
@@ -117,8 +121,13 @@ BufferArena::BufferArena(uint64_t chunk_bytes, uint32_t num_chunks, bool cuda_re
     locked_ = true;
   } else {
     lock_errno_ = errno;
-    // Fault the pages in anyway, so the first reads do not pay for it.
-    madvise(base_, size_, MADV_WILLNEED);
+    // Fault the pages in anyway, so the first reads do not pay for it
+    // (MADV_WILLNEED does nothing for anonymous memory).
+    if (madvise(base_, size_, MADV_POPULATE_WRITE) != 0) {
+      const long page = sysconf(_SC_PAGESIZE);  // before Linux 5.14: by hand
+      for (uint64_t off = 0; off < size_; off += static_cast<uint64_t>(page))
+        static_cast<volatile std::byte*>(base_)[off] = std::byte{0};
+    }
     if (notice) notice("tailcut reader: " + Describe(false, false));
   }
 
