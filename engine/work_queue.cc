@@ -278,6 +278,11 @@ class WorkQueue::Impl {
   uint64_t slot_ = kNoOwner;
   uint64_t lease_base_ = 0;
   uint64_t timeout_ns_ = 0;
+  // How often a busy Take looks after others, and the longest sleep at the
+  // end of the data: half a short lease timeout, so that it is acted on in
+  // time, else kHousekeepingNs and kWaitSliceNs.
+  uint64_t housekeeping_ns_ = kHousekeepingNs;
+  uint64_t wait_slice_ns_ = kWaitSliceNs;
   std::atomic<uint64_t> next_housekeeping_ns_{0};
   std::atomic<uint64_t> orphan_scan_start_{0};
   // orphan_seq as read before this process's last scan that found no
@@ -290,6 +295,10 @@ class WorkQueue::Impl {
 void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
   timeout_ns_ = static_cast<uint64_t>(options_.lease_timeout.count()) * 1000000ull;
+  if (timeout_ns_ > 0) {
+    housekeeping_ns_ = std::clamp<uint64_t>(timeout_ns_ / 2, 1'000'000, kHousekeepingNs);
+    wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
+  }
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
     restore_ = Deserialize(options_.name, options_.restore_state);
@@ -911,7 +920,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
   uint64_t now = CoarseNs();
   me().last_progress_ns.store(now, std::memory_order_relaxed);
   uint64_t next = next_housekeeping_ns_.load(std::memory_order_relaxed);
-  if (now >= next && next_housekeeping_ns_.compare_exchange_strong(next, now + kHousekeepingNs))
+  if (now >= next && next_housekeeping_ns_.compare_exchange_strong(next, now + housekeeping_ns_))
     Housekeep();
   Counters& c = segment_->counters();
   uint64_t wait_start = 0;
@@ -939,7 +948,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
                    c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
     if (!changed) {
       auto left = deadline - std::chrono::steady_clock::now();
-      uint64_t slice = kWaitSliceNs;
+      uint64_t slice = wait_slice_ns_;
       if (left < std::chrono::nanoseconds(slice))
         slice = left.count() > 0
                     ? static_cast<uint64_t>(

@@ -270,6 +270,64 @@ TEST_F(WorkQueueScheduleTest, SeedsThatOnceFoundABugStillPass) {
   }
 }
 
+// A lease timeout shorter than the usual housekeeping period (100 ms) is
+// acted on while the others are still busy taking from the cursor, not only
+// once it runs dry: housekeeping runs every half timeout. Thread A takes an
+// item and stops calling the queue; thread B takes and acks the rest. On the
+// logical clock (1 us per schedule point) B's run lasts some 10 ms, so A's
+// item must reach B with items still left behind it.
+TEST_F(WorkQueueScheduleTest, AShortLeaseTimeoutIsActedOnWhileOthersAreBusy) {
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    auto o = BaseOptions(NewName("busy_timeout"), works_);
+    o.num_slices = 200;
+    o.num_clients = 2;
+    o.max_clients = 4;
+    o.leases_per_client = 4;
+    o.split_tail = false;
+    o.lease_timeout = milliseconds(2);
+    auto a = WorkQueue::Open(o);
+    auto b = WorkQueue::Open(o);
+    constexpr uint64_t kNone = ~uint64_t{0};
+    uint64_t held = kNone, taken_after = 0, total = 0;
+    bool b_done = false, got_it = false;
+    AckStatus late_ack = AckStatus::kOk;
+    std::vector<std::function<void()>> bodies;
+    bodies.push_back([&] {
+      WorkItem it;
+      if (a->TryTake(&it) != TakeStatus::kOk) return;
+      held = it.ticket;
+      while (!b_done) DeterministicSchedule::Yield();  // stopped: no calls on the queue
+      late_ack = a->Ack(it);
+    });
+    bodies.push_back([&] {
+      for (uint64_t empty = 0; empty < 100000;) {
+        WorkItem it;
+        const TakeStatus st = b->TryTake(&it);
+        if (st == TakeStatus::kEnd) break;
+        if (st != TakeStatus::kOk) {
+          ++empty;
+          DeterministicSchedule::Yield();
+          continue;
+        }
+        ++total;
+        taken_after += got_it ? 1 : 0;
+        got_it = got_it || it.ticket == held;
+        b->Ack(it);
+      }
+      b_done = true;
+    });
+    DeterministicSchedule(seed).Run(std::move(bodies));
+    ASSERT_NE(held, kNone);
+    EXPECT_TRUE(got_it) << "A's item never reached B";
+    EXPECT_GT(taken_after, 10u) << "A's item was reassigned only as the cursor ran dry (B took "
+                                << total << " items)";
+    EXPECT_EQ(late_ack, AckStatus::kStale);
+    a->Close();
+    b->Close();
+  }
+}
+
 // Seed 5114807108770098137 found SaveState copying done bits of tickets taken
 // after it read the cursor, so that a restore skipped those tickets although
 // their acks overlapped the save. States saved before the fix still carry such

@@ -68,6 +68,7 @@ struct WorkQueueOptions {
   std::chrono::milliseconds attach_timeout{10000};
   // A live client that makes no progress (take, ack, Progress) for longer than
   // this has its open items reassigned; its later acks are refused. 0: never.
+  // Others check every 100 ms, or every half timeout if that is shorter.
   std::chrono::milliseconds lease_timeout{0};
   // Tail splitting: a process with nothing left to take splits the unread
   // tail of the open item (or piece) with the most left, and takes it as a
