@@ -263,10 +263,18 @@ TEST_F(WorkQueueScheduleTest, ASeedRunsTheSameInterleavingAgain) {
 // it let SaveState list the anchor's old range and the piece both. 453898878288612545: a fruitless
 // scan reset the count of orphans while a claimer still owed its decrement, and an orphan
 // published then was never looked for: every thread saw kEmpty at the end of the data.
+// 3668780794851868250: a TAKING piece opened and settled before the scan reached its anchor, and
+// SaveState left it out. 5114807108770098137: done bits past the saved cursor made a restore skip
+// an item.
 TEST_F(WorkQueueScheduleTest, SeedsThatOnceFoundABugStillPass) {
   for (uint64_t seed : {17070611127345144417ull, 7593951705622718698ull, 16313654251137480512ull,
                         453898878288612545ull, 3668780794851868250ull, 5114807108770098137ull}) {
     EXPECT_EQ(RunSeed(seed, milliseconds(0)), "");
+  }
+  // With their lease timeouts and pauses: a paused former owner's Claim
+  // returned another item's end.
+  for (uint64_t seed : {14965325242565788673ull, 17078151656516020156ull}) {
+    EXPECT_EQ(RunSeed(seed), "");
   }
 }
 
