@@ -138,6 +138,13 @@ bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_wo
   return ok;
 }
 
+bool QueueCore::ReturnToOrphan(LeaseSlot& ls, uint64_t* expected) noexcept {
+  const uint64_t orphan = NextLeaseWord(*expected, kLeaseOrphan, kNoOwner);
+  ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
+                    std::memory_order_relaxed);
+  return MarkOrphan(ls, expected, orphan);
+}
+
 bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,
                               uint64_t begin, uint64_t end, uint32_t flags) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
@@ -284,10 +291,7 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
     return;
   }
   if (state == kLeaseOpen) {
-    const uint64_t orphan = NextLeaseWord(word, kLeaseOrphan, kNoOwner);
-    ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
-                      std::memory_order_relaxed);
-    if (MarkOrphan(ls, &word, orphan)) {
+    if (ReturnToOrphan(ls, &word)) {
       c.recovered_items.fetch_add(1, std::memory_order_relaxed);
     }
     // A thief that died after publishing its piece but before settling.
@@ -379,10 +383,7 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
     uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
     if (last + timeout_ns > now) continue;
     if (state == kLeaseOpen) {
-      const uint64_t orphan = NextLeaseWord(w, kLeaseOrphan, kNoOwner);
-      ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
-                        std::memory_order_relaxed);
-      if (MarkOrphan(ls, &w, orphan)) {
+      if (ReturnToOrphan(ls, &w)) {
         seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
         ++reassigned;
       }

@@ -91,6 +91,10 @@ class QueueCore {
   // Moves a lease to ORPHAN by CAS from *expected to orphan_word, then bumps
   // orphan_seq. Returns whether the CAS succeeded.
   bool MarkOrphan(LeaseSlot& lease, uint64_t* expected, uint64_t orphan_word) noexcept;
+  // Hands an OPEN lease (word *expected) back as ORPHAN, to be read again
+  // from its begin: its progress is reset, tagged for the orphan word, then
+  // MarkOrphan. Returns whether the CAS succeeded.
+  bool ReturnToOrphan(LeaseSlot& lease, uint64_t* expected) noexcept;
   // Clears the anchor's pending mark if it names `thief`, and frees the
   // anchor if it was only kept for that mark (I7).
   void SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept;

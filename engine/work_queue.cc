@@ -1003,11 +1003,8 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   LeaseSlot& ls = segment_->lease(item.lease);
   uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
   if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
-  const uint64_t orphan = NextLeaseWord(expected, kLeaseOrphan, kNoOwner);
-  ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
-                    std::memory_order_relaxed);
   CrashPoint("giveback.after_mark");
-  if (!core_->MarkOrphan(ls, &expected, orphan)) return AckStatus::kStale;
+  if (!core_->ReturnToOrphan(ls, &expected)) return AckStatus::kStale;
   me().items_given_back.fetch_add(1, std::memory_order_relaxed);
   core_->WakeWaiters();
   return AckStatus::kOk;
@@ -1145,10 +1142,7 @@ void WorkQueue::Impl::Close() noexcept {
     LeaseSlot& ls = seg.lease(l);
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) != slot_) continue;
-    const uint64_t orphan = NextLeaseWord(w, kLeaseOrphan, kNoOwner);
-    ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
-                      std::memory_order_relaxed);
-    if (core_->MarkOrphan(ls, &w, orphan)) {
+    if (core_->ReturnToOrphan(ls, &w)) {
       me().items_given_back.fetch_add(1, std::memory_order_relaxed);
     }
   }
