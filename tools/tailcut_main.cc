@@ -1,27 +1,24 @@
 // tools/tailcut_main.cc: the `tailcut` command-line tool.
 //
 // Lists this user's queues, shows the counters of one queue and its clients,
-// and removes a queue. It reads segments through the library's tool calls
-// (ListQueues, InspectQueue, RemoveQueue) and never joins a queue as a client.
+// follows one live, and removes a queue. It reads segments through the
+// library's tool calls (ListQueues, InspectQueue, RemoveQueue) and never joins
+// a queue as a client. CLI11 parses the command line and writes --help;
+// nlohmann-json writes `stat --json`. docs/cli.md describes the commands.
 //
 // Exit status: 0 on success; 1 when an operation fails (the library's message
 // goes to stderr as "tailcut: <message>"); 2 on a usage error.
-//
-// Subcommands live in one dispatch table (kCommands); a new one adds a row and
-// a handler and gets `tailcut help NAME` and `NAME --help` for free.
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <initializer_list>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <span>
-#include <stdexcept>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,63 +30,24 @@
 #define TAILCUT_VERSION "unknown"
 #endif
 
+// stat --json: every field of QueueStats and ClientStats under its own name
+// (found by argument-dependent lookup, so in the structs' namespace).
+namespace tailcut {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ClientStats, slot, pid, alive, items_taken, items_acked,
+                                   items_given_back, items_recovered, bytes_acked, records,
+                                   stale_acks, splits, open_items, busy_ns, idle_ns,
+                                   last_progress_ns, joined_ns)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(QueueStats, name, segment_path, num_items, num_epochs, total,
+                                   done, in_flight, handed_out, epoch, seed, shuffle, num_clients,
+                                   clients_joined, recovered_items, stale_acks, splits, now_ns,
+                                   clients)
+}  // namespace tailcut
+
 namespace {
 
 constexpr int kExitOk = 0;
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
-
-// A command line that does not fit the command's grammar. Exit status 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// ---------------------------------------------------------------------------
-// Argument parsing
-
-// The arguments of one subcommand after its name: positionals and the flags
-// it accepts. "--" ends the flags.
-struct ParsedArgs {
-  std::vector<std::string> positional;
-  std::vector<std::string> flags;  // as given, e.g. "--json"
-
-  bool Has(std::string_view flag) const {
-    return std::find(flags.begin(), flags.end(), flag) != flags.end();
-  }
-};
-
-// REQUIRES: args holds no --help/-h (Main handles those first).
-ParsedArgs ParseArgs(std::string_view command, std::span<const std::string> args,
-                     std::initializer_list<std::string_view> allowed_flags) {
-  ParsedArgs parsed;
-  bool flags_done = false;
-  for (const std::string& arg : args) {
-    if (!flags_done && arg == "--") {
-      flags_done = true;
-    } else if (!flags_done && arg.size() > 1 && arg[0] == '-') {
-      if (std::find(allowed_flags.begin(), allowed_flags.end(), arg) == allowed_flags.end()) {
-        throw UsageError("unknown option '" + arg + "' for '" + std::string(command) + "'");
-      }
-      if (!parsed.Has(arg)) parsed.flags.push_back(arg);
-    } else {
-      parsed.positional.push_back(arg);
-    }
-  }
-  return parsed;
-}
-
-// The single NAME operand of stat and rm.
-const std::string& OneName(std::string_view command, const ParsedArgs& parsed) {
-  if (parsed.positional.empty()) {
-    throw UsageError("'" + std::string(command) + "' needs a queue NAME");
-  }
-  if (parsed.positional.size() > 1) {
-    throw UsageError("'" + std::string(command) + "' takes one queue NAME, got " +
-                     std::to_string(parsed.positional.size()));
-  }
-  return parsed.positional[0];
-}
 
 // ---------------------------------------------------------------------------
 // Formatting
@@ -112,8 +70,9 @@ std::string EpochText(const tailcut::QueueStats& stats) {
 }
 
 uint32_t AliveClients(const tailcut::QueueStats& stats) {
-  return static_cast<uint32_t>(std::count_if(stats.clients.begin(), stats.clients.end(),
-                                             [](const tailcut::ClientStats& c) { return c.alive; }));
+  return static_cast<uint32_t>(
+      std::count_if(stats.clients.begin(), stats.clients.end(),
+                    [](const tailcut::ClientStats& c) { return c.alive; }));
 }
 
 // Rates of one client over its lifetime: from joining to now while alive, to
@@ -135,9 +94,8 @@ ClientRates RatesOf(const tailcut::ClientStats& client, uint64_t now_ns) {
   if (rates.lifetime_ns > 0) {
     const double seconds = static_cast<double>(rates.lifetime_ns) / 1e9;
     rates.items_per_s = static_cast<double>(client.items_acked) / seconds;
-    rates.idle_percent =
-        std::min(100.0, 100.0 * static_cast<double>(client.idle_ns) /
-                            static_cast<double>(rates.lifetime_ns));
+    rates.idle_percent = std::min(100.0, 100.0 * static_cast<double>(client.idle_ns) /
+                                             static_cast<double>(rates.lifetime_ns));
   }
   return rates;
 }
@@ -198,8 +156,9 @@ class Table {
       if (i > 0) line += "  ";
       // The last column is not padded on the right: no trailing blanks.
       const bool last = i + 1 == columns_.size();
-      line += (last && !columns_[i].right_aligned) ? cell
-                                                   : Pad(cell, widths[i], columns_[i].right_aligned);
+      line += (last && !columns_[i].right_aligned)
+                  ? cell
+                  : Pad(cell, widths[i], columns_[i].right_aligned);
     }
     out << line << '\n';
   }
@@ -209,123 +168,7 @@ class Table {
 };
 
 // ---------------------------------------------------------------------------
-// JSON output (hand-written: one flat object with one array of objects)
-
-// Appends `text` as a JSON string literal. Control characters are escaped;
-// bytes that are not valid UTF-8 become U+FFFD so the output always parses.
-void AppendJsonString(std::string* out, std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    if (byte < 0x80) {
-      switch (byte) {
-        case '"': *out += "\\\""; break;
-        case '\\': *out += "\\\\"; break;
-        case '\b': *out += "\\b"; break;
-        case '\f': *out += "\\f"; break;
-        case '\n': *out += "\\n"; break;
-        case '\r': *out += "\\r"; break;
-        case '\t': *out += "\\t"; break;
-        default:
-          if (byte < 0x20 || byte == 0x7f) {
-            *out += "\\u00";
-            out->push_back(kHex[byte >> 4]);
-            out->push_back(kHex[byte & 0xf]);
-          } else {
-            out->push_back(static_cast<char>(byte));
-          }
-      }
-      ++i;
-      continue;
-    }
-    // A multi-byte UTF-8 sequence: check its length, continuation bytes,
-    // and that it is neither overlong, a surrogate, nor above U+10FFFF.
-    size_t length = 0;
-    uint32_t code_point = 0;
-    if ((byte & 0xe0) == 0xc0) {
-      length = 2;
-      code_point = byte & 0x1f;
-    } else if ((byte & 0xf0) == 0xe0) {
-      length = 3;
-      code_point = byte & 0x0f;
-    } else if ((byte & 0xf8) == 0xf0) {
-      length = 4;
-      code_point = byte & 0x07;
-    }
-    bool valid = length != 0 && i + length <= text.size();
-    for (size_t k = 1; valid && k < length; ++k) {
-      const auto next = static_cast<unsigned char>(text[i + k]);
-      valid = (next & 0xc0) == 0x80;
-      code_point = (code_point << 6) | (next & 0x3f);
-    }
-    if (valid) {
-      static constexpr uint32_t kMinimum[] = {0, 0, 0x80, 0x800, 0x10000};
-      valid = code_point >= kMinimum[length] && code_point <= 0x10ffff &&
-              !(code_point >= 0xd800 && code_point <= 0xdfff);
-    }
-    if (valid) {
-      out->append(text.substr(i, length));
-      i += length;
-    } else {
-      *out += "\\ufffd";
-      ++i;
-    }
-  }
-  out->push_back('"');
-}
-
-// Fields of one JSON object in order, each value already rendered.
-class JsonObject {
- public:
-  void AddString(std::string_view key, std::string_view value) {
-    std::string rendered;
-    AppendJsonString(&rendered, value);
-    fields_.emplace_back(key, std::move(rendered));
-  }
-  void AddNumber(std::string_view key, uint64_t value) {
-    fields_.emplace_back(key, std::to_string(value));
-  }
-  void AddSigned(std::string_view key, int64_t value) {
-    fields_.emplace_back(key, std::to_string(value));
-  }
-  void AddBool(std::string_view key, bool value) {
-    fields_.emplace_back(key, value ? "true" : "false");
-  }
-  void AddArray(std::string_view key, const std::vector<JsonObject>& items, int indent) {
-    if (items.empty()) {
-      fields_.emplace_back(key, "[]");
-      return;
-    }
-    const std::string inner(static_cast<size_t>(indent + 2), ' ');
-    std::string rendered = "[\n";
-    for (size_t i = 0; i < items.size(); ++i) {
-      rendered += inner + items[i].Render(indent + 2);
-      rendered += i + 1 < items.size() ? ",\n" : "\n";
-    }
-    rendered += std::string(static_cast<size_t>(indent), ' ') + "]";
-    fields_.emplace_back(key, std::move(rendered));
-  }
-
-  // The object with fields one per line, for an object that starts at
-  // column `indent`.
-  std::string Render(int indent) const {
-    const std::string inner(static_cast<size_t>(indent + 2), ' ');
-    std::string out = "{\n";
-    for (size_t i = 0; i < fields_.size(); ++i) {
-      out += inner;
-      AppendJsonString(&out, fields_[i].first);
-      out += ": " + fields_[i].second;
-      out += i + 1 < fields_.size() ? ",\n" : "\n";
-    }
-    out += std::string(static_cast<size_t>(indent), ' ') + "}";
-    return out;
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> fields_;
-};
+// stat --json
 
 // The number of fields of an aggregate: the most initializers it accepts.
 struct AnyField {
@@ -341,64 +184,16 @@ consteval size_t CountFields() {
   }
 }
 // stat --json promises every field: a field added to the header must be
-// added below (and to the key lists in tests/tools/cli_test.sh).
+// added to the lists above (and to the key lists in tests/tools/cli_test.sh).
 static_assert(CountFields<tailcut::QueueStats>() == 18,
-              "QueueStats changed: update StatsToJson and tests/tools/cli_test.sh");
+              "QueueStats changed: update its JSON fields and tests/tools/cli_test.sh");
 static_assert(CountFields<tailcut::ClientStats>() == 16,
-              "ClientStats changed: update StatsToJson and tests/tools/cli_test.sh");
-
-// Every field of QueueStats and ClientStats, under the same names.
-std::string StatsToJson(const tailcut::QueueStats& stats) {
-  JsonObject queue;
-  queue.AddString("name", stats.name);
-  queue.AddString("segment_path", stats.segment_path);
-  queue.AddNumber("num_items", stats.num_items);
-  queue.AddNumber("num_epochs", stats.num_epochs);
-  queue.AddNumber("total", stats.total);
-  queue.AddNumber("done", stats.done);
-  queue.AddNumber("in_flight", stats.in_flight);
-  queue.AddNumber("handed_out", stats.handed_out);
-  queue.AddNumber("epoch", stats.epoch);
-  queue.AddNumber("seed", stats.seed);
-  queue.AddBool("shuffle", stats.shuffle);
-  queue.AddNumber("num_clients", stats.num_clients);
-  queue.AddNumber("clients_joined", stats.clients_joined);
-  queue.AddNumber("recovered_items", stats.recovered_items);
-  queue.AddNumber("stale_acks", stats.stale_acks);
-  queue.AddNumber("splits", stats.splits);
-  queue.AddNumber("now_ns", stats.now_ns);
-  std::vector<JsonObject> clients;
-  for (const tailcut::ClientStats& c : stats.clients) {
-    JsonObject client;
-    client.AddNumber("slot", c.slot);
-    client.AddSigned("pid", c.pid);
-    client.AddBool("alive", c.alive);
-    client.AddNumber("items_taken", c.items_taken);
-    client.AddNumber("items_acked", c.items_acked);
-    client.AddNumber("items_given_back", c.items_given_back);
-    client.AddNumber("items_recovered", c.items_recovered);
-    client.AddNumber("bytes_acked", c.bytes_acked);
-    client.AddNumber("records", c.records);
-    client.AddNumber("stale_acks", c.stale_acks);
-    client.AddNumber("splits", c.splits);
-    client.AddNumber("open_items", c.open_items);
-    client.AddNumber("busy_ns", c.busy_ns);
-    client.AddNumber("idle_ns", c.idle_ns);
-    client.AddNumber("last_progress_ns", c.last_progress_ns);
-    client.AddNumber("joined_ns", c.joined_ns);
-    clients.push_back(std::move(client));
-  }
-  queue.AddArray("clients", clients, 2);
-  return queue.Render(0) + "\n";
-}
+              "ClientStats changed: update its JSON fields and tests/tools/cli_test.sh");
 
 // ---------------------------------------------------------------------------
 // Subcommands
 
-int RunLs(std::span<const std::string> args) {
-  const ParsedArgs parsed = ParseArgs("ls", args, {});
-  if (!parsed.positional.empty()) throw UsageError("'ls' takes no operands");
-
+int RunLs() {
   std::vector<tailcut::QueueListing> listings = tailcut::ListQueues();
   std::sort(listings.begin(), listings.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -443,12 +238,13 @@ void PrintStats(const tailcut::QueueStats& stats, std::ostream& out) {
       << (stats.num_epochs == 1 ? " epoch" : " epochs") << ", shuffle "
       << (stats.shuffle ? "on" : "off") << ", seed " << stats.seed << '\n'
       << "epoch      " << EpochText(stats) << '\n'
-      << "done       " << stats.done << "/" << stats.total << " (" << Percent(stats.done, stats.total)
-      << "), " << stats.in_flight << " in flight, " << stats.handed_out << " handed out\n"
+      << "done       " << stats.done << "/" << stats.total << " ("
+      << Percent(stats.done, stats.total) << "), " << stats.in_flight << " in flight, "
+      << stats.handed_out << " handed out\n"
       << "clients    " << AliveClients(stats) << " alive, " << stats.clients_joined << " joined, "
       << stats.num_clients << " expected\n"
-      << "recovered  " << stats.recovered_items << " items, " << stats.stale_acks
-      << " stale acks, " << stats.splits << " tails split\n";
+      << "recovered  " << stats.recovered_items << " items, " << stats.stale_acks << " stale acks, "
+      << stats.splits << " tails split\n";
   if (stats.clients.empty()) {
     out << "\nno clients registered\n";
     return;
@@ -476,198 +272,162 @@ void PrintStats(const tailcut::QueueStats& stats, std::ostream& out) {
   table.Print(out);
 }
 
-int RunStat(std::span<const std::string> args) {
-  const ParsedArgs parsed = ParseArgs("stat", args, {"--json"});
-  const std::string& name = OneName("stat", parsed);
+int RunStat(const std::string& name, bool json) {
   const tailcut::QueueStats stats = tailcut::InspectQueue(name);
-  if (parsed.Has("--json")) {
-    std::cout << StatsToJson(stats);
+  if (json) {
+    // Bytes of a name that are not UTF-8 become U+FFFD, so the output always parses.
+    std::cout << nlohmann::json(stats).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << '\n';
   } else {
     PrintStats(stats, std::cout);
   }
   return kExitOk;
 }
 
-int RunRm(std::span<const std::string> args) {
-  const ParsedArgs parsed = ParseArgs("rm", args, {"--force", "-f"});
-  const std::string& name = OneName("rm", parsed);
-  const bool force = parsed.Has("--force") || parsed.Has("-f");
+int RunRm(const std::string& name, bool force) {
   tailcut::RemoveQueue(name, force);
   std::cout << "removed queue " << name << '\n';
   return kExitOk;
 }
 
 // ---------------------------------------------------------------------------
-// Dispatch
+// Command line
 
-struct Command {
-  std::string_view name;
-  std::string_view synopsis;  // after "tailcut "
-  std::string_view summary;   // one line for the overview
-  std::string_view details;   // the rest of `tailcut help NAME`
-  int (*run)(std::span<const std::string> args);
-};
-
-int RunTopCommand(std::span<const std::string> args) {
-  const ParsedArgs parsed = ParseArgs("top", args, {"--once"});
-  return tailcut_cli::RunTop(OneName("top", parsed), parsed.Has("--once"), 1.0);
-}
-
-// One row per subcommand, in the order `tailcut --help` lists them.
-constexpr Command kCommands[] = {
-    {"ls", "ls", "list this user's queues with clients, epoch and progress",
-     "Lists every queue of this user: its name, live/joined clients, the epoch\n"
-     "now handed out (x/N) and the acked items out of all items of all epochs.\n"
-     "A segment that cannot be read is listed with the reason.\n"
-     "\n"
-     "Example:\n"
-     "  $ tailcut ls\n"
-     "  NAME        CLIENTS  EPOCH                  DONE\n"
-     "  imagenet        8/8    2/4  612034/1281167 (47.8%)\n",
-     RunLs},
-    {"stat", "stat NAME [--json]", "show the counters of one queue and of each client",
-     "Shows the queue's counters and one row per client that ever joined:\n"
-     "slot, pid, alive or dead, items taken and acked, megabytes (10^6 bytes)\n"
-     "acked, acked items per second over the client's lifetime, share of that\n"
-     "lifetime spent waiting for items, refused stale acks and open items.\n"
-     "Dead clients found on the way have their open items handed back.\n"
-     "\n"
-     "Options:\n"
-     "  --json   print one JSON object with every field of the queue's and the\n"
-     "           clients' counters (times are CLOCK_MONOTONIC nanoseconds)\n"
-     "\n"
-     "Examples:\n"
-     "  $ tailcut stat imagenet\n"
-     "  $ tailcut stat imagenet --json | python3 -m json.tool\n",
-     RunStat},
-    {"top", "top NAME [--once]", "live view of one queue: progress, rates, stragglers",
-     "Refreshes every second, like top: the epoch, done / in flight / remaining\n"
-     "with a progress bar, recovered items, split tails and stale acks, then one\n"
-     "row per client with items/s and MB/s since the last refresh, open items,\n"
-     "idle share and splits. The slowest live client still holding items is\n"
-     "flagged as the straggler when it runs at under half the median rate;\n"
-     "clients that died are shown with their items recovered. Ends on Ctrl-C\n"
-     "or when the queue's last process removes it.\n"
-     "\n"
-     "Options:\n"
-     "  --once   print one frame (rates over each client's lifetime) and exit\n"
-     "\n"
-     "Examples:\n"
-     "  $ tailcut top imagenet\n"
-     "  $ tailcut top imagenet --once\n",
-     RunTopCommand},
-    {"rm", "rm NAME [--force]", "remove a queue's shared-memory segment",
-     "Removes the queue's segment. Refuses while live clients are registered\n"
-     "and names their pids; a queue whose clients all died is stale and is\n"
-     "removed without --force. Processes still attached keep their mapping\n"
-     "until they exit, but new processes will create a fresh queue.\n"
-     "\n"
-     "Options:\n"
-     "  -f, --force   remove even while live clients are registered\n"
-     "\n"
-     "Examples:\n"
-     "  $ tailcut rm imagenet\n"
-     "  $ tailcut rm imagenet --force\n",
-     RunRm},
-};
-
-const Command* FindCommand(std::string_view name) {
-  for (const Command& command : kCommands) {
-    if (command.name == name) return &command;
-  }
-  return nullptr;
-}
-
-void PrintOverview(std::ostream& out) {
-  out << "usage: tailcut <command> [args]\n"
-         "       tailcut help <command> | <command> --help\n"
-         "       tailcut --version\n"
-         "\n"
-         "Inspect and manage this user's tailcut work queues (shared-memory\n"
-         "segments in /dev/shm).\n"
-         "\n"
-         "Commands:\n";
-  size_t width = 0;
-  for (const Command& command : kCommands) width = std::max(width, command.synopsis.size());
-  for (const Command& command : kCommands) {
-    out << "  " << command.synopsis << std::string(width - command.synopsis.size() + 3, ' ')
-        << command.summary << '\n';
-  }
-  out << "\n"
-         "Examples:\n"
-         "  tailcut ls\n"
-         "  tailcut stat work_queue\n"
-         "  tailcut rm work_queue --force\n"
-         "\n"
-         "Exit status: 0 success, 1 the operation failed, 2 usage error.\n";
-}
-
-void PrintCommandHelp(const Command& command, std::ostream& out) {
-  std::string summary(command.summary);
-  if (!summary.empty() && summary[0] >= 'a' && summary[0] <= 'z') summary[0] -= 'a' - 'A';
-  out << "usage: tailcut " << command.synopsis << "\n\n"
-      << summary << ".\n\n"
-      << command.details;
-}
-
-int UsageFailure(const std::string& message, const Command* command) {
+// A usage error: "tailcut: <message>" and where to read more; status 2.
+int UsageFailure(const std::string& message, const CLI::App* command) {
   std::cerr << "tailcut: " << message << '\n';
   if (command != nullptr) {
-    std::cerr << "usage: tailcut " << command->synopsis << '\n'
-              << "Run 'tailcut help " << command->name << "' for details.\n";
+    std::cerr << "Run 'tailcut help " << command->get_name() << "' for details.\n";
   } else {
     std::cerr << "Run 'tailcut --help' for the list of commands.\n";
   }
   return kExitUsage;
 }
 
-bool IsHelpFlag(std::string_view arg) { return arg == "--help" || arg == "-h"; }
+int Main(int argc, char** argv) {
+  CLI::App app(
+      "Inspect and manage this user's tailcut work queues (shared-memory segments in /dev/shm).",
+      "tailcut");
+  app.get_formatter()->label("Usage", "usage");
+  app.get_formatter()->label("SUBCOMMAND", "COMMAND");
+  app.get_formatter()->column_width(24);
+  app.set_version_flag("--version", "tailcut " TAILCUT_VERSION);
+  app.require_subcommand(1);
+  app.footer(
+      "Examples:\n"
+      "  tailcut ls\n"
+      "  tailcut stat work_queue\n"
+      "  tailcut rm work_queue --force\n"
+      "\n"
+      "Exit status: 0 success, 1 the operation failed, 2 usage error.");
 
-int Main(const std::vector<std::string>& argv) {
-  if (argv.empty()) return UsageFailure("missing command", nullptr);
-  const std::string& first = argv[0];
-  if (IsHelpFlag(first)) {
-    PrintOverview(std::cout);
-    return kExitOk;
-  }
-  if (first == "--version") {
-    std::cout << "tailcut " << TAILCUT_VERSION << '\n';
-    return kExitOk;
-  }
-  if (first == "help") {
-    if (argv.size() == 1) {
-      PrintOverview(std::cout);
-      return kExitOk;
-    }
-    if (argv.size() > 2) return UsageFailure("'help' takes at most one command", nullptr);
-    const Command* command = FindCommand(argv[1]);
-    if (command == nullptr) return UsageFailure("no help for unknown command '" + argv[1] + "'", nullptr);
-    PrintCommandHelp(*command, std::cout);
-    return kExitOk;
-  }
-  const Command* command = FindCommand(first);
-  if (command == nullptr) {
-    const std::string what = first.starts_with("-") ? "unknown option '" : "unknown command '";
-    return UsageFailure(what + first + "'", nullptr);
-  }
-  const std::span<const std::string> args(argv.begin() + 1, argv.end());
-  // --help anywhere before "--" wins over everything else.
-  for (const std::string& arg : args) {
-    if (arg == "--") break;
-    if (IsHelpFlag(arg)) {
-      PrintCommandHelp(*command, std::cout);
-      return kExitOk;
-    }
-  }
+  std::string name;
+  bool json = false;
+  bool once = false;
+  bool force = false;
+
+  CLI::App* ls =
+      app.add_subcommand("ls", "list this user's queues with clients, epoch and progress");
+  ls->footer(
+      "Lists every queue of this user: its name, live/joined clients, the epoch\n"
+      "now handed out (x/N) and the acked items out of all items of all epochs.\n"
+      "A segment that cannot be read is listed with the reason.\n"
+      "\n"
+      "Example:\n"
+      "  $ tailcut ls\n"
+      "  NAME        CLIENTS  EPOCH                  DONE\n"
+      "  imagenet        8/8    2/4  612034/1281167 (47.8%)");
+
+  CLI::App* stat = app.add_subcommand("stat", "show the counters of one queue and of each client");
+  stat->add_option("NAME", name, "the queue")->required();
+  stat->add_flag("--json", json, "print every counter as one JSON object (docs/cli.md)");
+  stat->footer(
+      "Shows the queue's counters and one row per client that ever joined:\n"
+      "slot, pid, alive or dead, items taken and acked, megabytes (10^6 bytes)\n"
+      "acked, acked items per second over the client's lifetime, share of that\n"
+      "lifetime spent waiting for items, refused stale acks and open items.\n"
+      "Dead clients found on the way have their open items handed back.\n"
+      "\n"
+      "Examples:\n"
+      "  $ tailcut stat imagenet\n"
+      "  $ tailcut stat imagenet --json | python3 -m json.tool");
+
+  CLI::App* top = app.add_subcommand("top", "live view of one queue: progress, rates, stragglers");
+  top->add_option("NAME", name, "the queue")->required();
+  top->add_flag("--once", once, "print one frame (rates over each client's lifetime) and exit");
+  top->footer(
+      "Refreshes every second, like top: the epoch, done / in flight / remaining\n"
+      "with a progress bar, recovered items, split tails and stale acks, then one\n"
+      "row per client with items/s and MB/s since the last refresh, open items,\n"
+      "idle share and splits. The slowest live client still holding items is\n"
+      "flagged as the straggler when it runs at under half the median rate;\n"
+      "clients that died are shown with their items recovered. Ends on Ctrl-C\n"
+      "or when the queue's last process removes it.\n"
+      "\n"
+      "Examples:\n"
+      "  $ tailcut top imagenet\n"
+      "  $ tailcut top imagenet --once");
+
+  CLI::App* rm = app.add_subcommand("rm", "remove a queue's shared-memory segment");
+  rm->add_option("NAME", name, "the queue")->required();
+  rm->add_flag("-f,--force", force, "remove even while live clients are registered");
+  rm->footer(
+      "Removes the queue's segment. Refuses while live clients are registered\n"
+      "and names their pids; a queue whose clients all died is stale and is\n"
+      "removed without --force. Processes still attached keep their mapping\n"
+      "until they exit, but new processes will create a fresh queue.\n"
+      "\n"
+      "Examples:\n"
+      "  $ tailcut rm imagenet\n"
+      "  $ tailcut rm imagenet --force");
+
+  CLI::App* help = app.add_subcommand("help", "show the help of a command");
+  for (CLI::App* command : {ls, stat, top, rm, help}) command->group("Commands");
+  std::string topic;
+  help->add_option("COMMAND", topic, "the command");
+
   try {
-    return command->run(args);
-  } catch (const UsageError& e) {
-    return UsageFailure(e.what(), command);
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const std::vector<CLI::App*> chosen = app.get_subcommands();
+    if (chosen.empty() && argc > 1) {  // CLI11 would say "A subcommand is required"
+      const std::string what = argv[1][0] == '-' ? "unknown option '" : "unknown command '";
+      return UsageFailure(what + argv[1] + "'", nullptr);
+    }
+    return UsageFailure(e.what(), chosen.empty() ? nullptr : chosen.front());
+  }
+
+  try {
+    if (help->parsed()) {
+      if (topic.empty()) {
+        std::cout << app.help();
+        return kExitOk;
+      }
+      const CLI::App* command = nullptr;
+      for (const CLI::App* c : {ls, stat, top, rm, help}) {
+        if (c->get_name() == topic) command = c;
+      }
+      if (command == nullptr)
+        return UsageFailure("no help for unknown command '" + topic + "'", nullptr);
+      std::cout << command->help("tailcut");
+      return kExitOk;
+    }
+    if (ls->parsed()) return RunLs();
+    if (stat->parsed()) return RunStat(name, json);
+    if (top->parsed()) return tailcut_cli::RunTop(name, once, 1.0);
+    return RunRm(name, force);
   } catch (const tailcut::Error& e) {
     std::cerr << "tailcut: " << e.what() << '\n';
     return kExitError;
   } catch (const std::exception& e) {
-    std::cerr << "tailcut: " << command->name << ": " << e.what() << '\n';
+    std::cerr << "tailcut: " << app.get_subcommands().front()->get_name() << ": " << e.what()
+              << '\n';
     return kExitError;
   }
 }
@@ -676,8 +436,7 @@ int Main(const std::vector<std::string>& argv) {
 
 int main(int argc, char** argv) {
   std::ios::sync_with_stdio(false);
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  const int status = Main(args);
+  const int status = Main(argc, argv);
   std::cout.flush();
   if (!std::cout) {
     std::cerr << "tailcut: cannot write output\n";

@@ -171,6 +171,15 @@ run "$TAILCUT" rm
 check_usage_error "rm without a name"
 run "$TAILCUT" ls extra
 check_usage_error "ls with an operand"
+run "$TAILCUT" top
+check_usage_error "top without a name"
+run "$TAILCUT" --bogus
+check_usage_error "an unknown option before the command"
+run "$TAILCUT" stat --json
+check_usage_error "stat --json without a name"
+# After "--" an operand may start with '-': a name, so an operation error.
+run "$TAILCUT" stat -- "-${prefix}_dash"
+check_error "stat -- -NAME" && check_match "$err" "-${prefix}_dash" "stat -- -NAME names the queue"
 
 # --- bad and missing names -------------------------------------------------
 
@@ -278,6 +287,17 @@ run "$TAILCUT" rm "$qb"
 check_rc 0 "rm of a queue whose clients all died (no --force)"
 run "$TAILCUT" stat "$qb"
 check_error "stat after rm of a stale queue"
+
+# --- rm -f, the short form of --force --------------------------------------
+
+qc="${prefix}_c"
+queues+=("$qc")
+start_holder 4 "$qc" --take 1 --ack 0
+run "$TAILCUT" rm -f "$qc"
+check_rc 0 "rm -f with a live client" && check_match "$out" "$qc" "rm -f says what it removed"
+run "$TAILCUT" stat "$qc"
+check_error "stat after rm -f"
+stop_holder 4
 
 # --- a segment that is not a queue -----------------------------------------
 
