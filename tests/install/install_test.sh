@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs tailcut from BUILD_DIR into a temporary prefix, builds the trainer
+# Installs tailcut from BUILD_DIR into a temporary prefix, runs the installed
+# `tailcut` from there with no LD_LIBRARY_PATH (it finds libtailcut.so.0
+# through its RUNPATH, $ORIGIN/../lib), builds the trainer
 # that docs/cpp.md shows (its ```cmake and ```cpp blocks, extracted from the
 # page) against it with find_package(tailcut), and runs it as 3 processes on
 # one queue: together they must read every line once.
@@ -12,6 +14,23 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -x "$work/prefix/bin/tailcut" || { echo "the CLI was not installed"; exit 1; }
 test -f "$work/prefix/include/tailcut/work_queue.h" || { echo "headers were not installed"; exit 1; }
+
+# The installed programs start from a prefix the dynamic loader does not
+# search: `tailcut --help` and `tailcut ls`, and every other program there
+# with --help.
+run_installed() {
+  if ! env -u LD_LIBRARY_PATH "$@" > "$work/run.out" 2>&1; then
+    echo "the installed '${*#"$work/prefix/"}' failed:"; cat "$work/run.out"; exit 1
+  fi
+}
+run_installed "$work/prefix/bin/tailcut" --help
+grep -q '^usage: tailcut' "$work/run.out" || { echo "installed tailcut --help: no usage"; exit 1; }
+run_installed "$work/prefix/bin/tailcut" ls
+for program in "$work/prefix/bin"/*; do
+  [[ $program == */tailcut ]] || run_installed "$program" --help
+done
+echo "installed programs start: $(cd "$work/prefix/bin" && echo *)"
+
 doc="$here/../../docs/cpp.md"
 mkdir -p "$work/src"
 awk '/^```cmake$/ {on=1; next} /^```$/ {if (on) exit} on' "$doc" > "$work/src/CMakeLists.txt"
