@@ -8,18 +8,22 @@
 // progress, then the makespan of each against the ideal, the exactly-once
 // check of every record of every epoch, the recovery of the killed
 // process's items, and a timeline plot. The trainer processes, data set and
-// checks are the straggler benchmark's (bench/straggler/straggler_lib.h).
+// checks are tools/trainer_sim, shared with the straggler benchmark.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <memory>
 #include <string>
 
-#include "bench/straggler/straggler_lib.h"
+#include "tools/trainer_sim/trainer_sim.h"
 
 namespace {
 
-namespace ts = tailcut::straggler;
+namespace ts = tailcut::trainer_sim;
 
 struct Args {
   ts::DataSpec data;

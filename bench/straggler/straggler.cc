@@ -4,15 +4,19 @@
 // Prints a summary line; writes per-process and per-segment timings as CSV
 // and everything as JSON. bench/straggler/run.py runs the sweep; results are
 // in docs/straggler.md.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 
-#include "bench/straggler/straggler_lib.h"
+#include "tools/trainer_sim/trainer_sim.h"
 
 namespace {
 
-namespace ts = tailcut::straggler;
+namespace ts = tailcut::trainer_sim;
 
 void Usage(FILE* out) {
   std::fprintf(out,

@@ -1,35 +1,11 @@
-// straggler_lib.h: trainer processes with one straggler, shared by the
-// straggler benchmark (bench/straggler/straggler.cc) and tailcut-demo
-// (tools/demo_main.cc).
-//
-// A run forks P trainer processes. Each reads records through tailcut's
-// Reader and "trains" by spending a fixed time per record (cost_us, times
-// slowdown for the slow ranks): it sleeps once per batch until an absolute
-// deadline that advances by n * cost, so timer slack does not accumulate and
-// 8 sleeping processes fit on 2 cores. Three strategies:
-//   kStatic:  rank r opens its OWN queue (name suffix .r) over its 1/P of the
-//             files, shuffle off: it reads exactly its shard, like
-//             DistributedSampler.
-//   kElastic: one shared queue, split_tail = false.
-//   kSplit:   one shared queue, split_tail = true.
-//
-// Every record carries its id (12 decimal digits at the start of the
-// record). A trainer folds the ids of each finished (acked) item into a
-// digest (count, sum and xor of a 64-bit mix) and sends it to the parent
-// with the item's timing; the parent checks, per epoch, that the digests of
-// all items add up to the digest of ids 0..N-1: every record exactly once,
-// without storing any. Records of an item whose process was killed before it
-// finished are not counted: the queue hands that item out again from its
-// begin (docs/design.md, "what this promises").
+// tools/trainer_sim/trainer_sim.cc: see trainer_sim.h.
 //
 // Messages go through one pipe shared by all children; each is 128 bytes,
 // less than PIPE_BUF, so writes are atomic and reads see whole messages.
-//
-// Not thread-safe; one Run at a time per parent process. Header-only.
-#ifndef TAILCUT_BENCH_STRAGGLER_LIB_H_
-#define TAILCUT_BENCH_STRAGGLER_LIB_H_
+#include "tools/trainer_sim/trainer_sim.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -41,60 +17,61 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tailcut/crc32c.h"
+#include "tailcut/error.h"
 #include "tailcut/reader.h"
 #include "tailcut/record_format.h"
 #include "tailcut/work_queue.h"
 
-namespace tailcut::straggler {
+namespace tailcut::trainer_sim {
 
-inline uint64_t NowNs() {
+namespace {
+
+uint64_t NowNs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
 }
 
-// ---------------------------------------------------------------- digests
-
-inline uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
+uint64_t Mix(uint64_t x) {  // splitmix64 finaliser
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
 
-struct Digest {
-  uint64_t count = 0, sum = 0, xr = 0;
-  void Add(uint64_t id) {
-    uint64_t m = Mix(id);
-    ++count;
-    sum += m;
-    xr ^= m * 0xff51afd7ed558ccdull;
-  }
-  void Merge(const Digest& o) {
-    count += o.count;
-    sum += o.sum;
-    xr ^= o.xr;
-  }
-  bool operator==(const Digest&) const = default;
-};
+}  // namespace
 
-inline Digest ExpectedDigest(uint64_t records) {
+void Digest::Add(uint64_t id) {
+  uint64_t m = Mix(id);
+  ++count;
+  sum += m;
+  xr ^= m * 0xff51afd7ed558ccdull;
+}
+
+void Digest::Merge(const Digest& o) {
+  count += o.count;
+  sum += o.sum;
+  xr ^= o.xr;
+}
+
+namespace {
+
+Digest ExpectedDigest(uint64_t records) {
   Digest d;
   for (uint64_t i = 0; i < records; ++i) d.Add(i);
   return d;
 }
 
 // The id at the start of a record; UINT64_MAX if it has none.
-inline uint64_t RecordId(const Record& r) {
+uint64_t RecordId(const Record& r) {
   if (r.size < 12) return UINT64_MAX;
   uint64_t id = 0;
   const char* p = reinterpret_cast<const char*>(r.data);
@@ -105,20 +82,11 @@ inline uint64_t RecordId(const Record& r) {
   return id;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- data
 
-struct DataSpec {
-  std::string dir = "/tmp/tailcut-straggler";
-  std::string format = "lines";  // "lines" or "tfrecord"
-  uint64_t records = 200000;     // records in all files together
-  uint32_t files = 16;
-  uint32_t record_bytes = 64;    // lines: with '\n'; tfrecord: payload
-};
-
-// The files of spec in dir, generated unless a MANIFEST from an identical
-// spec is there. Record i of the data set has id i; file f holds ids
-// [f * N / F, (f + 1) * N / F). Throws std::runtime_error.
-inline std::vector<std::string> EnsureData(const DataSpec& spec, bool* generated = nullptr) {
+std::vector<std::string> EnsureData(const DataSpec& spec, bool* generated) {
   if (spec.format != "lines" && spec.format != "tfrecord")
     throw std::runtime_error("format must be lines or tfrecord, not " + spec.format);
   if (spec.record_bytes < 16) throw std::runtime_error("record bytes must be >= 16");
@@ -132,7 +100,8 @@ inline std::vector<std::string> EnsureData(const DataSpec& spec, bool* generated
     paths.push_back(spec.dir + name + ext);
   }
   char manifest[256];
-  std::snprintf(manifest, sizeof(manifest), "tailcut-straggler-data v1 %s records=%llu files=%u bytes=%u\n",
+  std::snprintf(manifest, sizeof(manifest),
+                "tailcut-straggler-data v1 %s records=%llu files=%u bytes=%u\n",
                 spec.format.c_str(), static_cast<unsigned long long>(spec.records), spec.files,
                 spec.record_bytes);
   std::string manifest_path = spec.dir + "/MANIFEST";
@@ -162,14 +131,16 @@ inline std::vector<std::string> EnsureData(const DataSpec& spec, bool* generated
   for (uint32_t f = 0; f < spec.files; ++f) {
     uint64_t lo = f * spec.records / spec.files, hi = (f + 1) * spec.records / spec.files;
     FILE* file = std::fopen(paths[f].c_str(), "wb");
-    if (file == nullptr) throw std::runtime_error("cannot write " + paths[f] + ": " + std::strerror(errno));
+    if (file == nullptr)
+      throw std::runtime_error("cannot write " + paths[f] + ": " + std::strerror(errno));
     out.clear();
     for (uint64_t id = lo; id < hi; ++id) {
       char digits[24];
       std::snprintf(digits, sizeof(digits), "%012llu", static_cast<unsigned long long>(id));
       std::memcpy(payload.data(), digits, 12);
       payload[12] = ' ';
-      for (size_t i = 13; i + 1 < payload.size(); ++i) payload[i] = static_cast<char>('a' + (id + i) % 26);
+      for (size_t i = 13; i + 1 < payload.size(); ++i)
+        payload[i] = static_cast<char>('a' + (id + i) % 26);
       if (spec.format == "lines") {
         payload.back() = '\n';
         out += payload;
@@ -195,53 +166,39 @@ inline std::vector<std::string> EnsureData(const DataSpec& spec, bool* generated
 
 // ---------------------------------------------------------------- runs
 
-enum class Strategy { kStatic, kElastic, kSplit };
-
-inline const char* StrategyName(Strategy s) {
+const char* StrategyName(Strategy s) {
   switch (s) {
-    case Strategy::kStatic: return "static";
-    case Strategy::kElastic: return "elastic";
-    case Strategy::kSplit: return "split";
+    case Strategy::kStatic:
+      return "static";
+    case Strategy::kElastic:
+      return "elastic";
+    case Strategy::kSplit:
+      return "split";
   }
   return "?";
 }
 
-inline bool ParseStrategy(const std::string& name, Strategy* s) {
-  if (name == "static") *s = Strategy::kStatic;
-  else if (name == "elastic") *s = Strategy::kElastic;
-  else if (name == "split") *s = Strategy::kSplit;
-  else return false;
+bool ParseStrategy(const std::string& name, Strategy* s) {
+  if (name == "static")
+    *s = Strategy::kStatic;
+  else if (name == "elastic")
+    *s = Strategy::kElastic;
+  else if (name == "split")
+    *s = Strategy::kSplit;
+  else
+    return false;
   return true;
 }
 
-struct RunConfig {
-  Strategy strategy = Strategy::kSplit;
-  int processes = 8;
-  int slow = 1;                 // the last `slow` ranks are slow
-  double slowdown = 4;          // k
-  double cost_us = 25;          // per record, fast ranks
-  uint32_t batch = 64;          // records per NextBatch (and per sleep)
-  uint64_t slices = 0;          // 0: 10 x processes (all ranks together)
-  uint64_t epochs = 1;
-  uint64_t chunk_bytes = 4 << 10;
-  uint64_t min_split_bytes = 4 << 10;
-  uint64_t buffer_bytes = 1 << 20;
-  uint32_t prefetch_items = 0;  // items a Reader takes ahead (hoarding hurts the tail)
-  uint64_t seed = 42;
-  std::string format = "lines";
-  std::vector<std::string> paths;
-  uint64_t records = 0;         // records per epoch, for the check and the ideal
-  std::string name;             // queue name; unique per run
-  double start_delay_s = 0.4;   // setup time before the common start
-  bool quiet_notices = true;    // drop Reader notices (memory locking) in children
-};
+bool IsSlow(const RunConfig& c, int rank) { return rank >= c.processes - c.slow; }
 
-inline bool IsSlow(const RunConfig& c, int rank) { return rank >= c.processes - c.slow; }
-
-inline double IdealSeconds(const RunConfig& c) {
-  double speed = (c.processes - c.slow) / c.cost_us + c.slow / (c.cost_us * c.slowdown);  // records/us
+double IdealSeconds(const RunConfig& c) {
+  double speed =
+      (c.processes - c.slow) / c.cost_us + c.slow / (c.cost_us * c.slowdown);  // records/us
   return static_cast<double>(c.records * c.epochs) / speed / 1e6;
 }
+
+namespace {
 
 enum MsgKind : uint32_t { kMsgStart = 1, kMsgSegment, kMsgProgress, kMsgDone, kMsgError };
 
@@ -251,24 +208,24 @@ struct Msg {
   int32_t rank = 0;
   uint64_t epoch = 0, ticket = 0, item = 0;  // segment: the item (item: its index)
   uint64_t begin = 0, end = 0;               // segment: its original range
-  uint64_t t0 = 0, t1 = 0;                   // segment: work start/end; start: t0; done: t1 = last work end
-  uint64_t records = 0;                      // segment: its records; progress/done: total so far
-  uint64_t sum = 0, xr = 0;                  // segment digest
-  uint64_t splits = 0, recovered = 0;        // done: from the queue's client stats
+  uint64_t t0 = 0, t1 = 0;   // segment: work start/end; start: t0; done: t1 = last work end
+  uint64_t records = 0;      // segment: its records; progress/done: total so far
+  uint64_t sum = 0, xr = 0;  // segment digest
+  uint64_t splits = 0, recovered = 0;  // done: from the queue's client stats
   uint32_t piece = 0;
-  uint32_t items = 0;                        // done: segments
-  char text[16] = {};                        // error: the start of the message
+  uint32_t items = 0;  // done: segments
+  char text[16] = {};  // error: the start of the message
 };
 static_assert(sizeof(Msg) == 128 && sizeof(Msg) <= PIPE_BUF);
 
-inline void Send(int fd, const Msg& m) {
+void Send(int fd, const Msg& m) {
   ssize_t n;
   do n = ::write(fd, &m, sizeof(m));
   while (n < 0 && errno == EINTR);
   if (n != static_cast<ssize_t>(sizeof(m))) std::_Exit(3);
 }
 
-inline WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
+WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
   WorkQueueOptions o;
   uint64_t slices = c.slices ? c.slices : 10ull * c.processes;
   o.num_epochs = c.epochs;
@@ -294,7 +251,7 @@ inline WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
 }
 
 // The body of one trainer process. Never returns.
-[[noreturn]] inline void TrainerMain(const RunConfig& c, int rank, int fd, uint64_t start_ns) {
+[[noreturn]] void TrainerMain(const RunConfig& c, int rank, int fd, uint64_t start_ns) {
   Msg err{};
   err.kind = kMsgError;
   err.rank = rank;
@@ -320,7 +277,8 @@ inline WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
     auto reader = Reader::Open(*queue, ro);
     const double cost_ns = c.cost_us * 1000.0 * (IsSlow(c, rank) ? c.slowdown : 1.0);
 
-    std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(start_ns)));
+    std::this_thread::sleep_until(
+        std::chrono::steady_clock::time_point(std::chrono::nanoseconds(start_ns)));
     Msg start{};
     start.kind = kMsgStart;
     start.rank = rank;
@@ -350,7 +308,8 @@ inline WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
       uint64_t now = NowNs();
       target += static_cast<double>(now - before);
       WorkItem it = reader->current_item();
-      if (!open || it.ticket != seg.ticket || it.begin != seg.begin || (it.piece ? 1u : 0u) != seg.piece) {
+      if (!open || it.ticket != seg.ticket || it.begin != seg.begin ||
+          (it.piece ? 1u : 0u) != seg.piece) {
         // Only reached after the previous item was acked (the Reader acks
         // it when the consumer asks past its last record).
         flush();
@@ -377,8 +336,8 @@ inline WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
       }
       total += n;
       target += cost_ns * static_cast<double>(n);
-      std::this_thread::sleep_until(
-          std::chrono::steady_clock::time_point(std::chrono::nanoseconds(static_cast<uint64_t>(target))));
+      std::this_thread::sleep_until(std::chrono::steady_clock::time_point(
+          std::chrono::nanoseconds(static_cast<uint64_t>(target))));
       work_end = before = NowNs();
       if (work_end - last_report >= 100'000'000) {
         Msg p{};
@@ -416,44 +375,9 @@ inline WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
   }
 }
 
-struct Segment {
-  int rank;
-  uint64_t epoch, item, begin, end_orig, records;
-  bool piece;
-  double t0, t1;  // seconds since the common start
-};
+}  // namespace
 
-struct ProcResult {
-  int rank = 0;
-  pid_t pid = 0;
-  bool slow = false, killed = false, done = false, failed = false;
-  double start = 0, end = 0;  // seconds since the common start (end: last work done)
-  uint64_t records = 0;       // records of finished items
-  uint64_t progress = 0;      // records trained on, as last reported
-  uint64_t items = 0, splits = 0, recovered = 0;
-};
-
-struct RunResult {
-  RunConfig config;
-  std::vector<ProcResult> procs;
-  std::vector<Segment> segments;
-  std::vector<Digest> epoch_digests;
-  Digest expected;
-  double makespan = 0, ideal = 0;
-  double idle_fast_mean = 0, idle_fast_max = 0;
-  uint64_t splits = 0, recovered = 0, pieces = 0;
-  bool exactly_once = false;
-  std::string error;
-};
-
-// Live view for a caller: called about every tick_s with the partial result
-// (procs[].progress, elapsed seconds). Returning a rank >= 0 kills it with
-// SIGKILL (once per call).
-using TickFn = std::function<int(const RunResult&, double elapsed)>;
-
-// Forks the trainers, collects their messages, waits for all of them and
-// computes the summary. Throws std::runtime_error on setup failures.
-inline RunResult Run(const RunConfig& config, const TickFn& tick = nullptr, double tick_s = 1.0) {
+RunResult Run(const RunConfig& config, const TickFn& tick, double tick_s) {
   RunResult r;
   r.config = config;
   r.ideal = IdealSeconds(config);
@@ -476,7 +400,9 @@ inline RunResult Run(const RunConfig& config, const TickFn& tick = nullptr, doub
     r.procs[p].slow = IsSlow(config, p);
   }
   ::close(fds[1]);
-  auto secs = [&](uint64_t ns) { return (static_cast<double>(ns) - static_cast<double>(start_ns)) / 1e9; };
+  auto secs = [&](uint64_t ns) {
+    return (static_cast<double>(ns) - static_cast<double>(start_ns)) / 1e9;
+  };
   int running = config.processes;
   bool pipe_open = true;
   uint64_t next_tick = start_ns;
@@ -492,15 +418,20 @@ inline RunResult Run(const RunConfig& config, const TickFn& tick = nullptr, doub
         if (m.rank < 0 || m.rank >= config.processes) continue;
         ProcResult& pr = r.procs[m.rank];
         switch (m.kind) {
-          case kMsgStart: pr.start = secs(m.t0); break;
-          case kMsgProgress: pr.progress = m.records; break;
+          case kMsgStart:
+            pr.start = secs(m.t0);
+            break;
+          case kMsgProgress:
+            pr.progress = m.records;
+            break;
           case kMsgSegment: {
-            Segment s{m.rank, m.epoch, m.item, m.begin, m.end, m.records, m.piece != 0,
-                      secs(m.t0), secs(m.t1)};
+            Segment s{m.rank,    m.epoch,      m.item,     m.begin,   m.end,
+                      m.records, m.piece != 0, secs(m.t0), secs(m.t1)};
             r.segments.push_back(s);
             pr.records += m.records;
             pr.end = std::max(pr.end, s.t1);
-            if (m.epoch < r.epoch_digests.size()) r.epoch_digests[m.epoch].Merge(Digest{m.records, m.sum, m.xr});
+            if (m.epoch < r.epoch_digests.size())
+              r.epoch_digests[m.epoch].Merge(Digest{m.records, m.sum, m.xr});
             break;
           }
           case kMsgDone:
@@ -525,13 +456,15 @@ inline RunResult Run(const RunConfig& config, const TickFn& tick = nullptr, doub
     while (running > 0 && (pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
       --running;
       for (auto& pr : r.procs)
-        if (pr.pid == pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !pr.killed) pr.failed = true;
+        if (pr.pid == pid && !(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !pr.killed)
+          pr.failed = true;
     }
     uint64_t now = NowNs();
     if (tick && now >= next_tick && running > 0) {
       next_tick = now + static_cast<uint64_t>(tick_s * 1e9);
       int victim = tick(r, secs(now));
-      if (victim >= 0 && victim < config.processes && !r.procs[victim].killed && !r.procs[victim].done) {
+      if (victim >= 0 && victim < config.processes && !r.procs[victim].killed &&
+          !r.procs[victim].done) {
         ::kill(r.procs[victim].pid, SIGKILL);
         r.procs[victim].killed = true;
         r.procs[victim].end = secs(NowNs());
@@ -565,6 +498,4 @@ inline RunResult Run(const RunConfig& config, const TickFn& tick = nullptr, doub
   return r;
 }
 
-}  // namespace tailcut::straggler
-
-#endif  // TAILCUT_BENCH_STRAGGLER_LIB_H_
+}  // namespace tailcut::trainer_sim
