@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <initializer_list>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
