@@ -1,0 +1,321 @@
+// GlobalTier: the API over the scripts in scripts.cc.
+#include "tailcut/global_tier.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "global/redis_connection.h"
+#include "global/scripts.h"
+
+namespace tailcut {
+
+using detail::Reply;
+
+namespace {
+
+constexpr std::string_view kStateMagic = "tailcut-global-state 1";
+
+std::string DefaultHostId() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return std::string(name) + ":" + std::to_string(getpid());
+}
+
+void CheckJobName(const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 200;
+  for (char c : name) ok = ok && c > ' ' && c != '{' && c != '}' && c != 0x7f;
+  if (!ok) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "tailcut: global job name '" + name +
+                    "' must be 1..200 bytes without whitespace or braces");
+  }
+}
+
+std::string_view Text(const redisReply* reply) {
+  return reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS
+             ? std::string_view(reply->str, reply->len)
+             : std::string_view();
+}
+
+uint64_t Unsigned(const redisReply* reply) {
+  if (reply->type == REDIS_REPLY_INTEGER) return static_cast<uint64_t>(reply->integer);
+  uint64_t value = 0;
+  std::string_view text = Text(reply);
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+// The parts of a SaveState string.
+struct SavedState {
+  uint64_t items, epochs, block, seed, cursor;
+  std::string files, bitmap;
+};
+
+SavedState ParseState(const std::string& state) {
+  auto corrupt = [](const std::string& what) {
+    return Error(ErrorKind::kCorrupt,
+                 "tailcut: global restore_state is not a state from "
+                 "GlobalTier::SaveState (" +
+                     what + ")");
+  };
+  size_t newline = state.find('\n');
+  if (state.compare(0, kStateMagic.size(), kStateMagic) != 0 || newline == std::string::npos) {
+    throw corrupt("no 'tailcut-global-state 1' header");
+  }
+  SavedState saved;
+  uint64_t files_size = 0, bitmap_size = 0;
+  const char* p = state.data() + kStateMagic.size();
+  const char* end = state.data() + newline;
+  for (uint64_t* field : {&saved.items, &saved.epochs, &saved.block, &saved.seed, &saved.cursor,
+                          &files_size, &bitmap_size}) {
+    if (p >= end || *p != ' ') throw corrupt("header fields missing");
+    auto [next, ec] = std::from_chars(p + 1, end, *field);
+    if (ec != std::errc()) throw corrupt("a header field is not a number");
+    p = next;
+  }
+  if (p != end || state.size() - newline - 1 != files_size + bitmap_size) {
+    throw corrupt("its length does not match its header");
+  }
+  saved.files = state.substr(newline + 1, files_size);
+  saved.bitmap = state.substr(newline + 1 + files_size);
+  return saved;
+}
+
+}  // namespace
+
+class GlobalTier::Impl {
+ public:
+  Impl(GlobalTierOptions options, CoordinatorAddress address)
+      : options_(std::move(options)),
+        keys_(detail::JobKeys(options_.job.name)),
+        redis_(std::move(address), options_.command_timeout, options_.retry_for,
+               options_.on_notice) {}
+
+  void CreateOrJoin() {
+    const GlobalJob& job = options_.job;
+    std::vector<std::string> args = {std::to_string(job.num_items), std::to_string(job.num_epochs),
+                                     std::to_string(job.block_size), std::to_string(job.seed),
+                                     job.files_fingerprint};
+    if (!options_.restore_state.empty()) {
+      SavedState saved = ParseState(options_.restore_state);
+      CheckField("num_items", std::to_string(saved.items), args[0], "the saved state");
+      CheckField("num_epochs", std::to_string(saved.epochs), args[1], "the saved state");
+      CheckField("block_size", std::to_string(saved.block), args[2], "the saved state");
+      CheckField("seed", std::to_string(saved.seed), args[3], "the saved state");
+      CheckField("files_fingerprint", saved.files, args[4], "the saved state");
+      args.push_back(std::to_string(saved.cursor));
+      args.push_back(saved.bitmap);
+    }
+    std::lock_guard lock(mu_);
+    redis_.Connect();
+    Reply reply = redis_.RunScript(detail::kCreateScript, keys_, args);
+    std::string_view outcome = Text(reply->element[0]);
+    if (outcome == "mismatch") {
+      static const std::map<std::string_view, size_t> kIndex = {
+          {"items", 0}, {"epochs", 1}, {"block", 2}, {"seed", 3}, {"files", 4}};
+      static const std::map<std::string_view, std::string> kName = {{"items", "num_items"},
+                                                                    {"epochs", "num_epochs"},
+                                                                    {"block", "block_size"},
+                                                                    {"seed", "seed"},
+                                                                    {"files", "files_fingerprint"}};
+      std::string_view field = Text(reply->element[1]);
+      CheckField(kName.at(field), std::string(Text(reply->element[2])), args[kIndex.at(field)],
+                 "the job on " + redis_.address().Display());
+    }
+    Notice(std::string("tailcut: global job '") + job.name + "' " +
+           (outcome == "created" ? "created" : "joined") + " on " + redis_.address().Display() +
+           " as host " + options_.host_id);
+  }
+
+  GlobalClaimStatus Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
+                          std::chrono::milliseconds* retry_after) {
+    std::lock_guard lock(mu_);
+    Reply reply = redis_.RunScript(detail::kClaimScript, keys_,
+                                   {options_.host_id, std::to_string(ttl.count())});
+    std::string_view kind = Text(reply->element[0]);
+    if (kind == "end") return GlobalClaimStatus::kEnd;
+    if (kind == "wait") {
+      if (retry_after != nullptr) {
+        *retry_after = std::clamp(std::chrono::milliseconds(reply->element[1]->integer),
+                                  std::chrono::milliseconds(1), std::chrono::milliseconds(1000));
+      }
+      return GlobalClaimStatus::kWait;
+    }
+    block->first = Unsigned(reply->element[1]);
+    block->last = Unsigned(reply->element[2]);
+    block->generation = Unsigned(reply->element[3]);
+    block->reclaimed = kind == "reclaimed";
+    block->tickets.clear();
+    if (block->reclaimed) {
+      const redisReply* tickets = reply->element[4];
+      for (size_t i = 0; i < tickets->elements; ++i) {
+        block->tickets.push_back(Unsigned(tickets->element[i]));
+      }
+    } else {
+      for (uint64_t t = block->first; t < block->last; ++t) block->tickets.push_back(t);
+    }
+    return GlobalClaimStatus::kOk;
+  }
+
+  GlobalAckStatus Renew(const GlobalBlock& block, std::chrono::milliseconds ttl) {
+    std::lock_guard lock(mu_);
+    Reply reply = redis_.RunScript(detail::kRenewScript, keys_,
+                                   {options_.host_id, std::to_string(block.first),
+                                    std::to_string(block.generation), std::to_string(ttl.count())});
+    std::string_view status = Text(reply.get());
+    if (status == "ok") return GlobalAckStatus::kOk;
+    if (status == "closed") return GlobalAckStatus::kClosed;
+    return GlobalAckStatus::kStale;
+  }
+
+  GlobalAckStatus Ack(const GlobalBlock& block, std::span<const uint64_t> tickets,
+                      uint64_t* newly_done) {
+    std::vector<std::string> args = {options_.host_id, std::to_string(block.first),
+                                     std::to_string(block.generation)};
+    for (uint64_t t : tickets) args.push_back(std::to_string(t));
+    std::lock_guard lock(mu_);
+    Reply reply = redis_.RunScript(detail::kAckScript, keys_, args);
+    std::string_view status = Text(reply->element[0]);
+    if (newly_done != nullptr) {
+      *newly_done = reply->elements > 1 ? Unsigned(reply->element[1]) : 0;
+    }
+    if (status == "stale") return GlobalAckStatus::kStale;
+    if (status == "invalid") return GlobalAckStatus::kInvalid;
+    return GlobalAckStatus::kOk;
+  }
+
+  GlobalStats Stats() {
+    std::lock_guard lock(mu_);
+    Reply reply = redis_.RunScript(detail::kStatsScript, keys_, {});
+    GlobalStats stats;
+    stats.job = options_.job.name;
+    stats.coordinator = redis_.address().Display();
+    stats.num_items = Unsigned(reply->element[0]);
+    stats.num_epochs = Unsigned(reply->element[1]);
+    stats.block_size = Unsigned(reply->element[2]);
+    stats.done = Unsigned(reply->element[3]);
+    stats.cursor = Unsigned(reply->element[4]);
+    stats.total = stats.num_items * stats.num_epochs;
+    const redisReply* open = reply->element[5];
+    for (size_t i = 0; i < open->elements; ++i) {
+      const redisReply* b = open->element[i];
+      GlobalOpenBlock block;
+      block.first = Unsigned(b->element[0]);
+      block.last = std::min(block.first + stats.block_size, stats.total);
+      block.host_id = std::string(Text(b->element[1]));
+      block.generation = Unsigned(b->element[2]);
+      block.deadline_in_ms = b->element[3]->integer;
+      block.left = Unsigned(b->element[4]);
+      stats.open_blocks.push_back(std::move(block));
+    }
+    std::sort(stats.open_blocks.begin(), stats.open_blocks.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::map<std::string, GlobalHostStats> hosts;
+    const redisReply* counters = reply->element[6];
+    for (size_t i = 0; i + 1 < counters->elements; i += 2) {
+      std::string_view field = Text(counters->element[i]);
+      size_t colon = field.find(':');
+      std::string host(field.substr(colon + 1));
+      std::string_view what = field.substr(0, colon);
+      GlobalHostStats& h = hosts[host];
+      h.host_id = host;
+      uint64_t value = Unsigned(counters->element[i + 1]);
+      if (what == "claims") h.claims = value;
+      if (what == "reclaims") h.reclaims = value;
+      if (what == "acked") h.acked = value;
+      if (what == "stale_acks") h.stale_acks = value;
+      if (what == "stale_renews") h.stale_renews = value;
+    }
+    for (auto& [name, h] : hosts) {
+      stats.stale_acks += h.stale_acks;
+      stats.hosts.push_back(std::move(h));
+    }
+    return stats;
+  }
+
+  std::string SaveState() {
+    std::lock_guard lock(mu_);
+    Reply reply = redis_.RunScript(detail::kSaveScript, keys_, {});
+    const GlobalJob& job = options_.job;
+    std::string bitmap(Text(reply->element[1]));
+    while (!bitmap.empty() && bitmap.back() == '\0') bitmap.pop_back();
+    std::string state(kStateMagic);
+    for (uint64_t field :
+         {job.num_items, job.num_epochs, job.block_size, job.seed, Unsigned(reply->element[0]),
+          static_cast<uint64_t>(job.files_fingerprint.size()),
+          static_cast<uint64_t>(bitmap.size())}) {
+      state += ' ';
+      state += std::to_string(field);
+    }
+    state += "\n" + job.files_fingerprint + bitmap;
+    return state;
+  }
+
+  const GlobalTierOptions& options() const noexcept { return options_; }
+
+ private:
+  void Notice(const std::string& line) {
+    if (options_.on_notice) {
+      options_.on_notice(line);
+    } else {
+      std::cerr << line << "\n";
+    }
+  }
+
+  // Throws kConfigMismatch naming the field unless `have` == `want`.
+  void CheckField(const std::string& field, const std::string& have, const std::string& want,
+                  const std::string& where) const {
+    if (have == want) return;
+    throw Error(ErrorKind::kConfigMismatch,
+                "tailcut: global job '" + options_.job.name + "': " + field + " is " + have +
+                    " in " + where + " but " + want +
+                    " on this host: every host must use the same configuration (or another job "
+                    "name)");
+  }
+
+  GlobalTierOptions options_;
+  std::vector<std::string> keys_;
+  std::mutex mu_;  // serializes use of redis_
+  detail::RedisConnection redis_;
+};
+
+std::unique_ptr<GlobalTier> GlobalTier::Open(GlobalTierOptions options) {
+  CheckJobName(options.job.name);
+  if (options.job.num_items == 0 || options.job.num_epochs == 0 || options.job.block_size == 0) {
+    throw Error(ErrorKind::kInvalidArgument, "tailcut: global job '" + options.job.name +
+                                                 "': num_items, num_epochs and block_size must be "
+                                                 "at least 1");
+  }
+  if (options.host_id.empty()) options.host_id = DefaultHostId();
+  CoordinatorAddress address = CoordinatorFromEnvironment(options.coordinator);
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(address));
+  impl->CreateOrJoin();
+  return std::unique_ptr<GlobalTier>(new GlobalTier(std::move(impl)));
+}
+
+GlobalTier::GlobalTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GlobalTier::~GlobalTier() = default;
+
+GlobalClaimStatus GlobalTier::Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
+                                    std::chrono::milliseconds* retry_after) {
+  return impl_->Claim(ttl, block, retry_after);
+}
+GlobalAckStatus GlobalTier::Renew(const GlobalBlock& block, std::chrono::milliseconds ttl) {
+  return impl_->Renew(block, ttl);
+}
+GlobalAckStatus GlobalTier::Ack(const GlobalBlock& block, std::span<const uint64_t> tickets,
+                                uint64_t* newly_done) {
+  return impl_->Ack(block, tickets, newly_done);
+}
+GlobalStats GlobalTier::Stats() { return impl_->Stats(); }
+std::string GlobalTier::SaveState() { return impl_->SaveState(); }
+const std::string& GlobalTier::host_id() const noexcept { return impl_->options().host_id; }
+const GlobalJob& GlobalTier::job() const noexcept { return impl_->options().job; }
+
+}  // namespace tailcut

@@ -1,0 +1,201 @@
+#include "global/scripts.h"
+
+namespace tailcut::detail {
+
+std::vector<std::string> JobKeys(const std::string& job_name) {
+  const std::string prefix = "tailcut:{" + job_name + "}:";
+  return {prefix + "config", prefix + "cursor", prefix + "done", prefix + "deadline",
+          prefix + "owner",  prefix + "gen",    prefix + "left", prefix + "hosts"};
+}
+
+// Shared by the scripts: Redis server time in ms (one clock for all hosts),
+// integers as decimal strings (Lua 5.1 prints large numbers as 1e+15), the
+// job's configuration.
+#define TAILCUT_LUA_PRELUDE                                                        \
+  "local function now_ms()\n"                                                      \
+  "  local t = redis.call('TIME')\n"                                               \
+  "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"           \
+  "end\n"                                                                          \
+  "local function s(x) return string.format('%d', x) end\n"                        \
+  "local function job()\n"                                                         \
+  "  local c = redis.call('HMGET', KEYS[1], 'items', 'epochs', 'block', 'done')\n" \
+  "  if not c[1] then return nil end\n"                                            \
+  "  local j = {items = tonumber(c[1]), epochs = tonumber(c[2]),\n"                \
+  "             block = tonumber(c[3]), done = tonumber(c[4])}\n"                  \
+  "  j.total = j.items * j.epochs\n"                                               \
+  "  return j\n"                                                                   \
+  "end\n"                                                                          \
+  "local function count(host, what, n)\n"                                          \
+  "  redis.call('HINCRBY', KEYS[8], what .. ':' .. host, n)\n"                     \
+  "end\n"
+
+// Creates the job (from a saved state if given) or checks that the existing
+// one has the same configuration. Returns {'created'}, {'joined'} or
+// {'mismatch', field, existing value}. Restoring: every block below the
+// cursor with tickets not done goes into the deadline set already expired,
+// with no holder, so the next Claim re-owns it and hands out those tickets.
+const Script kCreateScript = {"create", TAILCUT_LUA_PRELUDE R"lua(
+local fields = {'items', 'epochs', 'block', 'seed', 'files'}
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local have = redis.call('HMGET', KEYS[1], unpack(fields))
+  for i, f in ipairs(fields) do
+    if have[i] ~= ARGV[i] then return {'mismatch', f, have[i] or ''} end
+  end
+  return {'joined'}
+end
+redis.call('HSET', KEYS[1], 'items', ARGV[1], 'epochs', ARGV[2], 'block', ARGV[3],
+           'seed', ARGV[4], 'files', ARGV[5], 'done', 0)
+local j = job()
+if ARGV[6] == nil then
+  redis.call('SET', KEYS[2], 0)
+  return {'created'}
+end
+local cursor = tonumber(ARGV[6])
+redis.call('SET', KEYS[2], ARGV[6])
+redis.call('DEL', KEYS[3])
+if #ARGV[7] > 0 then redis.call('SET', KEYS[3], ARGV[7]) end
+local done = redis.call('BITCOUNT', KEYS[3])
+redis.call('HSET', KEYS[1], 'done', done)
+local reopened = 0
+for first = 0, math.min(cursor, j.total) - 1, j.block do
+  local last = math.min(first + j.block, j.total)
+  local n = redis.call('BITCOUNT', KEYS[3], first, last - 1, 'BIT')
+  if n < last - first then
+    redis.call('ZADD', KEYS[4], 0, s(first))
+    redis.call('HSET', KEYS[5], s(first), '')
+    redis.call('HSET', KEYS[7], s(first), last - first - n)
+    reopened = reopened + 1
+  end
+end
+return {'created', done, reopened}
+)lua"};
+
+// Claim(host, ttl): re-own the expired block with the earliest deadline
+// (generation + 1, only its tickets without done marks), else take the next
+// block from the cursor. Returns {'reclaimed', first, last, gen, {tickets}},
+// {'new', first, last, gen}, {'wait', ms until the soonest deadline} or
+// {'end'}.
+const Script kClaimScript = {"claim", TAILCUT_LUA_PRELUDE R"lua(
+local j = job()
+if not j then return redis.error_reply('the job keys are gone (deleted or flushed)') end
+local host, ttl = ARGV[1], tonumber(ARGV[2])
+local now = now_ms()
+while true do
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1)
+  if #expired == 0 then break end
+  local first = tonumber(expired[1])
+  local last = math.min(first + j.block, j.total)
+  local tickets = {}
+  for t = first, last - 1 do
+    if redis.call('GETBIT', KEYS[3], t) == 0 then tickets[#tickets + 1] = t end
+  end
+  if #tickets == 0 then
+    redis.call('ZREM', KEYS[4], expired[1])
+    redis.call('HDEL', KEYS[5], expired[1])
+    redis.call('HDEL', KEYS[7], expired[1])
+  else
+    local gen = redis.call('HINCRBY', KEYS[6], expired[1], 1)
+    redis.call('HSET', KEYS[5], expired[1], host)
+    redis.call('HSET', KEYS[7], expired[1], #tickets)
+    redis.call('ZADD', KEYS[4], now + ttl, expired[1])
+    count(host, 'claims', 1)
+    count(host, 'reclaims', 1)
+    return {'reclaimed', first, last, gen, tickets}
+  end
+end
+local cursor = tonumber(redis.call('GET', KEYS[2]) or '0')
+if cursor < j.total then
+  local next = redis.call('INCRBY', KEYS[2], j.block)
+  local first = next - j.block
+  local last = math.min(next, j.total)
+  local gen = redis.call('HINCRBY', KEYS[6], s(first), 1)
+  redis.call('HSET', KEYS[5], s(first), host)
+  redis.call('HSET', KEYS[7], s(first), last - first)
+  redis.call('ZADD', KEYS[4], now + ttl, s(first))
+  count(host, 'claims', 1)
+  return {'new', first, last, gen}
+end
+local soonest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if #soonest > 0 then return {'wait', math.max(0, tonumber(soonest[2]) - now)} end
+if j.done == j.total then return {'end'} end
+return redis.error_reply('cursor past the end, no open block, but only ' .. s(j.done) ..
+                         ' of ' .. s(j.total) .. ' tickets done')
+)lua"};
+
+// Renew(host, first, gen, ttl): 'ok', 'closed' (all done), or 'stale'
+// (re-owned; counted).
+const Script kRenewScript = {"renew", TAILCUT_LUA_PRELUDE R"lua(
+local host, first = ARGV[1], ARGV[2]
+local gen = redis.call('HGET', KEYS[6], first)
+if gen ~= ARGV[3] then
+  count(host, 'stale_renews', 1)
+  return 'stale'
+end
+if not redis.call('ZSCORE', KEYS[4], first) then return 'closed' end
+if redis.call('HGET', KEYS[5], first) ~= host then
+  count(host, 'stale_renews', 1)
+  return 'stale'
+end
+redis.call('ZADD', KEYS[4], now_ms() + tonumber(ARGV[4]), first)
+return 'ok'
+)lua"};
+
+// Ack(host, first, gen, tickets...): {'ok', newly}, {'closed', newly} (the
+// block's last ticket got done), {'stale'} (counted) or {'invalid'}.
+const Script kAckScript = {"ack", TAILCUT_LUA_PRELUDE R"lua(
+local j = job()
+if not j then return redis.error_reply('the job keys are gone (deleted or flushed)') end
+local host, first_key = ARGV[1], ARGV[2]
+if redis.call('HGET', KEYS[6], first_key) ~= ARGV[3] then
+  count(host, 'stale_acks', 1)
+  return {'stale'}
+end
+local first = tonumber(first_key)
+local last = math.min(first + j.block, j.total)
+for i = 4, #ARGV do
+  local t = tonumber(ARGV[i])
+  if not t or t < first or t >= last then return {'invalid'} end
+end
+local newly = 0
+for i = 4, #ARGV do
+  if redis.call('SETBIT', KEYS[3], ARGV[i], 1) == 0 then newly = newly + 1 end
+end
+if newly == 0 then return {'ok', 0} end
+redis.call('HINCRBY', KEYS[1], 'done', newly)
+count(host, 'acked', newly)
+if redis.call('HINCRBY', KEYS[7], first_key, -newly) <= 0 then
+  redis.call('ZREM', KEYS[4], first_key)
+  redis.call('HDEL', KEYS[5], first_key)
+  redis.call('HDEL', KEYS[7], first_key)
+  return {'closed', newly}
+end
+return {'ok', newly}
+)lua"};
+
+// {items, epochs, block, done, cursor, {first, host, gen, deadline-now,
+// left}..., {field, value}...} read in one step.
+const Script kStatsScript = {"stats", TAILCUT_LUA_PRELUDE R"lua(
+local j = job()
+if not j then return redis.error_reply('the job keys are gone (deleted or flushed)') end
+local now = now_ms()
+local open = {}
+local blocks = redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES')
+for i = 1, #blocks, 2 do
+  local first = blocks[i]
+  open[#open + 1] = {tonumber(first), redis.call('HGET', KEYS[5], first) or '',
+                     tonumber(redis.call('HGET', KEYS[6], first) or '0'),
+                     tonumber(blocks[i + 1]) - now,
+                     tonumber(redis.call('HGET', KEYS[7], first) or '0')}
+end
+return {j.items, j.epochs, j.block, j.done,
+        tonumber(redis.call('GET', KEYS[2]) or '0'), open,
+        redis.call('HGETALL', KEYS[8])}
+)lua"};
+
+// {cursor, done bitmap} read in one step.
+const Script kSaveScript = {"save", TAILCUT_LUA_PRELUDE R"lua(
+if not job() then return redis.error_reply('the job keys are gone (deleted or flushed)') end
+return {redis.call('GET', KEYS[2]) or '0', redis.call('GET', KEYS[3]) or ''}
+)lua"};
+
+}  // namespace tailcut::detail
