@@ -1,0 +1,353 @@
+// GlobalTier in one process against a redis-server of the test's own:
+// URLs, blocks, acks, fencing, end of data, state, and the named errors.
+#include "tailcut/global_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "global/redis_server.h"
+
+namespace tailcut {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::RedisServer;
+
+#define SKIP_WITHOUT_REDIS()              \
+  if (testing::FindRedisServer().empty()) \
+  GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"
+
+GlobalTierOptions Options(const std::string& url, const std::string& host, uint64_t items = 10,
+                          uint64_t epochs = 1, uint64_t block = 4) {
+  GlobalTierOptions options;
+  options.coordinator = url;
+  options.host_id = host;
+  options.job = {"job", items, epochs, block, 7, "files-v1"};
+  options.retry_for = milliseconds(3000);
+  options.on_notice = [](const std::string&) {};
+  return options;
+}
+
+std::vector<uint64_t> Range(uint64_t first, uint64_t last) {
+  std::vector<uint64_t> v;
+  for (uint64_t t = first; t < last; ++t) v.push_back(t);
+  return v;
+}
+
+TEST(CoordinatorUrlTest, ParsesEveryPart) {
+  CoordinatorAddress a = ParseCoordinatorUrl("redis://alice:s3cret@db.example:6380/2");
+  EXPECT_EQ(a.host, "db.example");
+  EXPECT_EQ(a.port, 6380);
+  EXPECT_EQ(a.db, 2);
+  EXPECT_EQ(a.user, "alice");
+  EXPECT_EQ(a.password, "s3cret");
+  EXPECT_EQ(a.Display(), "redis://alice@db.example:6380/2");
+  CoordinatorAddress b = ParseCoordinatorUrl("redis://10.0.0.1:7000");
+  EXPECT_EQ(b.port, 7000);
+  EXPECT_EQ(b.db, 0);
+  EXPECT_EQ(b.Display(), "redis://10.0.0.1:7000/0");
+  CoordinatorAddress c = ParseCoordinatorUrl("redis://:pw@h:1/0");
+  EXPECT_EQ(c.user, "");
+  EXPECT_EQ(c.password, "pw");
+}
+
+TEST(CoordinatorUrlTest, BadUrlsNameThePartAndNeverThePassword) {
+  try {
+    ParseCoordinatorUrl("redis://bob:hunter2@h:notaport/0");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_STREQ(e.what(),
+                 "tailcut: coordinator URL 'redis://***@h:notaport/0': the port is not a number "
+                 "in 1..65535; expected redis://[user[:password]@]HOST:PORT/DB");
+  }
+  EXPECT_THROW(ParseCoordinatorUrl("http://h:1/0"), Error);
+  EXPECT_THROW(ParseCoordinatorUrl("redis://h:1/x"), Error);
+  EXPECT_THROW(ParseCoordinatorUrl("redis://:1/0"), Error);
+}
+
+TEST(CoordinatorUrlTest, EnvironmentGivesUrlAndPassword) {
+  setenv("TAILCUT_COORDINATOR", "redis://carol@h:6379/1", 1);
+  setenv("TAILCUT_REDIS_PASSWORD", "from-env", 1);
+  CoordinatorAddress a = CoordinatorFromEnvironment();
+  EXPECT_EQ(a.user, "carol");
+  EXPECT_EQ(a.password, "from-env");
+  EXPECT_EQ(a.db, 1);
+  // A password in the URL wins.
+  EXPECT_EQ(CoordinatorFromEnvironment("redis://u:inurl@h:1/0").password, "inurl");
+  unsetenv("TAILCUT_COORDINATOR");
+  unsetenv("TAILCUT_REDIS_PASSWORD");
+  EXPECT_THROW(CoordinatorFromEnvironment(), Error);
+}
+
+TEST(GlobalTierTest, ClaimHandsOutAlignedBlocksThenEndsWhenAllAreDone) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto tier = GlobalTier::Open(Options(redis.url(), "a"));
+  std::vector<GlobalBlock> blocks;
+  GlobalBlock block;
+  while (tier->Claim(milliseconds(60000), &block) == GlobalClaimStatus::kOk) {
+    EXPECT_FALSE(block.reclaimed);
+    EXPECT_EQ(block.generation, 1u);
+    blocks.push_back(block);
+  }
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[0].tickets, Range(0, 4));
+  EXPECT_EQ(blocks[1].tickets, Range(4, 8));
+  EXPECT_EQ(blocks[2].tickets, Range(8, 10));  // the last block is short
+  milliseconds retry{0};
+  EXPECT_EQ(tier->Claim(milliseconds(60000), &block, &retry), GlobalClaimStatus::kWait);
+  EXPECT_EQ(retry, milliseconds(1000));
+  for (const GlobalBlock& b : blocks) {
+    EXPECT_EQ(tier->Ack(b, b.tickets), GlobalAckStatus::kOk);
+  }
+  EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kEnd);
+  GlobalStats stats = tier->Stats();
+  EXPECT_EQ(stats.done, 10u);
+  EXPECT_EQ(stats.total, 10u);
+  EXPECT_TRUE(stats.open_blocks.empty());
+  ASSERT_EQ(stats.hosts.size(), 1u);
+  EXPECT_EQ(stats.hosts[0].claims, 3u);
+  EXPECT_EQ(stats.hosts[0].acked, 10u);
+}
+
+TEST(GlobalTierTest, AckingATicketTwiceCountsOnceAndOutsideTheBlockIsInvalid) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto tier = GlobalTier::Open(Options(redis.url(), "a"));
+  GlobalBlock block;
+  ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+  uint64_t newly = 99;
+  std::vector<uint64_t> some = {0, 1};
+  EXPECT_EQ(tier->Ack(block, some, &newly), GlobalAckStatus::kOk);
+  EXPECT_EQ(newly, 2u);
+  EXPECT_EQ(tier->Ack(block, some, &newly), GlobalAckStatus::kOk);
+  EXPECT_EQ(newly, 0u);
+  std::vector<uint64_t> outside = {3, 4};
+  EXPECT_EQ(tier->Ack(block, outside, &newly), GlobalAckStatus::kInvalid);
+  EXPECT_EQ(tier->Stats().done, 2u);
+  // The block stays open until its last ticket is done, then Renew says so.
+  EXPECT_EQ(tier->Renew(block, milliseconds(60000)), GlobalAckStatus::kOk);
+  EXPECT_EQ(tier->Ack(block, block.tickets, &newly), GlobalAckStatus::kOk);
+  EXPECT_EQ(newly, 2u);
+  EXPECT_EQ(tier->Renew(block, milliseconds(60000)), GlobalAckStatus::kClosed);
+  EXPECT_EQ(tier->Stats().open_blocks.size(), 0u);
+}
+
+TEST(GlobalTierTest, AnExpiredBlockIsReownedWithOnlyItsUndoneTicketsAndTheOldHolderIsFenced) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto a = GlobalTier::Open(Options(redis.url(), "a"));
+  auto b = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock held;
+  ASSERT_EQ(a->Claim(milliseconds(100), &held), GlobalClaimStatus::kOk);
+  std::vector<uint64_t> done = {1, 2};
+  ASSERT_EQ(a->Ack(held, done), GlobalAckStatus::kOk);
+  std::this_thread::sleep_for(milliseconds(150));
+  GlobalBlock taken;
+  ASSERT_EQ(b->Claim(milliseconds(60000), &taken), GlobalClaimStatus::kOk);
+  EXPECT_TRUE(taken.reclaimed);
+  EXPECT_EQ(taken.first, 0u);
+  EXPECT_EQ(taken.generation, 2u);
+  EXPECT_EQ(taken.tickets, (std::vector<uint64_t>{0, 3}));
+  // The old holder's late renew and ack are refused and counted.
+  EXPECT_EQ(a->Renew(held, milliseconds(60000)), GlobalAckStatus::kStale);
+  std::vector<uint64_t> late = {0};
+  uint64_t newly = 99;
+  EXPECT_EQ(a->Ack(held, late, &newly), GlobalAckStatus::kStale);
+  EXPECT_EQ(newly, 0u);
+  EXPECT_EQ(b->Ack(taken, taken.tickets), GlobalAckStatus::kOk);
+  GlobalStats stats = b->Stats();
+  EXPECT_EQ(stats.done, 4u);
+  EXPECT_EQ(stats.stale_acks, 1u);
+  ASSERT_EQ(stats.hosts.size(), 2u);
+  EXPECT_EQ(stats.hosts[0].host_id, "a");
+  EXPECT_EQ(stats.hosts[0].stale_acks, 1u);
+  EXPECT_EQ(stats.hosts[0].stale_renews, 1u);
+  EXPECT_EQ(stats.hosts[1].reclaims, 1u);
+}
+
+TEST(GlobalTierTest, StatsShowOpenBlocksPerHostWithDeadlines) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto a = GlobalTier::Open(Options(redis.url(), "a"));
+  auto b = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock x, y;
+  ASSERT_EQ(a->Claim(milliseconds(30000), &x), GlobalClaimStatus::kOk);
+  ASSERT_EQ(b->Claim(milliseconds(5000), &y), GlobalClaimStatus::kOk);
+  GlobalStats stats = a->Stats();
+  EXPECT_EQ(stats.cursor, 8u);
+  EXPECT_EQ(stats.coordinator, redis.url());
+  ASSERT_EQ(stats.open_blocks.size(), 2u);
+  EXPECT_EQ(stats.open_blocks[0].host_id, "a");
+  EXPECT_GT(stats.open_blocks[0].deadline_in_ms, 25000);
+  EXPECT_EQ(stats.open_blocks[1].host_id, "b");
+  EXPECT_LE(stats.open_blocks[1].deadline_in_ms, 5000);
+  EXPECT_EQ(stats.open_blocks[1].left, 4u);
+}
+
+TEST(GlobalTierTest, AFlushedScriptCacheIsSurvived) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto tier = GlobalTier::Open(Options(redis.url(), "a"));
+  auto admin = GlobalTier::Open(Options(redis.url(), "admin"));
+  GlobalBlock block;
+  ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+  ASSERT_EQ(
+      std::system(
+          ("redis-cli -p " + std::to_string(redis.port()) + " SCRIPT FLUSH > /dev/null").c_str()),
+      0);
+  EXPECT_EQ(tier->Ack(block, block.tickets), GlobalAckStatus::kOk);  // NOSCRIPT, then EVAL
+  EXPECT_EQ(tier->Stats().done, 4u);
+}
+
+TEST(GlobalTierTest, ARestoredStateHandsOutOnlyTicketsNotDone) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  std::string state;
+  {
+    auto tier = GlobalTier::Open(Options(redis.url(), "a"));
+    GlobalBlock first, second;
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &first), GlobalClaimStatus::kOk);
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &second), GlobalClaimStatus::kOk);
+    ASSERT_EQ(tier->Ack(first, first.tickets), GlobalAckStatus::kOk);
+    std::vector<uint64_t> half = {5, 6};
+    ASSERT_EQ(tier->Ack(second, half), GlobalAckStatus::kOk);
+    state = tier->SaveState();
+  }
+  GlobalTierOptions options = Options(redis.url(), "b");
+  options.job.name = "job-restored";
+  options.restore_state = state;
+  auto tier = GlobalTier::Open(options);
+  GlobalStats stats = tier->Stats();
+  EXPECT_EQ(stats.cursor, 8u);
+  EXPECT_EQ(stats.done, 6u);
+  std::vector<uint64_t> handed;
+  GlobalBlock block;
+  while (tier->Claim(milliseconds(60000), &block) == GlobalClaimStatus::kOk) {
+    handed.insert(handed.end(), block.tickets.begin(), block.tickets.end());
+    ASSERT_EQ(tier->Ack(block, block.tickets), GlobalAckStatus::kOk);
+  }
+  EXPECT_EQ(handed, (std::vector<uint64_t>{4, 7, 8, 9}));
+  EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kEnd);
+
+  // A state of another configuration is refused, naming the field.
+  GlobalTierOptions other = Options(redis.url(), "c", 10, 1, 8);
+  other.job.name = "job-other";
+  other.restore_state = state;
+  try {
+    GlobalTier::Open(other);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
+    EXPECT_STREQ(e.what(),
+                 "tailcut: global job 'job-other': block_size is 4 in the saved state but 8 on "
+                 "this host: every host must use the same configuration (or another job name)");
+  }
+  other.restore_state = "garbage";
+  EXPECT_THROW(GlobalTier::Open(other), Error);
+}
+
+TEST(GlobalTierErrorTest, AnotherConfigurationFromAnotherHostNamesTheField) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto a = GlobalTier::Open(Options(redis.url(), "a"));
+  GlobalTierOptions b = Options(redis.url(), "b");
+  b.job.files_fingerprint = "files-v2";
+  try {
+    GlobalTier::Open(b);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
+    EXPECT_EQ(std::string(e.what()),
+              "tailcut: global job 'job': files_fingerprint is files-v1 in the job on " +
+                  redis.url() +
+                  " but files-v2 on this host: every host must use the same configuration (or "
+                  "another job name)");
+  }
+  GlobalTierOptions c = Options(redis.url(), "c", 11);
+  try {
+    GlobalTier::Open(c);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_items is 10 in the job"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GlobalTierErrorTest, AWrongPasswordIsNamedWithoutThePassword) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis({"--requirepass", "right-one"});
+  const std::string host_port = "127.0.0.1:" + std::to_string(redis.port());
+  GlobalTierOptions options = Options("redis://:wrong-one@" + host_port + "/0", "a");
+  try {
+    GlobalTier::Open(options);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPermission);
+    EXPECT_EQ(std::string(e.what()),
+              "tailcut: Redis at redis://" + host_port +
+                  "/0 refused user 'default' (WRONGPASS invalid username-password pair or user "
+                  "is disabled.): set the right password in TAILCUT_REDIS_PASSWORD or the URL");
+    EXPECT_EQ(std::string(e.what()).find("wrong-one"), std::string::npos);
+  }
+  // No password at all: the first command is refused.
+  try {
+    GlobalTier::Open(Options("redis://" + host_port + "/0", "a"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPermission);
+    EXPECT_EQ(std::string(e.what()),
+              "tailcut: Redis at redis://" + host_port +
+                  "/0 refused user 'default' (NOAUTH Authentication required.): set the right "
+                  "password in TAILCUT_REDIS_PASSWORD or the URL");
+  }
+  // The right one, from the environment.
+  setenv("TAILCUT_REDIS_PASSWORD", "right-one", 1);
+  EXPECT_NO_THROW(GlobalTier::Open(Options("redis://" + host_port + "/0", "a")));
+  unsetenv("TAILCUT_REDIS_PASSWORD");
+}
+
+TEST(GlobalTierErrorTest, AnAclUserLogsIn) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis({"--user", "feeder", "on", ">pw-of-feeder", "~tailcut:*", "+@all"});
+  const std::string host_port = "127.0.0.1:" + std::to_string(redis.port());
+  auto tier = GlobalTier::Open(Options("redis://feeder:pw-of-feeder@" + host_port + "/0", "a"));
+  GlobalBlock block;
+  EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+  EXPECT_EQ(tier->Stats().coordinator, "redis://feeder@" + host_port + "/0");
+  try {
+    GlobalTier::Open(Options("redis://feeder:nope@" + host_port + "/0", "b"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPermission);
+    EXPECT_NE(std::string(e.what()).find("refused user 'feeder'"), std::string::npos);
+    EXPECT_EQ(std::string(e.what()).find("nope"), std::string::npos);
+  }
+}
+
+TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
+  const int port = testing::FreePort();
+  GlobalTierOptions options =
+      Options("redis://u:secret-pw@127.0.0.1:" + std::to_string(port) + "/3", "a");
+  options.retry_for = milliseconds(500);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    GlobalTier::Open(options);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_EQ(std::string(e.what()),
+              "tailcut: cannot reach Redis at redis://u@127.0.0.1:" + std::to_string(port) +
+                  "/3 for 500 ms (Connection refused): start redis-server there or point "
+                  "TAILCUT_COORDINATOR at one that runs");
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, milliseconds(300));
+  EXPECT_LT(took, milliseconds(1500));
+}
+
+}  // namespace
+}  // namespace tailcut
