@@ -3,6 +3,7 @@
 #include "tailcut/global_tier.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstdlib>
 #include <thread>
@@ -333,6 +334,8 @@ TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
   GlobalTierOptions options =
       Options("redis://u:secret-pw@127.0.0.1:" + std::to_string(port) + "/3", "a");
   options.retry_for = milliseconds(500);
+  std::vector<std::string> notices;
+  options.on_notice = [&](const std::string& line) { notices.push_back(line); };
   auto start = std::chrono::steady_clock::now();
   try {
     GlobalTier::Open(options);
@@ -347,6 +350,34 @@ TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
   auto took = std::chrono::steady_clock::now() - start;
   EXPECT_GE(took, milliseconds(300));
   EXPECT_LT(took, milliseconds(1500));
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0], "tailcut: Redis at redis://u@127.0.0.1:" + std::to_string(port) +
+                            "/3: Connection refused; reconnecting for up to 500 ms");
+}
+
+TEST(GlobalTierErrorTest, AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  GlobalTierOptions options = Options(redis.url(), "a");
+  options.command_timeout = milliseconds(200);
+  options.retry_for = milliseconds(800);
+  auto tier = GlobalTier::Open(options);
+  kill(redis.pid(), SIGSTOP);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    tier->Stats();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_EQ(std::string(e.what()),
+              "tailcut: cannot reach Redis at " + redis.url() +
+                  " for 800 ms (Resource temporarily unavailable): start redis-server there or "
+                  "point TAILCUT_COORDINATOR at one that runs");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2500));
+  kill(redis.pid(), SIGCONT);
+  GlobalBlock block;
+  EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
 }
 
 }  // namespace

@@ -68,6 +68,7 @@ class RedisServer {
   }
 
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_) + "/0"; }
 
   void Start() {
