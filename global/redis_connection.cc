@@ -100,7 +100,7 @@ bool RedisConnection::TryConnect(std::string* error) {
 }
 
 void RedisConnection::Connect() {
-  if (context_ == nullptr) Reply reply = Run({"PING"});
+  if (context_ == nullptr) Run({"PING"});
 }
 
 Reply RedisConnection::Run(const std::vector<std::string>& args) {
