@@ -11,14 +11,18 @@
 // With one process, the same queue seed and the same Shuffler seed, the
 // order is the same in every run (the Readers take items in ticket order).
 //
-//   std::vector<std::unique_ptr<tailcut::Reader>> readers;
-//   for (int i = 0; i < 4; ++i) readers.push_back(tailcut::Reader::Open(*queue, options));
-//   tailcut::Shuffler shuffler(Pointers(readers), {.buffer_records = 8192, .seed = 7});
+//   std::vector<std::unique_ptr<tailcut::Reader>> owned;
+//   std::vector<tailcut::Reader*> readers;
+//   for (int i = 0; i < 4; ++i) {
+//     owned.push_back(tailcut::Reader::Open(*queue, options));
+//     readers.push_back(owned.back().get());
+//   }
+//   tailcut::Shuffler shuffler(readers, {.buffer_records = 8192, .seed = 7});
 //   tailcut::Record record;
 //   while (shuffler.Next(&record) == tailcut::ReadStatus::kOk) Use(record);
 //
-// Mixing (shuffler_test's MixingAndCost... prints it against a full shuffle
-// in the same run; 200,000 records in 64 items taken in file order): with 4
+// Mixing (shuffler_test's MixingAndCostAgainstAFullShuffleAndFileOrder prints it
+// next to a full shuffle; 200,000 records in 64 items taken in file order): with 4
 // Readers and 8192 records, 0.01% of neighbours are consecutive records
 // (file order: 100%, a full shuffle: 0.002%) and a record moves ~7,000
 // places (a full shuffle: ~67,000). A window shuffle cannot move a record
