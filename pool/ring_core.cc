@@ -246,11 +246,4 @@ void RingCore::RecoverClient(uint64_t client, uint64_t* reclaimed, uint64_t* red
   }
 }
 
-uint64_t RingCore::ReadyEntries() const noexcept {
-  RingRef r = Ring(Which::kReady);
-  uint64_t head = r.ring->head.load(std::memory_order_acquire);
-  uint64_t tail = r.ring->tail.load(std::memory_order_acquire);
-  return tail - head <= g_.ring_cells ? tail - head : 0;
-}
-
 }  // namespace tailcut::detail

@@ -43,12 +43,16 @@ class RingCore {
   // POPPED(self, generation) → FREE through the free ring.
   Result Release(uint64_t self, uint32_t slot, uint64_t generation) noexcept;
 
+  // Which ring, and the state its live entries' slots are in (R2).
+  enum class Which { kFree, kReady };
+  // Pushes (slot, generation tag) at the tail. False if the ring is full
+  // (only stale entries can fill it: ring_cells >= 2 * num_slots) or corrupt.
+  // Public for tests that stop an owner between its push and its CAS (R3).
+  bool Push(Which which, uint64_t slot, uint64_t generation) noexcept;
+
   // Every slot `client` owns: FILLING → FREE, POPPED → READY (R5). Adds to
   // *reclaimed and *redelivered the moves it made. Idempotent.
   void RecoverClient(uint64_t client, uint64_t* reclaimed, uint64_t* redelivered) noexcept;
-
-  // Entries in the ready ring, live or not (fill level for stats).
-  uint64_t ReadyEntries() const noexcept;
 
   RingHeader& header() const { return *At<RingHeader>(0); }
   RingCounters& counters() const { return *At<RingCounters>(g_.counters); }
@@ -58,16 +62,12 @@ class RingCore {
   const RingGeometry& geometry() const { return g_; }
 
  private:
-  enum class Which { kFree, kReady };
   struct RingRef {
     IdRing* ring;
     SharedAtomic<uint64_t>* cells;
     uint64_t target_state;
   };
   RingRef Ring(Which which) const;
-  // Pushes (slot, generation tag) at the tail. False if the ring is full
-  // (only stale entries can fill it: ring_cells >= 2 * num_slots) or corrupt.
-  bool Push(Which which, uint64_t slot, uint64_t generation) noexcept;
   // Pops the first live entry, moving its slot to `new_state` owned by
   // `self` (stale entries on the way are dropped, moves in flight completed).
   Result Pop(Which which, uint64_t new_state, uint64_t self, uint32_t* slot,
