@@ -532,7 +532,13 @@ RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
     uint32_t slot = 0;
     uint64_t gen = 0;
     RingStatus st = FromCore(d.core.TakeReady(d.self, &slot, &gen));
-    if (st == RingStatus::kTimeout && Ended(ended, through_epoch)) return RingStatus::kEnd;
+    if (st == RingStatus::kTimeout && Ended(ended, through_epoch)) {
+      // A trainer that died holding a batch gives it back only when its
+      // death is found: look before declaring the end (R5).
+      RecoverDead(d.core, d.self);
+      st = FromCore(d.core.TakeReady(d.self, &slot, &gen));
+      if (st == RingStatus::kTimeout) return RingStatus::kEnd;
+    }
     if (st != RingStatus::kOk) return st;
     detail::SlotHeader& sh = d.core.slot(slot);
     uint64_t bytes = sh.bytes.load(std::memory_order_relaxed);
