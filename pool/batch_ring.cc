@@ -146,7 +146,7 @@ int RecoverDead(RingCore& core, uint64_t self) noexcept {
   return recovered;
 }
 
-BatchRingStats StatsOf(const RingCore& core, const detail::RingSegment& seg, uint64_t self) {
+BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t self) {
   BatchRingStats s;
   const detail::RingGeometry& g = core.geometry();
   s.name = seg.name();
@@ -183,7 +183,16 @@ BatchRingStats StatsOf(const RingCore& core, const detail::RingSegment& seg, uin
     RingClientStats cs;
     cs.slot = static_cast<uint32_t>(c);
     cs.pid = rc.pid.load(std::memory_order_relaxed);
-    cs.alive = c == self || detail::TryLockRobust(&rc.life) == EBUSY;
+    cs.alive = c == self;
+    if (!cs.alive) {
+      int r = detail::TryLockRobust(&rc.life);
+      if (r == EOWNERDEAD) {
+        RecoverOne(core, c);  // found dead: recovered, listed no more
+        continue;
+      }
+      if (r == 0) pthread_mutex_unlock(&rc.life);  // leaving right now
+      cs.alive = r == EBUSY;
+    }
     cs.role = rc.role.load(std::memory_order_relaxed) == detail::kRoleTrainer ? RingRole::kTrainer
                                                                               : RingRole::kLoader;
     cs.acquired = rc.acquired.load(std::memory_order_relaxed);

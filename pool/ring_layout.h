@@ -124,8 +124,8 @@ struct alignas(kRingCacheLine) RingCounters {
   SharedAtomic<uint32_t> ready_waiters;
   SharedAtomic<uint32_t> free_seq;
   SharedAtomic<uint32_t> free_waiters;
-  // Epochs up to ended_through + 1 - 1 have all their batches published
-  // (0: none; kAllEpochs after Close). Stored as epoch + 1, only grows.
+  // EndEpoch(e) raises this to e + 1 (Close: kAllEpochs): no batch of an
+  // epoch below it is published any more. Only grows.
   SharedAtomic<uint64_t> ended_through_plus1;
   SharedAtomic<uint64_t> published;
   SharedAtomic<uint64_t> released;

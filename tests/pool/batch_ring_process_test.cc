@@ -326,6 +326,34 @@ TEST(BatchRingProcessTest, ADeadLoadersSlotIsReclaimedAndADeadTrainersBatchRedel
   loader->Close();
 }
 
+TEST(BatchRingProcessTest, ARingWhoseClientsAllDiedIsAdoptedWithItsSlots) {
+  Trial t{Name("stale"), 1, 1, 3, 1};
+  RemoveBatchRing(t.name);
+  pid_t pid = ::fork();
+  if (pid == 0) {  // the only client: publishes one batch, dies filling another
+    auto ring = BatchRing::Open(Options(t), RingRole::kLoader);
+    WritableBatch w;
+    if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) != RingStatus::kOk ||
+        ring->Publish(w.token, 0, 7, 0) != RingStatus::kOk ||
+        ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) != RingStatus::kOk)
+      ::_exit(1);
+    ::raise(SIGKILL);
+  }
+  ASSERT_TRUE(WIFSIGNALED(Reap(pid, Clock::now() + std::chrono::seconds(10))));
+  auto trainer = BatchRing::Open(Options(t), RingRole::kTrainer);
+  BatchRingStats s = trainer->Stats();
+  EXPECT_EQ(s.reclaimed, 1u);
+  EXPECT_EQ(s.ready, 1u);
+  EXPECT_EQ(s.free, 2u);
+  ReadyBatch r;
+  ASSERT_EQ(trainer->Pop(0, Clock::now() + std::chrono::seconds(1), &r), RingStatus::kOk);
+  EXPECT_EQ(r.records, 7u);
+  EXPECT_EQ(trainer->Release(r.token), RingStatus::kOk);
+  trainer->Close();
+  trainer.reset();
+  EXPECT_FALSE(RemoveBatchRing(t.name)) << "the last client of a closed ring leaves it behind";
+}
+
 TEST(BatchRingProcessTest, KillNineAtRandomPointsLosesNothingAndDoublesNothing) {
   const uint64_t trials = kStress ? ~0ull : EnvU64("TAILCUT_CRASH_TRIALS", 30);
   const uint64_t min_trials = kStress ? 200 : 0;

@@ -34,9 +34,15 @@
 //    moved on (released twice, or recovered under a process it thought dead)
 //    returns kStale and changes nothing.
 //  * Order and end: batches are popped in publish order (FIFO across
-//    loaders). EndEpoch(e) declares that no batch of epoch <= e will be
-//    published any more; Pop(through_epoch = e) then returns kEnd once no
-//    batch is ready. Close() ends every epoch.
+//    loaders), whatever their epoch: a batch of epoch e + 1 may come out
+//    before epoch e is ended. EndEpoch(e) declares that no batch of epoch
+//    <= e will be published any more; Pop(through_epoch = e) then returns
+//    kEnd once no batch is ready. Close() ends every epoch. Equal steps for
+//    synchronous trainers (every rank the same number of batches per epoch)
+//    belong to a layer above: it counts pops per epoch from ReadyBatch::epoch.
+//  * Blocking: AcquireSlot and Pop sleep at most until their deadline, and
+//    wake at least every 10 ms to look for dead clients; a caller that must
+//    answer signals (Python's Ctrl-C) passes short deadlines and loops.
 //  * Fork: a BatchRing belongs to the process that opened it; a forked child
 //    opens its own and must not use or destroy the parent's object.
 //  * Lifetime: the first Open creates the segment, later ones attach (the
