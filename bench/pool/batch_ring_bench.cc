@@ -22,7 +22,7 @@
 //                             and p99 in microseconds over the samples.
 //
 // After the runs it prints the per-batch time of each and the ratio
-// socket copy / ring hand-off. Results: docs/benchmarks.md.
+// socket copy / ring hand-off. Results: docs/batch_ring.md.
 //
 // Fork rule: the parent opens its ring only after forking, so the child
 // never inherits a holder thread (see tailcut/batch_ring.h).
