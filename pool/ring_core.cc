@@ -63,30 +63,46 @@ std::string RingCore::Validate() const {
       return "slot " + std::to_string(s) + " (" + StateName(SlotStateOf(w)) + ") names client " +
              std::to_string(owner) + " of " + std::to_string(g_.max_clients);
   }
-  uint64_t shift = std::countr_zero(uint64_t{g_.ring_cells});
   for (Which which : {Which::kFree, Which::kReady}) {
-    const char* name = which == Which::kFree ? "free ring" : "ready ring";
-    RingRef r = Ring(which);
-    uint64_t head = r.ring->head.load(std::memory_order_acquire);
-    uint64_t tail = r.ring->tail.load(std::memory_order_acquire);
-    // Either hint may lag the other by up to a ring (R4).
-    if (tail - head > g_.ring_cells && head - tail > g_.ring_cells)
-      return std::string(name) + " positions head " + std::to_string(head) + ", tail " +
-             std::to_string(tail) + " are more than " + std::to_string(g_.ring_cells) + " apart";
-    for (uint64_t i = 0; i < g_.ring_cells; ++i) {
-      uint64_t c = r.cells[i].load(std::memory_order_acquire);
-      if (CellFull(c) && CellId(c) >= g_.num_slots)
-        return std::string(name) + " cell " + std::to_string(i) + " names slot " +
-               std::to_string(CellId(c)) + " of " + std::to_string(g_.num_slots);
-      // Between head and tail a cell holds its own lap or the next one
-      // (popped, head not yet moved); elsewhere the lap before or its own.
-      uint64_t pos = head + ((i - head) & (g_.ring_cells - 1));
-      uint64_t lap = (pos >> shift) & kRingLapMask;
-      uint64_t cl = CellLap(c);
-      if (cl != lap && cl != ((lap + 1) & kRingLapMask) && cl != ((lap - 1) & kRingLapMask))
-        return std::string(name) + " cell " + std::to_string(i) + " has lap " + std::to_string(cl) +
-               ", its position " + std::to_string(pos) + " is in lap " + std::to_string(lap);
+    // Live clients may move the ring while we look: a finding counts only
+    // if the head did not move meanwhile (else look again, a bounded number
+    // of times: a ring that keeps moving is in use, not damaged).
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      const IdRing& ring = *Ring(which).ring;
+      uint64_t head = ring.head.load(std::memory_order_acquire);
+      std::string problem = ValidateRing(which, head);
+      if (problem.empty()) break;
+      if (ring.head.load(std::memory_order_acquire) == head) return problem;
     }
+  }
+  return "";
+}
+
+std::string RingCore::ValidateRing(Which which, uint64_t head) const {
+  const char* name = which == Which::kFree ? "free ring" : "ready ring";
+  const uint64_t shift = std::countr_zero(uint64_t{g_.ring_cells});
+  RingRef r = Ring(which);
+  uint64_t tail = r.ring->tail.load(std::memory_order_acquire);
+  // The tail is at most a ring ahead of the true head, and each hint lags
+  // its true position by at most one per client killed between a cell CAS
+  // and the index CAS (R4).
+  const uint64_t slack = uint64_t{g_.ring_cells} + g_.max_clients;
+  if (tail - head > slack && head - tail > slack)
+    return std::string(name) + " positions head " + std::to_string(head) + ", tail " +
+           std::to_string(tail) + " are more than " + std::to_string(slack) + " apart";
+  for (uint64_t i = 0; i < g_.ring_cells; ++i) {
+    uint64_t c = r.cells[i].load(std::memory_order_acquire);
+    if (CellFull(c) && CellId(c) >= g_.num_slots)
+      return std::string(name) + " cell " + std::to_string(i) + " names slot " +
+             std::to_string(CellId(c)) + " of " + std::to_string(g_.num_slots);
+    // Seen from the head, a cell holds its own lap, the next one (popped,
+    // head not yet moved) or the one before (not yet pushed again).
+    uint64_t pos = head + ((i - head) & (g_.ring_cells - 1));
+    uint64_t lap = (pos >> shift) & kRingLapMask;
+    uint64_t cl = CellLap(c);
+    if (cl != lap && cl != ((lap + 1) & kRingLapMask) && cl != ((lap - 1) & kRingLapMask))
+      return std::string(name) + " cell " + std::to_string(i) + " has lap " + std::to_string(cl) +
+             ", its position " + std::to_string(pos) + " is in lap " + std::to_string(lap);
   }
   return "";
 }

@@ -68,6 +68,8 @@ class RingCore {
     uint64_t target_state;
   };
   RingRef Ring(Which which) const;
+  // Validate for one ring, seen from `head`.
+  std::string ValidateRing(Which which, uint64_t head) const;
   // Pops the first live entry, moving its slot to `new_state` owned by
   // `self` (stale entries on the way are dropped, moves in flight completed).
   Result Pop(Which which, uint64_t new_state, uint64_t self, uint32_t* slot,
