@@ -188,6 +188,21 @@ TEST(BatchRingTest, AttachWithAnotherConfigurationNamesTheField) {
   EXPECT_THROW(BatchRing::Open(o, RingRole::kTrainer), Error);
 }
 
+TEST(BatchRingTest, AFullDevShmIsAClearErrorAndLeavesNothing) {
+  RingGuard g(UniqueName("nospace"));
+  BatchRingOptions o = Small(g.name);
+  o.slot_bytes = uint64_t{1} << 36;  // 64 TiB in all: more than any /dev/shm here
+  o.num_slots = 1024;
+  try {
+    BatchRing::Open(o, RingRole::kLoader);
+    FAIL() << "reserved 64 TiB in /dev/shm";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNoSpace) << e.what();
+    EXPECT_NE(std::string(e.what()).find("free"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(::access(BatchRingSegmentPath(g.name).c_str(), F_OK), 0);
+}
+
 TEST(BatchRingTest, LastClientOfAClosedRingRemovesIt) {
   RingGuard g(UniqueName("lifetime"));
   std::string path = BatchRingSegmentPath(g.name);
