@@ -24,6 +24,9 @@ namespace tailcut {
 
 using detail::RingCore;
 
+static_assert(BatchRing::kUserHeaderBytes == detail::kUserHeaderBytes);
+static_assert(BatchRing::kAllEpochs == detail::kAllEpochs);
+
 namespace {
 
 constexpr auto kCheckEvery = std::chrono::milliseconds(10);  // dead-client checks while waiting

@@ -83,7 +83,7 @@ enum class RingStatus {
   kTimeout,  // the deadline passed with no free slot / no ready batch
   kEnd,      // Pop: no batch ready and every epoch asked for has ended
   kClosed,   // Publish: the batch's epoch was already ended
-  kStale,    // the token's slot has moved on (R1): nothing changed
+  kStale,    // the token's slot has moved on (its generation): nothing changed
   kInvalid,  // wrong role, bad argument, or a corrupt segment
 };
 
@@ -150,7 +150,7 @@ class TAILCUT_EXPORT BatchRing {
   // Loader: publishes the first `bytes` of the slot as a batch of `epoch`
   // with `records` records, and wakes a waiting trainer. kOk, kStale,
   // kClosed (the epoch was ended; the slot is still the caller's: Abandon
-  // it), kInvalid (bytes > slot_bytes).
+  // it), kInvalid (bytes > slot_bytes, or epoch == kAllEpochs).
   RingStatus Publish(const SlotToken& token, uint64_t epoch, uint64_t records,
                      uint64_t bytes) noexcept;
   // Loader: hands the slot back unpublished. kOk, kStale.
