@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the record-parser and segment fuzzers with clang (libFuzzer, ASan, UBSan) in a
+# Builds the record-parser, segment and batch ring fuzzers with clang (libFuzzer, ASan, UBSan) in a
 # build directory of their own and runs each for a bounded time.
 #
 #   tests/fuzz/run_fuzzers.sh [SECONDS_PER_TARGET]    (default 60)
@@ -14,7 +14,7 @@ seconds=${1:-60}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 targets=(fuzz_record_parser_fixed fuzz_record_parser_lines fuzz_record_parser_tfrecord
-         fuzz_record_parser_file fuzz_segment_attach)
+         fuzz_record_parser_file fuzz_segment_attach fuzz_batch_ring_attach)
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTAILCUT_BUILD_FUZZERS=ON \
@@ -31,7 +31,7 @@ for target in "${targets[@]}"; do
     failed+=("$target")
   fi
   # An input that crashed the segment fuzzer left its segment behind.
-  rm -f /dev/shm/tailcut."$(id -u)".fuzz-*
+  rm -f /dev/shm/tailcut."$(id -u)".fuzz-* /dev/shm/tailcut-ring."$(id -u)".fuzz-*
 done
 
 if (( ${#failed[@]} )); then

@@ -1,0 +1,634 @@
+// BatchRing: joining and leaving a ring segment, waiting and waking, and the
+// public hot path over RingCore.
+#include "tailcut/batch_ring.h"
+
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include "engine/config.h"
+#include "engine/queue_core.h"
+#include "pool/life_holder.h"
+#include "pool/ring_core.h"
+#include "pool/ring_segment.h"
+
+namespace tailcut {
+
+using detail::RingCore;
+
+static_assert(BatchRing::kUserHeaderBytes == detail::kUserHeaderBytes);
+static_assert(BatchRing::kAllEpochs == detail::kAllEpochs);
+
+namespace {
+
+constexpr auto kCheckEvery = std::chrono::milliseconds(10);  // dead-client checks while waiting
+constexpr int kSpins = 16;  // tries before sleeping: a batch often comes within microseconds
+
+uint64_t Fingerprint(uint64_t slot_bytes, uint32_t num_slots, uint32_t max_clients) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t v : {uint64_t{detail::kRingLayoutVersion}, slot_bytes, uint64_t{num_slots},
+                     uint64_t{max_clients}, uint64_t{detail::kUserHeaderBytes}}) {
+    h ^= v;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void FutexWait(detail::SharedAtomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
+  struct timespec ts;
+  ts.tv_sec = timeout_ns / 1'000'000'000;
+  ts.tv_nsec = timeout_ns % 1'000'000'000;
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+// Wakes up to `count` sleepers on `seq`, if any sleep.
+void Wake(detail::SharedAtomic<uint32_t>& seq, detail::SharedAtomic<uint32_t>& waiters,
+          int count) noexcept {
+  // The fence orders the caller's ring change before the load of waiters;
+  // it pairs with the fence in Wait between raising waiters and looking at
+  // the ring again (Dekker): either the sleeper sees the change or we see it.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiters.load(std::memory_order_seq_cst) == 0) return;
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
+RingStatus FromCore(RingCore::Result r) {
+  switch (r) {
+    case RingCore::Result::kOk:
+      return RingStatus::kOk;
+    case RingCore::Result::kEmpty:
+      return RingStatus::kTimeout;
+    case RingCore::Result::kStale:
+      return RingStatus::kStale;
+    case RingCore::Result::kCorrupt:
+      return RingStatus::kInvalid;
+  }
+  return RingStatus::kInvalid;
+}
+
+bool Ended(uint64_t ended_plus1, uint64_t through_epoch) {
+  if (through_epoch == BatchRing::kAllEpochs) return ended_plus1 == detail::kAllEpochs;
+  return ended_plus1 >= through_epoch + 1;
+}
+
+Error Corrupt(const detail::RingSegment& s, const std::string& what) {
+  return Error(ErrorKind::kCorrupt, "batch ring '" + s.name() + "': " + s.path() +
+                                        " is not a valid tailcut batch ring: " + what +
+                                        ". Remove it (RemoveBatchRing) and start again");
+}
+
+// The geometry of a mapped segment whose creator published READY, after
+// checking magic, version, size, counts and mutexes; throws kCorrupt.
+detail::RingGeometry CheckSegment(const detail::RingSegment& seg) {
+  const detail::RingHeader& h = *reinterpret_cast<const detail::RingHeader*>(seg.base());
+  if (h.magic.load(std::memory_order_acquire) != detail::kRingMagic)
+    throw Corrupt(seg, "bad magic number");
+  if (h.layout_version != detail::kRingLayoutVersion)
+    throw Corrupt(seg, "layout version " + std::to_string(h.layout_version) +
+                           ", this tailcut reads " + std::to_string(detail::kRingLayoutVersion));
+  if (h.total_size != seg.size())
+    throw Corrupt(seg, "header says " + std::to_string(h.total_size) + " bytes, object has " +
+                           std::to_string(seg.size()));
+  detail::RingGeometry g = detail::ComputeRingGeometry(h.slot_bytes, h.num_slots, h.max_clients);
+  if (g.total == 0) throw Corrupt(seg, "slot or client counts out of range");
+  if (g.total != seg.size() || g.ring_cells != h.ring_cells)
+    throw Corrupt(seg, "its counts need " + std::to_string(g.total) + " bytes, object has " +
+                           std::to_string(seg.size()));
+  if (h.fingerprint != Fingerprint(h.slot_bytes, h.num_slots, h.max_clients))
+    throw Corrupt(seg, "configuration fingerprint does not match its fields");
+  if (!detail::IsRobustMutex(&h.admin_mutex)) throw Corrupt(seg, "its admin lock is damaged");
+  RingCore core(seg.base(), g);
+  for (uint64_t c = 0; c < g.max_clients; ++c)
+    if (!detail::IsRobustMutex(&core.client(c).life))
+      throw Corrupt(seg, "the lock of client slot " + std::to_string(c) + " is damaged");
+  std::string problem = core.Validate();
+  if (!problem.empty()) throw Corrupt(seg, problem);
+  return g;
+}
+
+// Recovers client `c` whose life mutex this thread just got with
+// EOWNERDEAD (R6), then frees the client slot.
+void RecoverOne(RingCore& core, uint64_t c) noexcept {
+  detail::RingClient& rc = core.client(c);
+  uint64_t reclaimed = 0, redelivered = 0;
+  core.RecoverClient(c, &reclaimed, &redelivered);
+  detail::RingCounters& k = core.counters();
+  k.reclaimed.fetch_add(reclaimed, std::memory_order_relaxed);
+  k.redelivered.fetch_add(redelivered, std::memory_order_relaxed);
+  pthread_mutex_consistent(&rc.life);
+  rc.state.store(detail::kRingClientFree, std::memory_order_release);
+  rc.left_ns.store(detail::MonotonicNs(), std::memory_order_relaxed);
+  pthread_mutex_unlock(&rc.life);
+  Wake(k.free_seq, k.free_waiters, INT_MAX);
+  Wake(k.ready_seq, k.ready_waiters, INT_MAX);
+}
+
+int RecoverDead(RingCore& core, uint64_t self) noexcept {
+  int recovered = 0;
+  for (uint64_t c = 0; c < core.geometry().max_clients; ++c) {
+    if (c == self) continue;
+    detail::RingClient& rc = core.client(c);
+    if (rc.state.load(std::memory_order_acquire) != detail::kRingClientActive) continue;
+    int r = detail::TryLockRobust(&rc.life);
+    if (r == EOWNERDEAD) {
+      RecoverOne(core, c);
+      ++recovered;
+    } else if (r == 0) {
+      pthread_mutex_unlock(&rc.life);  // joining or leaving right now
+    }
+  }
+  return recovered;
+}
+
+BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t self) {
+  BatchRingStats s;
+  const detail::RingGeometry& g = core.geometry();
+  s.name = seg.name();
+  s.segment_path = seg.path();
+  s.slot_bytes = g.slot_bytes;
+  s.num_slots = g.num_slots;
+  for (uint64_t i = 0; i < g.num_slots; ++i) {
+    switch (detail::SlotStateOf(core.slot(i).word.load(std::memory_order_acquire))) {
+      case detail::kSlotFree:
+        ++s.free;
+        break;
+      case detail::kSlotFilling:
+        ++s.filling;
+        break;
+      case detail::kSlotReady:
+        ++s.ready;
+        break;
+      default:
+        ++s.popped;
+        break;
+    }
+  }
+  const detail::RingCounters& k = core.counters();
+  s.published = k.published.load(std::memory_order_relaxed);
+  s.released = k.released.load(std::memory_order_relaxed);
+  s.reclaimed = k.reclaimed.load(std::memory_order_relaxed);
+  s.redelivered = k.redelivered.load(std::memory_order_relaxed);
+  s.stale_tokens = k.stale_tokens.load(std::memory_order_relaxed);
+  s.ended_through = k.ended_through_plus1.load(std::memory_order_acquire);
+  s.closed = s.ended_through == detail::kAllEpochs;
+  for (uint64_t c = 0; c < g.max_clients; ++c) {
+    detail::RingClient& rc = core.client(c);
+    if (rc.state.load(std::memory_order_acquire) != detail::kRingClientActive) continue;
+    RingClientStats cs;
+    cs.slot = static_cast<uint32_t>(c);
+    cs.pid = rc.pid.load(std::memory_order_relaxed);
+    cs.alive = c == self;
+    if (!cs.alive) {
+      int r = detail::TryLockRobust(&rc.life);
+      if (r == EOWNERDEAD) {
+        RecoverOne(core, c);  // found dead: recovered, listed no more
+        continue;
+      }
+      if (r == 0) pthread_mutex_unlock(&rc.life);  // leaving right now
+      cs.alive = r == EBUSY;
+    }
+    cs.role = rc.role.load(std::memory_order_relaxed) == detail::kRoleTrainer ? RingRole::kTrainer
+                                                                              : RingRole::kLoader;
+    cs.acquired = rc.acquired.load(std::memory_order_relaxed);
+    cs.published = rc.published.load(std::memory_order_relaxed);
+    cs.abandoned = rc.abandoned.load(std::memory_order_relaxed);
+    cs.popped = rc.popped.load(std::memory_order_relaxed);
+    cs.released = rc.released.load(std::memory_order_relaxed);
+    cs.wait_seconds = static_cast<double>(rc.wait_ns.load(std::memory_order_relaxed)) / 1e9;
+    s.clients.push_back(cs);
+  }
+  return s;
+}
+
+}  // namespace
+
+const char* RingStatusName(RingStatus status) noexcept {
+  switch (status) {
+    case RingStatus::kOk:
+      return "ok";
+    case RingStatus::kTimeout:
+      return "timeout";
+    case RingStatus::kEnd:
+      return "end";
+    case RingStatus::kClosed:
+      return "closed";
+    case RingStatus::kStale:
+      return "stale";
+    case RingStatus::kInvalid:
+      return "invalid";
+  }
+  return "?";
+}
+
+struct BatchRing::Impl {
+  Impl(std::unique_ptr<detail::RingSegment> s, const detail::RingGeometry& g, RingRole r)
+      : seg(std::move(s)), core(seg->base(), g), role(r) {}
+
+  // Takes a client slot (admin mutex held). Throws when all are in use.
+  void Register();
+  void Leave() noexcept;
+
+  // Calls try_once until it returns something other than kTimeout (nothing
+  // yet), sleeping on `seq` between tries, until the deadline.
+  template <typename TryOnce>
+  RingStatus Wait(detail::SharedAtomic<uint32_t>& seq, detail::SharedAtomic<uint32_t>& waiters,
+                  Clock::time_point deadline, TryOnce try_once) noexcept;
+  RingStatus Stale() noexcept {
+    core.counters().stale_tokens.fetch_add(1, std::memory_order_relaxed);
+    return RingStatus::kStale;
+  }
+  detail::RingClient& me() const { return core.client(self); }
+
+  std::unique_ptr<detail::RingSegment> seg;
+  RingCore core;
+  RingRole role;
+  uint64_t self = detail::kNoClient;
+  detail::RingLifeHolder holder;
+  std::atomic<int64_t> last_check_ns{0};
+};
+
+void BatchRing::Impl::Register() {
+  const uint64_t n = core.geometry().max_clients;
+  for (uint64_t c = 0; c < n; ++c) {
+    detail::RingClient& rc = core.client(c);
+    if (rc.state.load(std::memory_order_acquire) == detail::kRingClientActive) {
+      int r = detail::TryLockRobust(&rc.life);
+      if (r == EOWNERDEAD) {
+        RecoverOne(core, c);
+      } else {
+        if (r == 0) pthread_mutex_unlock(&rc.life);
+        continue;
+      }
+    }
+    if (!holder.Start(&rc.life)) continue;
+    for (auto* counter : {&rc.acquired, &rc.published, &rc.abandoned, &rc.popped, &rc.released,
+                          &rc.wait_ns, &rc.left_ns})
+      counter->store(0, std::memory_order_relaxed);
+    rc.role.store(role == RingRole::kTrainer ? detail::kRoleTrainer : detail::kRoleLoader,
+                  std::memory_order_relaxed);
+    rc.pid.store(::getpid(), std::memory_order_relaxed);
+    rc.joined_ns.store(detail::MonotonicNs(), std::memory_order_relaxed);
+    // Release pairs with the acquire of whoever checks this client's life.
+    rc.state.store(detail::kRingClientActive, std::memory_order_release);
+    core.counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
+    self = c;
+    return;
+  }
+  throw Error(ErrorKind::kInvalidArgument,
+              "batch ring '" + seg->name() + "': all " + std::to_string(n) +
+                  " client slots are in use by live processes; open it with a larger max_clients "
+                  "(after removing it) or run fewer loaders and trainers");
+}
+
+void BatchRing::Impl::Leave() noexcept {
+  if (self == detail::kNoClient) return;
+  // Our own slots go where a death would send them (R5): nothing leaks.
+  uint64_t reclaimed = 0, redelivered = 0;
+  core.RecoverClient(self, &reclaimed, &redelivered);
+  detail::RingCounters& k = core.counters();
+  k.reclaimed.fetch_add(reclaimed, std::memory_order_relaxed);
+  k.redelivered.fetch_add(redelivered, std::memory_order_relaxed);
+  pthread_mutex_t* admin = &core.header().admin_mutex;
+  bool died = false;
+  bool locked = detail::LockRobustFor(admin, std::chrono::milliseconds(5000), &died) == 0;
+  me().state.store(detail::kRingClientFree, std::memory_order_release);
+  me().left_ns.store(detail::MonotonicNs(), std::memory_order_relaxed);
+  bool last = k.ended_through_plus1.load(std::memory_order_acquire) == detail::kAllEpochs && locked;
+  if (last) {
+    for (uint64_t c = 0; c < core.geometry().max_clients && last; ++c) {
+      if (c == self ||
+          core.client(c).state.load(std::memory_order_acquire) != detail::kRingClientActive)
+        continue;
+      int r = detail::TryLockRobust(&core.client(c).life);
+      if (r == EOWNERDEAD) {
+        RecoverOne(core, c);
+      } else {
+        if (r == 0) pthread_mutex_unlock(&core.client(c).life);
+        last = false;
+      }
+    }
+  }
+  if (last) seg->UnlinkIfSame();
+  if (locked) pthread_mutex_unlock(admin);
+  holder.Stop();
+  self = detail::kNoClient;
+  Wake(k.free_seq, k.free_waiters, INT_MAX);
+  Wake(k.ready_seq, k.ready_waiters, INT_MAX);
+}
+
+template <typename TryOnce>
+RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
+                                 detail::SharedAtomic<uint32_t>& waiters,
+                                 Clock::time_point deadline, TryOnce try_once) noexcept {
+  RingStatus st = try_once();
+  for (int i = 0; i < kSpins && st == RingStatus::kTimeout; ++i) {
+    for (int p = 0; p < 16; ++p) __builtin_ia32_pause();
+    st = try_once();
+  }
+  if (st != RingStatus::kTimeout) return st;
+  auto start = Clock::now();
+  auto now = start;
+  for (;;) {
+    if (now >= deadline) break;
+    int64_t now_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+    if (now_ns - last_check_ns.load(std::memory_order_relaxed) >=
+        std::chrono::nanoseconds(kCheckEvery).count()) {
+      last_check_ns.store(now_ns, std::memory_order_relaxed);
+      RecoverDead(core, self);
+    }
+    // Acquire pairs with the waker's increment: a change made before it is
+    // seen by the try below, or the futex sees the new value and returns.
+    uint32_t s = seq.load(std::memory_order_acquire);
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in Wake
+    st = try_once();
+    if (st == RingStatus::kTimeout) {
+      auto slice = std::min<Clock::duration>(deadline - now, kCheckEvery);
+      FutexWait(&seq, s, std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count());
+    }
+    waiters.fetch_sub(1, std::memory_order_seq_cst);
+    if (st != RingStatus::kTimeout) break;
+    now = Clock::now();
+  }
+  me().wait_ns.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
+      std::memory_order_relaxed);
+  return st;
+}
+
+BatchRing::BatchRing(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+BatchRing::~BatchRing() { impl_->Leave(); }
+
+std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole role) {
+  detail::ValidateQueueName(o.name);
+  auto invalid = [&](const std::string& what) {
+    return Error(ErrorKind::kInvalidArgument, "batch ring '" + o.name + "': " + what);
+  };
+  if (o.num_slots == 0 || o.num_slots > detail::kMaxRingSlots)
+    throw invalid("num_slots is " + std::to_string(o.num_slots) + "; use 1 to " +
+                  std::to_string(detail::kMaxRingSlots));
+  if (o.max_clients == 0 || o.max_clients > detail::kMaxRingClients)
+    throw invalid("max_clients is " + std::to_string(o.max_clients) + "; use 1 to " +
+                  std::to_string(detail::kMaxRingClients));
+  if (o.slot_bytes == 0 || o.slot_bytes > (uint64_t{1} << 36))
+    throw invalid("slot_bytes is " + std::to_string(o.slot_bytes) + "; use 1 byte to 64 GiB");
+  detail::RingGeometry g = detail::ComputeRingGeometry(o.slot_bytes, o.num_slots, o.max_clients);
+  uint64_t fingerprint = Fingerprint(o.slot_bytes, o.num_slots, o.max_clients);
+
+  for (int attempt = 0;; ++attempt) {
+    if (auto seg = detail::RingSegment::CreateExclusive(o.name, g.total)) {
+      auto& h = *reinterpret_cast<detail::RingHeader*>(seg->base());  // zeroed by fallocate
+      detail::InitRobustMutex(&h.admin_mutex);
+      h.layout_version = detail::kRingLayoutVersion;
+      h.total_size = g.total;
+      // Release pairs with the attacher's acquire of magic: the mutex exists.
+      h.magic.store(detail::kRingMagic, std::memory_order_release);
+      bool died = false;
+      detail::LockRobustFor(&h.admin_mutex, std::chrono::milliseconds(5000), &died);
+      h.creator_uid = ::geteuid();
+      h.creator_pid = ::getpid();
+      struct timespec ts;
+      ::clock_gettime(CLOCK_REALTIME, &ts);
+      h.created_unix_ns = uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+      h.fingerprint = fingerprint;
+      h.slot_bytes = o.slot_bytes;
+      h.num_slots = o.num_slots;
+      h.max_clients = o.max_clients;
+      h.ring_cells = g.ring_cells;
+      RingCore::Initialize(seg->base(), g);
+      RingCore core(seg->base(), g);
+      for (uint64_t c = 0; c < g.max_clients; ++c) detail::InitRobustMutex(&core.client(c).life);
+      // READY last: release pairs with the attacher's acquire of state.
+      h.state.store(detail::kRingReady, std::memory_order_release);
+      auto impl = std::make_unique<Impl>(std::move(seg), g, role);
+      try {
+        impl->Register();
+      } catch (...) {
+        pthread_mutex_unlock(&h.admin_mutex);
+        throw;
+      }
+      pthread_mutex_unlock(&h.admin_mutex);
+      return std::unique_ptr<BatchRing>(new BatchRing(std::move(impl)));
+    }
+    std::unique_ptr<detail::RingSegment> seg;
+    try {
+      seg = detail::RingSegment::OpenExisting(o.name, sizeof(detail::RingHeader), o.attach_timeout);
+    } catch (const Error& e) {
+      // Removed between our create and open: create again.
+      if (e.kind() == ErrorKind::kNotFound && attempt < 5) continue;
+      throw;
+    }
+    auto& h = *reinterpret_cast<detail::RingHeader*>(seg->base());
+    auto deadline = std::chrono::steady_clock::now() + o.attach_timeout;
+    // Acquire pairs with the creator's release of magic, then of READY.
+    while (h.magic.load(std::memory_order_acquire) != detail::kRingMagic ||
+           h.state.load(std::memory_order_acquire) != detail::kRingReady) {
+      uint64_t m = h.magic.load(std::memory_order_acquire);
+      if (m != 0 && m != detail::kRingMagic) break;  // garbage: CheckSegment names it
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw Error(ErrorKind::kTimeout,
+                    "batch ring '" + o.name + "': " + seg->path() + " was not made ready within " +
+                        std::to_string(o.attach_timeout.count()) +
+                        " ms (its creator probably died); remove it (RemoveBatchRing) and start "
+                        "again");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    detail::RingGeometry found = CheckSegment(*seg);
+    auto mismatch = [&](const char* field, uint64_t here, uint64_t there) {
+      return Error(ErrorKind::kConfigMismatch,
+                   "batch ring '" + o.name + "' exists with a different configuration: " + field +
+                       " differs: " + std::to_string(here) + " here, " + std::to_string(there) +
+                       " in " + seg->path() +
+                       ". Use the same options in every process, or another name (remove the old "
+                       "ring with RemoveBatchRing once its processes are gone)");
+    };
+    if (h.slot_bytes != o.slot_bytes) throw mismatch("slot_bytes", o.slot_bytes, h.slot_bytes);
+    if (h.num_slots != o.num_slots) throw mismatch("num_slots", o.num_slots, h.num_slots);
+    if (h.max_clients != o.max_clients) throw mismatch("max_clients", o.max_clients, h.max_clients);
+    bool died = false;
+    if (detail::LockRobustFor(&h.admin_mutex, o.attach_timeout, &died) != 0)
+      throw Error(ErrorKind::kTimeout, "batch ring '" + o.name + "': its admin lock in " +
+                                           seg->path() + " was not free within " +
+                                           std::to_string(o.attach_timeout.count()) + " ms");
+    auto impl = std::make_unique<Impl>(std::move(seg), found, role);
+    try {
+      impl->Register();
+    } catch (...) {
+      pthread_mutex_unlock(&h.admin_mutex);
+      throw;
+    }
+    pthread_mutex_unlock(&h.admin_mutex);
+    // Adopt a stale ring: slots of clients that died are recovered now.
+    RecoverDead(impl->core, impl->self);
+    return std::unique_ptr<BatchRing>(new BatchRing(std::move(impl)));
+  }
+}
+
+RingStatus BatchRing::AcquireSlot(Clock::time_point deadline, WritableBatch* out) noexcept {
+  Impl& d = *impl_;
+  if (d.role != RingRole::kLoader) return RingStatus::kInvalid;
+  detail::RingCounters& k = d.core.counters();
+  return d.Wait(k.free_seq, k.free_waiters, deadline, [&] {
+    uint32_t slot = 0;
+    uint64_t gen = 0;
+    RingStatus st = FromCore(d.core.TakeFree(d.self, &slot, &gen));
+    if (st != RingStatus::kOk) return st;
+    out->token = {slot, gen};
+    out->data = {reinterpret_cast<std::byte*>(d.core.slot_data(slot)),
+                 d.core.geometry().slot_bytes};
+    out->user_header = {reinterpret_cast<std::byte*>(d.core.slot(slot).user_header),
+                        detail::kUserHeaderBytes};
+    d.me().acquired.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  });
+}
+
+RingStatus BatchRing::Publish(const SlotToken& token, uint64_t epoch, uint64_t records,
+                              uint64_t bytes) noexcept {
+  Impl& d = *impl_;
+  if (d.role != RingRole::kLoader || bytes > d.core.geometry().slot_bytes || epoch == kAllEpochs)
+    return RingStatus::kInvalid;
+  if (token.slot >= d.core.geometry().num_slots) return d.Stale();
+  detail::SlotHeader& sh = d.core.slot(token.slot);
+  if (sh.word.load(std::memory_order_acquire) !=
+      detail::SlotWord(detail::kSlotFilling, d.self, token.generation))
+    return d.Stale();
+  detail::RingCounters& k = d.core.counters();
+  if (epoch + 1 <= k.ended_through_plus1.load(std::memory_order_acquire))
+    return RingStatus::kClosed;
+  // Relaxed: published by the release CAS of the ring cell (RingCore::Push).
+  sh.epoch.store(epoch, std::memory_order_relaxed);
+  sh.records.store(records, std::memory_order_relaxed);
+  sh.bytes.store(bytes, std::memory_order_relaxed);
+  sh.loader.store(d.self, std::memory_order_relaxed);
+  RingStatus st = FromCore(d.core.Publish(d.self, token.slot, token.generation));
+  if (st == RingStatus::kStale) return d.Stale();
+  if (st != RingStatus::kOk) return st;
+  k.published.fetch_add(1, std::memory_order_relaxed);
+  d.me().published.fetch_add(1, std::memory_order_relaxed);
+  Wake(k.ready_seq, k.ready_waiters, 1);
+  return st;
+}
+
+RingStatus BatchRing::Abandon(const SlotToken& token) noexcept {
+  Impl& d = *impl_;
+  if (d.role != RingRole::kLoader) return RingStatus::kInvalid;
+  RingStatus st = FromCore(d.core.Abandon(d.self, token.slot, token.generation));
+  if (st == RingStatus::kStale) return d.Stale();
+  if (st != RingStatus::kOk) return st;
+  d.me().abandoned.fetch_add(1, std::memory_order_relaxed);
+  Wake(d.core.counters().free_seq, d.core.counters().free_waiters, 1);
+  return st;
+}
+
+RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
+                          ReadyBatch* out) noexcept {
+  Impl& d = *impl_;
+  if (d.role != RingRole::kTrainer) return RingStatus::kInvalid;
+  detail::RingCounters& k = d.core.counters();
+  return d.Wait(k.ready_seq, k.ready_waiters, deadline, [&] {
+    // Read the end mark before looking at the ring: acquire pairs with
+    // EndEpoch's release, made after the last batch of the epoch was pushed.
+    uint64_t ended = k.ended_through_plus1.load(std::memory_order_acquire);
+    uint32_t slot = 0;
+    uint64_t gen = 0;
+    RingStatus st = FromCore(d.core.TakeReady(d.self, &slot, &gen));
+    if (st == RingStatus::kTimeout && Ended(ended, through_epoch)) {
+      // A trainer that died holding a batch gives it back only when its
+      // death is found: look before declaring the end (R5).
+      RecoverDead(d.core, d.self);
+      st = FromCore(d.core.TakeReady(d.self, &slot, &gen));
+      if (st == RingStatus::kTimeout) return RingStatus::kEnd;
+    }
+    if (st != RingStatus::kOk) return st;
+    detail::SlotHeader& sh = d.core.slot(slot);
+    uint64_t bytes = sh.bytes.load(std::memory_order_relaxed);
+    uint64_t loader = sh.loader.load(std::memory_order_relaxed);
+    if (bytes > d.core.geometry().slot_bytes) {
+      // Never hand out a span past the slot; give the slot back.
+      d.core.Release(d.self, slot, gen);
+      return RingStatus::kInvalid;
+    }
+    out->token = {slot, gen};
+    out->data = {reinterpret_cast<const std::byte*>(d.core.slot_data(slot)), bytes};
+    out->user_header = {reinterpret_cast<const std::byte*>(sh.user_header),
+                        detail::kUserHeaderBytes};
+    out->epoch = sh.epoch.load(std::memory_order_relaxed);
+    out->records = sh.records.load(std::memory_order_relaxed);
+    out->loader = static_cast<uint32_t>(loader);
+    d.me().popped.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  });
+}
+
+RingStatus BatchRing::Release(const SlotToken& token) noexcept {
+  Impl& d = *impl_;
+  if (d.role != RingRole::kTrainer) return RingStatus::kInvalid;
+  RingStatus st = FromCore(d.core.Release(d.self, token.slot, token.generation));
+  if (st == RingStatus::kStale) return d.Stale();
+  if (st != RingStatus::kOk) return st;
+  detail::RingCounters& k = d.core.counters();
+  k.released.fetch_add(1, std::memory_order_relaxed);
+  d.me().released.fetch_add(1, std::memory_order_relaxed);
+  Wake(k.free_seq, k.free_waiters, 1);
+  return st;
+}
+
+void BatchRing::EndEpoch(uint64_t epoch) noexcept {
+  detail::RingCounters& k = impl_->core.counters();
+  uint64_t mark = epoch == kAllEpochs ? detail::kAllEpochs : epoch + 1;
+  uint64_t cur = k.ended_through_plus1.load(std::memory_order_acquire);
+  // Release pairs with Pop's acquire: batches pushed before are seen.
+  while (cur < mark && !k.ended_through_plus1.compare_exchange_weak(
+                           cur, mark, std::memory_order_acq_rel, std::memory_order_acquire)) {
+  }
+  Wake(k.ready_seq, k.ready_waiters, INT_MAX);
+}
+
+void BatchRing::Close() noexcept { EndEpoch(kAllEpochs); }
+
+int BatchRing::RecoverDeadClients() noexcept { return RecoverDead(impl_->core, impl_->self); }
+
+BatchRingStats BatchRing::Stats() const { return StatsOf(impl_->core, *impl_->seg, impl_->self); }
+uint32_t BatchRing::client_slot() const noexcept { return static_cast<uint32_t>(impl_->self); }
+uint64_t BatchRing::slot_bytes() const noexcept { return impl_->core.geometry().slot_bytes; }
+uint32_t BatchRing::num_slots() const noexcept { return impl_->core.geometry().num_slots; }
+
+BatchRingStats InspectBatchRing(const std::string& name) {
+  detail::ValidateQueueName(name);
+  auto seg = detail::RingSegment::OpenExisting(name, sizeof(detail::RingHeader),
+                                               std::chrono::milliseconds(0));
+  auto& h = *reinterpret_cast<detail::RingHeader*>(seg->base());
+  if (h.state.load(std::memory_order_acquire) != detail::kRingReady &&
+      h.magic.load(std::memory_order_acquire) == detail::kRingMagic)
+    throw Error(ErrorKind::kTimeout, "batch ring '" + name + "' is still being created");
+  RingCore core(seg->base(), CheckSegment(*seg));
+  RecoverDead(core, detail::kNoClient);
+  return StatsOf(core, *seg, detail::kNoClient);
+}
+
+bool RemoveBatchRing(const std::string& name) {
+  detail::ValidateQueueName(name);
+  if (::shm_unlink(detail::RingSegment::ObjectName(name).c_str()) == 0) return true;
+  if (errno == ENOENT) return false;
+  throw Error(ErrorKind::kIo, "batch ring '" + name + "': cannot remove " +
+                                  detail::RingSegment::PathOf(name) + ": " + std::strerror(errno));
+}
+
+std::string BatchRingSegmentPath(const std::string& name) {
+  detail::ValidateQueueName(name);
+  return detail::RingSegment::PathOf(name);
+}
+
+}  // namespace tailcut

@@ -1,0 +1,265 @@
+#include "pool/ring_core.h"
+
+#include <bit>
+#include <new>
+
+namespace tailcut::detail {
+
+namespace {
+
+// A ring operation that loops this often without returning is looking at a
+// segment someone damaged (live contention moves on long before).
+constexpr int kMaxRingSteps = 1 << 22;
+
+const char* StateName(uint64_t s) {
+  switch (s) {
+    case kSlotFree:
+      return "FREE";
+    case kSlotFilling:
+      return "FILLING";
+    case kSlotReady:
+      return "READY";
+    case kSlotPopped:
+      return "POPPED";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void RingCore::Initialize(char* base, const RingGeometry& g) {
+  RingCore core(base, g);
+  new (&core.counters()) RingCounters();
+  for (uint64_t c = 0; c < g.max_clients; ++c) {
+    RingClient& rc = core.client(c);
+    rc.state.store(kRingClientFree, std::memory_order_relaxed);
+    rc.role.store(0, std::memory_order_relaxed);
+  }
+  for (Which which : {Which::kFree, Which::kReady}) {
+    RingRef r = core.Ring(which);
+    r.ring->head.store(0, std::memory_order_relaxed);
+    r.ring->tail.store(0, std::memory_order_relaxed);
+    for (uint64_t i = 0; i < g.ring_cells; ++i)
+      r.cells[i].store(EmptyCell(0), std::memory_order_relaxed);
+  }
+  for (uint64_t s = 0; s < g.num_slots; ++s) {
+    SlotHeader& sh = core.slot(s);
+    sh.word.store(SlotWord(kSlotFree, kNoClient, 0), std::memory_order_relaxed);
+    sh.epoch.store(0, std::memory_order_relaxed);
+    sh.records.store(0, std::memory_order_relaxed);
+    sh.bytes.store(0, std::memory_order_relaxed);
+    sh.loader.store(kNoClient, std::memory_order_relaxed);
+    core.Push(Which::kFree, s, 0);
+  }
+}
+
+std::string RingCore::Validate() const {
+  for (uint64_t s = 0; s < g_.num_slots; ++s) {
+    uint64_t w = slot(s).word.load(std::memory_order_acquire);
+    uint64_t owner = SlotOwnerOf(w);
+    if (SlotStateOf(w) > kSlotPopped)
+      return "slot " + std::to_string(s) + " has state " + std::to_string(SlotStateOf(w));
+    if (owner != kNoClient && owner >= g_.max_clients)
+      return "slot " + std::to_string(s) + " (" + StateName(SlotStateOf(w)) + ") names client " +
+             std::to_string(owner) + " of " + std::to_string(g_.max_clients);
+  }
+  for (Which which : {Which::kFree, Which::kReady}) {
+    // Live clients may move the ring while we look: a finding counts only
+    // if the head did not move meanwhile (else look again, a bounded number
+    // of times: a ring that keeps moving is in use, not damaged).
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      const IdRing& ring = *Ring(which).ring;
+      uint64_t head = ring.head.load(std::memory_order_acquire);
+      std::string problem = ValidateRing(which, head);
+      if (problem.empty()) break;
+      if (ring.head.load(std::memory_order_acquire) == head) return problem;
+    }
+  }
+  return "";
+}
+
+std::string RingCore::ValidateRing(Which which, uint64_t head) const {
+  const char* name = which == Which::kFree ? "free ring" : "ready ring";
+  const uint64_t shift = std::countr_zero(uint64_t{g_.ring_cells});
+  RingRef r = Ring(which);
+  uint64_t tail = r.ring->tail.load(std::memory_order_acquire);
+  // The tail is at most a ring ahead of the true head, and each hint lags
+  // its true position by at most one per client killed between a cell CAS
+  // and the index CAS (R4).
+  const uint64_t slack = uint64_t{g_.ring_cells} + g_.max_clients;
+  if (tail - head > slack && head - tail > slack)
+    return std::string(name) + " positions head " + std::to_string(head) + ", tail " +
+           std::to_string(tail) + " are more than " + std::to_string(slack) + " apart";
+  for (uint64_t i = 0; i < g_.ring_cells; ++i) {
+    uint64_t c = r.cells[i].load(std::memory_order_acquire);
+    if (CellFull(c) && CellId(c) >= g_.num_slots)
+      return std::string(name) + " cell " + std::to_string(i) + " names slot " +
+             std::to_string(CellId(c)) + " of " + std::to_string(g_.num_slots);
+    // Seen from the head, a cell holds its own lap, the next one (popped,
+    // head not yet moved) or the one before (not yet pushed again).
+    uint64_t pos = head + ((i - head) & (g_.ring_cells - 1));
+    uint64_t lap = (pos >> shift) & kRingLapMask;
+    uint64_t cl = CellLap(c);
+    if (cl != lap && cl != ((lap + 1) & kRingLapMask) && cl != ((lap - 1) & kRingLapMask))
+      return std::string(name) + " cell " + std::to_string(i) + " has lap " + std::to_string(cl) +
+             ", its position " + std::to_string(pos) + " is in lap " + std::to_string(lap);
+  }
+  return "";
+}
+
+RingCore::RingRef RingCore::Ring(Which which) const {
+  if (which == Which::kFree)
+    return {At<IdRing>(g_.free_ring), At<SharedAtomic<uint64_t>>(g_.free_cells), kSlotFree};
+  return {At<IdRing>(g_.ready_ring), At<SharedAtomic<uint64_t>>(g_.ready_cells), kSlotReady};
+}
+
+bool RingCore::Push(Which which, uint64_t slot_id, uint64_t generation) noexcept {
+  RingRef r = Ring(which);
+  const uint64_t mask = g_.ring_cells - 1;
+  const int shift = std::countr_zero(uint64_t{g_.ring_cells});
+  for (int step = 0; step < kMaxRingSteps; ++step) {
+    // Positions are hints (R4): the cell decides. Acquire pairs with the
+    // release of whoever advanced the tail, only to read a recent one.
+    uint64_t t = r.ring->tail.load(std::memory_order_acquire);
+    uint64_t lap = (t >> shift) & kRingLapMask;
+    SharedAtomic<uint64_t>& cell = r.cells[t & mask];
+    uint64_t c = cell.load(std::memory_order_acquire);
+    uint64_t cl = CellLap(c);
+    if (cl == lap && !CellFull(c)) {
+      // Release pairs with the popper's acquire load of this cell: the slot
+      // header the author wrote before pushing is visible to whoever pops.
+      if (cell.compare_exchange_strong(c, FullCell(lap, slot_id, generation),
+                                       std::memory_order_acq_rel, std::memory_order_acquire)) {
+        r.ring->tail.compare_exchange_strong(t, t + 1, std::memory_order_release,
+                                             std::memory_order_relaxed);
+        return true;
+      }
+      continue;
+    }
+    if (cl == lap || cl == ((lap + 1) & kRingLapMask)) {
+      // Pushed at t already (and maybe popped): the tail lags; move it on.
+      r.ring->tail.compare_exchange_strong(t, t + 1, std::memory_order_release,
+                                           std::memory_order_relaxed);
+      continue;
+    }
+    // The cell still holds the previous lap: full, unless the tail we read
+    // was old. Either way a tail that has not moved means we cannot push.
+    if (r.ring->tail.load(std::memory_order_acquire) == t) return false;
+  }
+  return false;
+}
+
+RingCore::Result RingCore::Pop(Which which, uint64_t new_state, uint64_t self, uint32_t* slot_id,
+                               uint64_t* generation) noexcept {
+  RingRef r = Ring(which);
+  const uint64_t mask = g_.ring_cells - 1;
+  const int shift = std::countr_zero(uint64_t{g_.ring_cells});
+  for (int step = 0; step < kMaxRingSteps; ++step) {
+    uint64_t h = r.ring->head.load(std::memory_order_acquire);
+    uint64_t lap = (h >> shift) & kRingLapMask;
+    SharedAtomic<uint64_t>& cell = r.cells[h & mask];
+    // Acquire pairs with the pusher's release CAS of the cell.
+    uint64_t c = cell.load(std::memory_order_acquire);
+    uint64_t cl = CellLap(c);
+    if (cl == ((lap + 1) & kRingLapMask)) {
+      // Popped at h already: the head lags; move it on.
+      r.ring->head.compare_exchange_strong(h, h + 1, std::memory_order_release,
+                                           std::memory_order_relaxed);
+      continue;
+    }
+    if (cl != lap || !CellFull(c)) {
+      // Nothing pushed at h (empty), or an old head: look again if it moved.
+      if (r.ring->head.load(std::memory_order_acquire) != h) continue;
+      return cl == lap ? Result::kEmpty : Result::kCorrupt;
+    }
+    uint64_t id = CellId(c);
+    if (id >= g_.num_slots) return Result::kCorrupt;
+    SharedAtomic<uint64_t>& word = slot(id).word;
+    // Acquire pairs with the release CAS that put the slot in its state.
+    uint64_t w = word.load(std::memory_order_acquire);
+    uint64_t state = SlotStateOf(w), gen = SlotGenOf(w);
+    if (state == r.target_state && GenTagOf(gen) == CellTag(c)) {
+      // Live (R2): take the slot by CAS on its word; the entry is then stale.
+      uint64_t taken = SlotWord(new_state, self, gen + 1);
+      if (!word.compare_exchange_strong(w, taken, std::memory_order_acq_rel,
+                                        std::memory_order_acquire))
+        continue;
+      if (cell.compare_exchange_strong(c, EmptyCell(lap + 1), std::memory_order_acq_rel,
+                                       std::memory_order_relaxed))
+        r.ring->head.compare_exchange_strong(h, h + 1, std::memory_order_release,
+                                             std::memory_order_relaxed);
+      *slot_id = static_cast<uint32_t>(id);
+      *generation = (gen + 1) & kGenMask;
+      return Result::kOk;
+    }
+    if ((state == kSlotFilling || state == kSlotPopped) && GenTagOf(gen + 1) == CellTag(c)) {
+      // A move in flight (R3): its author pushed and has not CASed yet, or
+      // died. Complete it; the author's own CAS then fails, as it expects.
+      word.compare_exchange_strong(w, SlotWord(r.target_state, SlotOwnerOf(w), gen + 1),
+                                   std::memory_order_acq_rel, std::memory_order_relaxed);
+      continue;
+    }
+    // Stale (R2): drop it.
+    if (cell.compare_exchange_strong(c, EmptyCell(lap + 1), std::memory_order_acq_rel,
+                                     std::memory_order_relaxed))
+      r.ring->head.compare_exchange_strong(h, h + 1, std::memory_order_release,
+                                           std::memory_order_relaxed);
+  }
+  return Result::kCorrupt;
+}
+
+RingCore::Result RingCore::MoveOwned(Which which, uint64_t state, uint64_t self, uint32_t slot_id,
+                                     uint64_t generation) noexcept {
+  if (slot_id >= g_.num_slots) return Result::kStale;
+  SharedAtomic<uint64_t>& word = slot(slot_id).word;
+  uint64_t w = SlotWord(state, self, generation);
+  if (word.load(std::memory_order_acquire) != w) return Result::kStale;
+  // R3: the entry goes first, so a death between the two loses nothing.
+  if (!Push(which, slot_id, generation + 1)) return Result::kCorrupt;
+  // Release pairs with the acquire load of whoever takes the slot next. A
+  // failed CAS means someone completed the move for us (R3).
+  word.compare_exchange_strong(w, SlotWord(Ring(which).target_state, self, generation + 1),
+                               std::memory_order_acq_rel, std::memory_order_relaxed);
+  return Result::kOk;
+}
+
+RingCore::Result RingCore::TakeFree(uint64_t self, uint32_t* slot_id,
+                                    uint64_t* generation) noexcept {
+  return Pop(Which::kFree, kSlotFilling, self, slot_id, generation);
+}
+
+RingCore::Result RingCore::Publish(uint64_t self, uint32_t slot_id, uint64_t generation) noexcept {
+  return MoveOwned(Which::kReady, kSlotFilling, self, slot_id, generation);
+}
+
+RingCore::Result RingCore::Abandon(uint64_t self, uint32_t slot_id, uint64_t generation) noexcept {
+  return MoveOwned(Which::kFree, kSlotFilling, self, slot_id, generation);
+}
+
+RingCore::Result RingCore::TakeReady(uint64_t self, uint32_t* slot_id,
+                                     uint64_t* generation) noexcept {
+  return Pop(Which::kReady, kSlotPopped, self, slot_id, generation);
+}
+
+RingCore::Result RingCore::Release(uint64_t self, uint32_t slot_id, uint64_t generation) noexcept {
+  return MoveOwned(Which::kFree, kSlotPopped, self, slot_id, generation);
+}
+
+void RingCore::RecoverClient(uint64_t client, uint64_t* reclaimed, uint64_t* redelivered) noexcept {
+  for (uint64_t s = 0; s < g_.num_slots; ++s) {
+    SharedAtomic<uint64_t>& word = slot(s).word;
+    uint64_t w = word.load(std::memory_order_acquire);
+    uint64_t state = SlotStateOf(w);
+    if (SlotOwnerOf(w) != client || (state != kSlotFilling && state != kSlotPopped)) continue;
+    Which which = state == kSlotFilling ? Which::kFree : Which::kReady;
+    // As the owner would (R3): push, then CAS. A recoverer that dies in
+    // between leaves a move in flight that the next popper completes.
+    if (!Push(which, s, SlotGenOf(w) + 1)) continue;
+    if (word.compare_exchange_strong(w,
+                                     SlotWord(Ring(which).target_state, client, SlotGenOf(w) + 1),
+                                     std::memory_order_acq_rel, std::memory_order_relaxed))
+      ++*(state == kSlotFilling ? reclaimed : redelivered);
+  }
+}
+
+}  // namespace tailcut::detail
