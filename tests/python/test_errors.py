@@ -28,7 +28,7 @@ def exact(message):
     return "^" + re.escape(message) + "$"
 
 
-# The C++ tailcut::ErrorKind of each class (bindings/core.cc, ExceptionFor), and
+# The C++ tailcut::ErrorKind of each class (bindings/errors.cc, ExceptionFor), and
 # the built-in exception it also is, so that generic handlers catch it.
 @pytest.mark.parametrize("cls, builtin", [
     (tailcut.InvalidArgumentError, ValueError),           # kInvalidArgument

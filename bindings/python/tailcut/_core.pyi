@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+# The reader options records() and batches() accept (keyword-only below).
+_reader_options: Tuple[str, ...]
 
 _Path = Union[str, bytes, os.PathLike]
 _Bytes = Union[bytes, bytearray, memoryview]

@@ -1,0 +1,36 @@
+// Conversions of Python arguments to the C++ library's types, with the
+// binding's error messages (InvalidArgumentError / TypeError naming the
+// argument). REQUIRES: the GIL, for every function here.
+#pragma once
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "tailcut/record_format.h"
+
+namespace py = pybind11;
+namespace tc = tailcut;
+
+namespace tailcut::python {
+
+// An int >= min_value (bool refused).
+uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0);
+// A finite number of seconds >= 0.
+double ToSeconds(const py::handle& value, const char* what);
+std::chrono::milliseconds ToMillis(double seconds);
+// A str, bytes or os.PathLike path.
+std::string ToPath(const py::handle& value);
+// bytes or any buffer.
+std::string ToBytes(const py::handle& value, const char* what);
+// on_notice: a Python callable, called with the GIL from whatever thread the
+// C++ notice comes from. The callable is released with the GIL held.
+std::function<void(const std::string&)> WrapNotice(const py::object& fn);
+tc::RecordFormat ParseFormat(const std::string& name, const py::object& record_bytes);
+
+}  // namespace tailcut::python

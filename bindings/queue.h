@@ -1,0 +1,150 @@
+// The Python WorkQueue's handle on a C++ WorkQueue, and what it shares with
+// the objects opened on it (work items, producers, readers).
+//
+// A Python WorkQueue owns a QueueHandle through a shared_ptr; every object
+// opened on the queue holds the same pointer, so the C++ queue outlives them.
+// close() closes the children first (Child), then waits for calls in flight
+// (Use), then closes the C++ queue. Lock order: never wait for mu while
+// holding the GIL.
+#pragma once
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tailcut/record_format.h"
+#include "tailcut/work_queue.h"
+
+namespace py = pybind11;
+namespace tc = tailcut;
+
+namespace tailcut::python {
+
+using Clock = std::chrono::steady_clock;
+// How long one C++ Take may block before the binding checks for signals
+// (Ctrl-C) and for a concurrent close().
+constexpr std::chrono::milliseconds kTakeSlice{100};
+
+// Something opened on a queue that must be closed before the queue is.
+class Child {
+ public:
+  virtual ~Child() = default;
+  // Called without the GIL.
+  virtual void CloseFromQueue() noexcept = 0;
+};
+
+class QueueHandle {
+ public:
+  ~QueueHandle() {
+    if (::getpid() != pid) {
+      (void)queue.release();  // a forked child must not close its parent's queue
+      return;
+    }
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      queue.reset();
+    } else {
+      queue.reset();
+    }
+  }
+
+  std::unique_ptr<tc::WorkQueue> queue;
+  pid_t pid = 0;
+  std::string name;
+  std::string restore_state;
+  std::optional<tc::RecordFormat> format;  // set when opened with format=
+  uint32_t leases_per_client = 8;
+  std::function<void(const std::string&)> notice;
+  py::dict open_args;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int active = 0;  // calls in flight (Use)
+  std::atomic<bool> closing{false};
+  bool closed = false;
+  std::vector<std::weak_ptr<Child>> children;
+
+  void CheckPid() const {
+    if (::getpid() != pid)
+      throw tc::Error(tc::ErrorKind::kInvalidArgument,
+                      "queue '" + name + "' was opened by process " + std::to_string(pid) +
+                          "; this is process " + std::to_string(::getpid()) +
+                          " (a forked child must open its own WorkQueue)");
+  }
+  tc::Error ClosedError() const {
+    return tc::Error(tc::ErrorKind::kInvalidArgument, "queue '" + name + "' is closed");
+  }
+  // Registers a child; throws if the queue is closing. REQUIRES: not mu.
+  void Adopt(const std::shared_ptr<Child>& child) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closing.load() || closed) throw ClosedError();
+    children.erase(std::remove_if(children.begin(), children.end(),
+                                  [](const std::weak_ptr<Child>& w) { return w.expired(); }),
+                   children.end());
+    children.push_back(child);
+  }
+
+  // Closes children, waits for calls in flight, closes the queue. Idempotent.
+  // REQUIRES: no GIL.
+  void Close() {
+    std::vector<std::shared_ptr<Child>> kids;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (closing.exchange(true)) {
+        cv.wait(lock, [&] { return closed; });
+        return;
+      }
+      for (auto& w : children)
+        if (auto c = w.lock()) kids.push_back(std::move(c));
+      children.clear();
+    }
+    for (auto& c : kids) c->CloseFromQueue();
+    kids.clear();
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return active == 0; });
+    }
+    queue->Close();
+    std::lock_guard<std::mutex> lock(mu);
+    closed = true;
+    cv.notify_all();
+  }
+};
+
+using HandlePtr = std::shared_ptr<QueueHandle>;
+
+// A call in flight on an open queue; close() waits for it.
+class Use {
+ public:
+  explicit Use(QueueHandle& h) : h_(h) {
+    h.CheckPid();
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (h.closing.load() || h.closed) throw h.ClosedError();
+    ++h.active;
+  }
+  ~Use() {
+    std::lock_guard<std::mutex> lock(h_.mu);
+    if (--h_.active == 0) h_.cv.notify_all();
+  }
+  Use(const Use&) = delete;
+  Use& operator=(const Use&) = delete;
+
+ private:
+  QueueHandle& h_;
+};
+
+using QueueClass = py::class_<QueueHandle, HandlePtr>;
+
+}  // namespace tailcut::python

@@ -1,0 +1,477 @@
+// WorkQueue.records() and WorkQueue.batches(): iterators over a Reader that
+// hand out records and batches zero-copy where they can.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conversions.h"
+#include "errors.h"
+#include "module.h"
+#include "reader_state.h"
+#include "stats.h"
+#include "tailcut/crc32c.h"
+#include "tailcut/reader.h"
+#include "tailcut/record_format.h"
+
+namespace tailcut::python {
+
+namespace {
+
+struct IteratorBase {
+  ReaderPtr rs;
+  bool done = false;
+  // records()/batches(max_epoch=e): stop at the first record of an item of a
+  // later epoch. That item has handed out nothing the caller saw, so closing
+  // the reader gives it back whole (GiveBack restarts an item at its begin)
+  // and whoever reads it next reads each of its records once.
+  std::optional<uint64_t> max_epoch;
+
+  // True when the records just read come from an item past max_epoch; closes
+  // the reader then. REQUIRES: rs->mu, no GIL.
+  bool PastEpochLocked() noexcept {
+    if (!max_epoch || rs->reader->current_item().epoch <= *max_epoch) return false;
+    rs->CloseLocked();
+    return true;
+  }
+
+  // Dropping an iterator (a `break` out of its loop) gives back its items at
+  // once, even while zero-copy views keep its buffers mapped.
+  ~IteratorBase() {
+    if (!rs || ::getpid() != rs->pid) return;
+    auto close = [this] {
+      std::lock_guard<std::mutex> lock(rs->mu);
+      rs->CloseLocked();
+    };
+    if (PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      close();
+    } else {
+      close();
+    }
+  }
+
+  // REQUIRES: the GIL.
+  void Close() {
+    done = true;
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(rs->mu);
+    rs->CloseLocked();
+  }
+  // After Next* said kEnd or the reader was closed. REQUIRES: the GIL, rs->mu.
+  [[noreturn]] void Finish() {
+    done = true;
+    if (rs->closed_by_queue)
+      Raise(g_exc.invalid_argument,
+            "queue '" + rs->h->name + "' was closed while it was being read");
+    throw py::stop_iteration();
+  }
+  py::object CurrentItem() {
+    tc::WorkItem item;
+    std::unique_lock<std::mutex> lock(rs->mu, std::defer_lock);
+    {
+      py::gil_scoped_release nogil;  // lock order: mu only without the GIL
+      lock.lock();
+      item = rs->reader->current_item();
+    }
+    if (item.path.empty()) return py::none();
+    return ItemDict(item);
+  }
+};
+
+struct RecordIterator : IteratorBase {
+  py::object exporter;  // a RecordBuffer, reused for every record
+  py::object last_view;
+  uint64_t last_offset = 0;
+
+  void ReleaseLast() {
+    if (!last_view) return;
+    py::object view = std::move(last_view);
+    last_view = py::object();
+    PyObject* r = PyObject_CallMethod(view.ptr(), "release", nullptr);
+    if (r == nullptr) {
+      // BufferError: someone exported the view (np.frombuffer, ...). Their
+      // object keeps the arena mapped; its bytes may change from now on.
+      PyErr_Clear();
+    } else {
+      Py_DECREF(r);
+    }
+  }
+
+  py::object Next() {
+    ReleaseLast();
+    if (done) throw py::stop_iteration();
+    rs->h->CheckPid();
+    std::unique_lock<std::mutex> lock(rs->mu, std::defer_lock);
+    tc::Record record;
+    tc::ReadStatus status;
+    {
+      py::gil_scoped_release nogil;
+      lock.lock();
+      status = rs->closed ? tc::ReadStatus::kEnd : rs->reader->NextRecord(&record);
+      if (status == tc::ReadStatus::kOk && PastEpochLocked()) status = tc::ReadStatus::kEnd;
+    }
+    if (status == tc::ReadStatus::kError) {
+      done = true;
+      RaiseReaderError(*rs);
+    }
+    if (status == tc::ReadStatus::kEnd) Finish();
+    RecordBuffer& buf = exporter.cast<RecordBuffer&>();
+    buf.ptr = record.data;
+    buf.size = record.size;
+    last_offset = record.offset;
+    PyObject* view = PyMemoryView_FromObject(exporter.ptr());
+    if (view == nullptr) throw py::error_already_set();
+    last_view = py::reinterpret_borrow<py::object>(view);
+    return py::reinterpret_steal<py::object>(view);
+  }
+};
+
+struct BatchIterator : IteratorBase {
+  size_t batch_size = 0;
+  bool copy = false;
+  bool drop_last = false;
+  // Never keep packed records across a read that may wait at the end of the
+  // data: such a read happens only once the reader holds no item beyond the
+  // current one (it takes the next item then, and Take waits while others
+  // hold items). A caller that gives up on that wait (tailcut.torch) then
+  // strands nothing: every record read so far was handed out.
+  bool short_at_end = false;
+
+  // Items the reader holds: the current one and those taken ahead.
+  // REQUIRES: rs->mu (the reader's counters are written by its caller).
+  uint64_t HeldLocked() const noexcept {
+    tc::ReaderStats st = rs->reader->stats();
+    uint64_t gone = st.items_acked + st.items_given_back;
+    return st.items_taken > gone ? st.items_taken - gone : 0;
+  }
+  std::vector<tc::Record> records;
+  // With max_epoch a batch holds records of one epoch only: records of
+  // another epoch's item met while packing wait in records[stash_begin,
+  // stash_begin + stashed) for the next batches. They stay valid: the reader
+  // is not called before they are handed out, and closing gives their item
+  // back whole.
+  size_t stashed = 0;
+  size_t stash_begin = 0;   // where they start: after those handed out last
+  uint64_t last_epoch = 0;  // epoch of the items of the last batch
+  std::string pending_error;
+  tc::ErrorKind pending_kind = tc::ErrorKind::kIo;
+
+  static bool Contiguous(const tc::Record* r, size_t n, uint64_t rb) {
+    for (size_t i = 1; i < n; ++i)
+      if (r[i].data != r[0].data + i * rb || r[i].size != rb) return false;
+    return n > 0 && r[0].size == rb;
+  }
+
+  template <typename T>
+  static py::array OwnedArray(std::vector<T>* v, std::vector<py::ssize_t> shape) {
+    py::capsule owner(v, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+    return py::array_t<T>(shape, v->data(), owner);
+  }
+
+  py::object Next() { return Read(batch_size); }
+
+  // The next batch, of at most `limit` records (at most batch_size).
+  py::object ReadUpTo(const py::object& limit) {
+    uint64_t want = ToU64(limit, "max_records", 1);
+    return Read(static_cast<size_t>(std::min<uint64_t>(want, batch_size)));
+  }
+
+  py::object Read(size_t want) {
+    if (!pending_error.empty()) {
+      done = true;
+      std::string text = std::move(pending_error);
+      pending_error.clear();
+      Raise(ExceptionFor(pending_kind), text);
+    }
+    if (done) throw py::stop_iteration();
+    rs->h->CheckPid();
+    const bool fixed = rs->format.kind == tc::RecordFormatKind::kFixed;
+    const uint64_t rb = rs->format.record_bytes;
+    std::unique_lock<std::mutex> lock(rs->mu, std::defer_lock);
+    size_t n = 0;
+    tc::ReadStatus status;
+    bool view = false;
+    std::unique_ptr<std::vector<uint8_t>> data;
+    std::unique_ptr<std::vector<int64_t>> offsets;
+    size_t have = 0;
+    bool ended = false, error = false;
+    {
+      py::gil_scoped_release nogil;
+      lock.lock();
+      if (rs->closed) {
+        status = tc::ReadStatus::kEnd;
+      } else if (stashed > 0) {
+        status = tc::ReadStatus::kOk;
+        if (stash_begin > 0) {  // what the last batch left over moves to the front
+          std::copy(records.begin() + static_cast<std::ptrdiff_t>(stash_begin),
+                    records.begin() + static_cast<std::ptrdiff_t>(stash_begin + stashed),
+                    records.begin());
+        }
+        n = std::min(stashed, want);
+        stashed -= n;
+        stash_begin = stashed > 0 ? n : 0;
+      } else {
+        status = rs->reader->NextBatch(records.data(), want, &n);
+        if (status == tc::ReadStatus::kOk && PastEpochLocked()) {
+          status = tc::ReadStatus::kEnd;
+          n = 0;
+        }
+      }
+      if (status == tc::ReadStatus::kOk) last_epoch = rs->reader->current_item().epoch;
+      if (status == tc::ReadStatus::kOk && fixed && !copy && n == want &&
+          Contiguous(records.data(), n, rb)) {
+        view = true;
+      } else if (status == tc::ReadStatus::kOk) {
+        // Pack into owned arrays, filling the batch across chunk and item ends.
+        data = std::make_unique<std::vector<uint8_t>>();
+        if (fixed) data->reserve(want * rb);
+        offsets = std::make_unique<std::vector<int64_t>>();
+        offsets->reserve(want + 1);
+        offsets->push_back(0);
+        for (;;) {
+          for (size_t i = 0; i < n; ++i) {
+            const uint8_t* p = reinterpret_cast<const uint8_t*>(records[i].data);
+            data->insert(data->end(), p, p + records[i].size);
+            offsets->push_back(static_cast<int64_t>(data->size()));
+          }
+          have += n;
+          if (have == want || stashed > 0) break;
+          if (short_at_end && HeldLocked() <= 1) break;
+          status = rs->reader->NextBatch(records.data(), want - have, &n);
+          // A batch never mixes in an item past max_epoch: its records are
+          // dropped unseen and the item goes back whole.
+          if (status == tc::ReadStatus::kEnd ||
+              (status == tc::ReadStatus::kOk && PastEpochLocked())) {
+            ended = true;
+            break;
+          }
+          if (status == tc::ReadStatus::kOk && max_epoch &&
+              rs->reader->current_item().epoch != last_epoch) {
+            stashed = n;  // another epoch's item: they start the next batch
+            stash_begin = 0;
+            break;
+          }
+          if (status == tc::ReadStatus::kError) {
+            error = true;
+            break;
+          }
+        }
+      }
+    }
+    if (status == tc::ReadStatus::kError && have == 0 && !view) {
+      done = true;
+      RaiseReaderError(*rs);
+    }
+    if (status == tc::ReadStatus::kEnd && have == 0 && !view) Finish();
+    if (error) {
+      // Hand out what was read (its items may already be acked) and raise
+      // on the next call.
+      pending_error = rs->reader->error();
+      pending_kind = KindOfReaderError(*rs->reader);
+      rs->failed = true;
+    }
+    if (ended) done = true;
+    if (view) {
+      py::object keeper = py::cast(ArenaKeeper{rs});
+      py::array arr(
+          py::dtype::of<uint8_t>(),
+          std::vector<py::ssize_t>{static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(rb)},
+          std::vector<py::ssize_t>{static_cast<py::ssize_t>(rb), 1},
+          reinterpret_cast<const uint8_t*>(records[0].data), keeper);
+      arr.attr("setflags")(py::arg("write") = false);
+      return arr;
+    }
+    if (ended && drop_last && have < want) throw py::stop_iteration();
+    if (fixed) {
+      auto* d = data.release();
+      return OwnedArray<uint8_t>(d, {static_cast<py::ssize_t>(have), static_cast<py::ssize_t>(rb)});
+    }
+    auto* d = data.release();
+    auto* o = offsets.release();
+    py::ssize_t bytes = static_cast<py::ssize_t>(d->size());
+    py::ssize_t count = static_cast<py::ssize_t>(o->size());
+    return py::make_tuple(OwnedArray<uint8_t>(d, {bytes}), OwnedArray<int64_t>(o, {count}));
+  }
+};
+
+template <typename Iter, typename Class>
+void DefineIteratorCommon(Class& cls) {
+  cls.def("__iter__", [](py::object self) { return self; })
+      .def("close", &Iter::Close,
+           "Stops reading: gives back every item not finished (the current one from its last "
+           "progress offset) so another process or reader gets it. Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](Iter& self, py::object, py::object, py::object) {
+            self.Close();
+            return false;
+          },
+          "Closes the iterator.")
+      .def_property_readonly(
+          "item", &Iter::CurrentItem,
+          "The item the last record came from, as a dict (path, begin, end, "
+          "epoch, index, ticket), or None before the first record and at the end.")
+      .def(
+          "stats", [](Iter& self) { return ReaderStatsDict(self.rs->reader->stats()); },
+          "Reader counters since it opened: bytes_read, records, items_taken, items_acked, "
+          "items_given_back, reads, short_reads, retries, carried_bytes.")
+      .def_property_readonly(
+          "memory_state", [](Iter& self) { return self.rs->reader->memory_state(); },
+          "One line on the reader's buffers (locked, io_uring-registered, CUDA-pinned).")
+      .def_property_readonly(
+          "backend", [](Iter& self) { return std::string(self.rs->reader->backend_name()); },
+          "'io_uring' or 'pread'.")
+      .def_property_readonly(
+          "chunk_bytes", [](Iter& self) { return self.rs->reader->chunk_bytes(); },
+          "Bytes per read and per buffer, after validation.")
+      .def_property_readonly(
+          "num_chunks", [](Iter& self) { return self.rs->reader->num_chunks(); },
+          "Number of chunk buffers in the reader's arena.")
+      .def_property_readonly(
+          "queue_depth", [](Iter& self) { return self.rs->reader->queue_depth(); },
+          "Reads kept in flight at once.")
+      .def_property_readonly(
+          "format", [](Iter& self) { return self.rs->format.Tag(); },
+          "The record format tag, e.g. 'lines', 'tfrecord', 'fixed:128', 'file'.");
+}
+
+}  // namespace
+
+void DefineReaders(py::module_& m) {
+  // The reader options records() and batches() accept, for tests and tools.
+  py::tuple option_names(ReaderOptionTable().size());
+  size_t i = 0;
+  for (const ReaderOption& o : ReaderOptionTable()) option_names[i++] = py::str(o.name);
+  m.attr("_reader_options") = option_names;
+
+  // ---- Buffers behind zero-copy views
+  py::class_<RecordBuffer>(m, "RecordBuffer", py::buffer_protocol(),
+                           "Exports the bytes of the current record (what records() yields "
+                           "memoryviews of). Internal.")
+      .def_buffer([](RecordBuffer& b) -> py::buffer_info {
+        return py::buffer_info(const_cast<std::byte*>(b.ptr), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size)}, {1}, /*readonly=*/true);
+      });
+  py::class_<ArenaKeeper>(
+      m, "ArenaKeeper",
+      "Keeps a reader's buffers mapped while a zero-copy batch array lives. Internal.");
+
+  // ---- Iterators
+  py::class_<RecordIterator, std::shared_ptr<RecordIterator>> rec_cls(
+      m, "RecordIterator",
+      "Iterator of records (WorkQueue.records()). Each record is a read-only memoryview into the "
+      "reader's buffers, VALID ONLY UNTIL THE NEXT RECORD IS REQUESTED: the view is released then "
+      "(using it raises ValueError). Copy what you keep: bytes(view).");
+  DefineIteratorCommon<RecordIterator>(rec_cls);
+  rec_cls.def("__next__", &RecordIterator::Next)
+      .def_property_readonly(
+          "offset", [](const RecordIterator& it) { return it.last_offset; },
+          "File offset where the last record starts (its header, for tfrecord).");
+
+  py::class_<BatchIterator, std::shared_ptr<BatchIterator>> batch_cls(
+      m, "BatchIterator",
+      "Iterator of batches (WorkQueue.batches()). Fixed-size records: a (n, record_bytes) uint8 "
+      "array; other formats: (data uint8 array, offsets int64 array of n + 1) with record i = "
+      "data[offsets[i]:offsets[i+1]]. A batch is VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED "
+      "(full fixed-size batches are read-only views of the reader's buffers); pass copy=True to "
+      "own them.");
+  DefineIteratorCommon<BatchIterator>(batch_cls);
+  batch_cls.def("__next__", &BatchIterator::Next)
+      .def("read", &BatchIterator::ReadUpTo, py::arg("max_records"),
+           "The next batch, like next(it) but of at most max_records records (capped at "
+           "batch_size): lets a caller that joins short batches ask for exactly the rest of one. "
+           "Raises StopIteration at the end.")
+      .def_property_readonly(
+          "batch_size", [](const BatchIterator& it) { return it.batch_size; }, "Records per batch.")
+      .def_property_readonly(
+          "epoch", [](const BatchIterator& it) { return it.last_epoch; },
+          "The epoch of the items the last batch came from (with max_epoch a batch holds one "
+          "epoch's records; otherwise its last record's).");
+
+  m.def(
+      "crc32c",
+      [](py::buffer data, uint32_t crc) {
+        py::buffer_info info = data.request();
+        return tc::Crc32c(info.ptr, static_cast<size_t>(info.size * info.itemsize), crc);
+      },
+      py::arg("data"), py::arg("crc") = 0, "CRC32C (Castagnoli) of data, continuing from crc.");
+  m.def("masked_crc32c", &tc::MaskCrc32c, py::arg("crc"),
+        "TFRecord's mask of a CRC32C: ((crc >> 15) | (crc << 17)) + 0xa282ead8.");
+  m.def(
+      "encode_tfrecord",
+      [](py::buffer data) {
+        py::buffer_info info = data.request();
+        std::string out;
+        tc::AppendTfrecord(&out, std::string_view(static_cast<const char*>(info.ptr),
+                                                  static_cast<size_t>(info.size * info.itemsize)));
+        return py::bytes(out);
+      },
+      py::arg("data"),
+      "One TFRecord (length, masked CRC of the length, data, masked CRC of the data) as bytes; "
+      "concatenate them to write a .tfrecord file.");
+}
+
+void DefineReaderMethods(QueueClass& queue) {
+  // pybind11 copies docstrings; these need only live through the calls.
+  const std::string records_doc =
+      "Reads the queue's items and yields their records as read-only memoryviews, valid only "
+      "until the next record is requested. format: 'lines', 'tfrecord', 'fixed' (with "
+      "record_bytes) or 'file'; default: the queue's format, else 'lines'. Reader options: " +
+      ReaderOptionNames() +
+      " (backend: 'uring', 'pread' or None). Items are acked as their last record is passed. "
+      "max_epoch=e: stop at the first item of an epoch after e (it goes back to the queue "
+      "whole, unread); items of epochs <= e, late ones included, are read.";
+  queue
+      .def(
+          "records",
+          [](const HandlePtr& h, py::object format, py::object record_bytes, py::kwargs options) {
+            auto it = std::make_shared<RecordIterator>();
+            it->max_epoch = PopMaxEpoch(options);
+            it->rs = OpenReader(h, format, record_bytes, options, "records");
+            RecordBuffer buf;
+            buf.rs = it->rs;
+            it->exporter = py::cast(std::move(buf));
+            return it;
+          },
+          py::arg("format") = py::none(), py::arg("record_bytes") = py::none(), records_doc.c_str())
+      .def(
+          "batches",
+          [](const HandlePtr& h, py::object batch_size, py::object format, py::object record_bytes,
+             bool copy, bool drop_last, py::kwargs options) {
+            uint64_t bs = ToU64(batch_size, "batch_size", 1);
+            auto it = std::make_shared<BatchIterator>();
+            it->max_epoch = PopMaxEpoch(options);
+            if (options.contains("short_at_end")) {
+              it->short_at_end = py::cast<bool>(options["short_at_end"]);
+              if (PyDict_DelItemString(options.ptr(), "short_at_end") != 0)
+                throw py::error_already_set();
+            }
+            it->rs = OpenReader(h, format, record_bytes, options, "batches");
+            it->batch_size = static_cast<size_t>(bs);
+            it->records.resize(it->batch_size);
+            it->copy = copy;
+            it->drop_last = drop_last;
+            return it;
+          },
+          py::arg("batch_size"), py::arg("format") = py::none(),
+          py::arg("record_bytes") = py::none(), py::kw_only(), py::arg("copy") = false,
+          py::arg("drop_last") = false,
+          "Like records() but yields batches of batch_size records (the last may be smaller "
+          "unless drop_last): for 'fixed' a (n, record_bytes) uint8 array, else a (data, offsets) "
+          "pair of numpy arrays. Valid until the next batch unless copy=True. max_epoch=e: as in "
+          "records(); a batch never holds records of an epoch after e. short_at_end=True: when "
+          "the reader holds no item beyond the current one (near the end of the data), return a "
+          "short batch rather than keep its records through a read that may wait for items "
+          "other processes hold.");
+}
+
+}  // namespace tailcut::python
