@@ -40,7 +40,9 @@ struct CudaApi {
 // Loads the CUDA runtime, if any. TAILCUT_CUDART names a library to load
 // instead of searching the usual sonames (for tests and odd installs). The
 // handle is never closed: unloading a CUDA runtime is not safe.
-bool LoadCuda(CudaApi* api, std::string* problem) {
+// *not_found: no runtime was found where one is searched for by default.
+bool LoadCuda(CudaApi* api, std::string* problem, bool* not_found) {
+  *not_found = false;
   static const char* const kSonames[] = {"libcudart.so",      "libcudart.so.13",
                                          "libcudart.so.12",   "libcudart.so.11.0",
                                          "libcudart.so.10.2", "libcudart.so.10.1"};
@@ -60,6 +62,7 @@ bool LoadCuda(CudaApi* api, std::string* problem) {
     }
     if (!handle) {
       *problem = "no CUDA runtime (libcudart.so not found)";
+      *not_found = true;
       return false;
     }
   }
@@ -73,6 +76,14 @@ bool LoadCuda(CudaApi* api, std::string* problem) {
   }
   return true;
 }
+
+// cudaGetDeviceCount's answers on a host without a usable GPU.
+constexpr int kCudaErrorInsufficientDriver = 35;  // also: no driver at all
+constexpr int kCudaErrorNoDevice = 100;
+
+// Whether an NVIDIA kernel driver is loaded (its control device exists). A
+// runtime that is missing or finds no driver on such a host is worth a notice.
+bool NvidiaDriverPresent() { return access("/dev/nvidiactl", F_OK) == 0; }
 
 std::string CudaErrorText(const CudaApi& api, int error) {
   const char* text = api.get_error_string ? api.get_error_string(error) : nullptr;
@@ -134,9 +145,15 @@ BufferArena::BufferArena(uint64_t chunk_bytes, uint32_t num_chunks, bool cuda_re
   if (cuda_register) {
     CudaApi api;
     std::string problem;
-    if (LoadCuda(&api, &problem)) {
+    bool not_found = false;
+    // No GPU to pin for: a CPU-only host is normal, so stay silent about it
+    // (memory_state() still says why the buffers are not CUDA-pinned).
+    bool no_gpu = false;
+    if (LoadCuda(&api, &problem, &not_found)) {
       int count = 0;
       int status = api.get_device_count(&count);
+      no_gpu = status == kCudaErrorNoDevice || (status == 0 && count <= 0) ||
+               (status == kCudaErrorInsufficientDriver && !NvidiaDriverPresent());
       if (status != 0 || count <= 0) {
         problem = status != 0
                       ? "no CUDA device (cudaGetDeviceCount: " + CudaErrorText(api, status) + ")"
@@ -150,18 +167,18 @@ BufferArena::BufferArena(uint64_t chunk_bytes, uint32_t num_chunks, bool cuda_re
           problem = "cudaHostRegister failed: " + CudaErrorText(api, status);
         }
       }
+    } else {
+      no_gpu = not_found && !NvidiaDriverPresent();
     }
     if (!cuda_pinned_) {
       cuda_state_ = problem;
-      // A host without CUDA is normal: say so once per process, not per Reader.
+      // A GPU that the arena could not be registered with: once per process.
       static std::atomic<bool> said{false};
-      if (notice && !said.exchange(true, std::memory_order_relaxed)) {
+      if (notice && !no_gpu && !said.exchange(true, std::memory_order_relaxed)) {
         notice("tailcut reader: buffers not CUDA-pinned: " + problem +
                "; host-to-device copies will be staged by the driver");
       }
     }
-  } else {
-    cuda_state_ = "CUDA registration off";
   }
 }
 
@@ -188,6 +205,9 @@ std::string BufferArena::Describe(bool registered, bool uring) const {
     line += "; raise it with `ulimit -l unlimited` or LimitMEMLOCK=infinity (systemd)";
   }
   if (uring && !registered) line += "; not io_uring-registered";
+  if (!cuda_pinned_ && !cuda_state_.empty()) {
+    line += "; not CUDA-pinned: " + cuda_state_;
+  }
   return line;
 }
 

@@ -36,7 +36,10 @@ class BufferArena {
   // Maps and locks chunk_bytes * num_chunks bytes (chunk_bytes a multiple of
   // the page size). Throws tailcut::Error(kNoSpace) when the mapping fails.
   // `notice` receives one line when locking fails (naming RLIMIT_MEMLOCK and
-  // how to raise it) and, once per process, when CUDA is absent.
+  // how to raise it) and, once per process, when an NVIDIA GPU is there but
+  // the arena cannot be registered with it. A host without a GPU (no runtime,
+  // or a runtime that finds no driver or device) gets no notice; Describe()
+  // says why the arena is not CUDA-pinned.
   BufferArena(uint64_t chunk_bytes, uint32_t num_chunks, bool cuda_register,
               const std::function<void(const std::string&)>& notice);
   ~BufferArena();
@@ -62,7 +65,7 @@ class BufferArena {
   int lock_errno_ = 0;
   uint64_t memlock_limit_ = 0;  // RLIM_INFINITY as UINT64_MAX
   bool cuda_pinned_ = false;
-  std::string cuda_state_;           // why not pinned, when not
+  std::string cuda_state_;           // why not pinned, when registration was tried
   void* cuda_unregister_ = nullptr;  // cudaHostUnregister, when pinned
 };
 

@@ -154,8 +154,8 @@ class Reader::Impl {
   void Open();
   ~Impl() { Close(); }
 
-  ReadStatus Produce(Record* out, size_t max, size_t* n) noexcept;
-  ReadStatus ProduceChunk(ChunkView* out) noexcept;
+  ReadStatus Produce(Record* out, size_t max, size_t* n, Deadline deadline) noexcept;
+  ReadStatus ProduceChunk(ChunkView* out, Deadline deadline) noexcept;
   void Close() noexcept;
 
   const std::string& error() const noexcept { return error_; }
@@ -163,6 +163,7 @@ class Reader::Impl {
   WorkItem current_item() const noexcept {
     return active_ ? items_[held_[held_head_]].item : WorkItem{};
   }
+  size_t items_held() const noexcept { return held_count_; }
   ReaderStats stats() const noexcept {
     ReaderStats s;
     s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
@@ -174,6 +175,7 @@ class Reader::Impl {
     s.short_reads = stats_.short_reads.load(std::memory_order_relaxed);
     s.retries = stats_.retries.load(std::memory_order_relaxed);
     s.carried_bytes = stats_.carried_bytes.load(std::memory_order_relaxed);
+    s.stale_items = stats_.stale_items.load(std::memory_order_relaxed);
     return s;
   }
   const std::string& memory_state() const noexcept { return memory_state_; }
@@ -185,7 +187,8 @@ class Reader::Impl {
  private:
   struct Stats {
     std::atomic<uint64_t> bytes_read{0}, records{0}, items_taken{0}, items_acked{0},
-        items_given_back{0}, reads{0}, short_reads{0}, retries{0}, carried_bytes{0};
+        items_given_back{0}, reads{0}, short_reads{0}, retries{0}, carried_bytes{0},
+        stale_items{0};
   };
 
   void Notice(const std::string& line) noexcept {
@@ -207,13 +210,14 @@ class Reader::Impl {
   bool OpenFile(ItemSlot& it) noexcept;
   void FailItem(ItemSlot& it, uint64_t offset, const char* what,
                 ErrorKind kind = ErrorKind::kIo) noexcept;
-  ReadStatus Activate() noexcept;
+  ReadStatus Activate(Deadline deadline) noexcept;
   void FinishItem() noexcept;
   void RetireFront() noexcept;
   void GiveBackAll() noexcept;
   ReadStatus Fail(const std::string& message, ErrorKind kind = ErrorKind::kIo) noexcept;
   ReadStatus FailWith(const ItemSlot& it) noexcept { return Fail(it.error, it.error_kind); }
   void ReportProgress(ItemSlot& it, uint64_t position) noexcept;
+  void MarkStale(ItemSlot& it, const std::string& where) noexcept;
   uint64_t PlanEnd(const ItemSlot& it) const noexcept;
   void ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept;
 
@@ -578,10 +582,7 @@ void Reader::Impl::ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept {
   uint64_t end = it.end;
   it.claimed = std::max(it.claimed, up_to);
   if (queue_.Claim(it.item, up_to, &end) == AckStatus::kStale) {
-    it.stale = true;
-    std::string path(it.item.path);
-    Notice("tailcut reader: item " + std::to_string(it.item.index) + " of '" + path +
-           "' was reassigned (lease timeout); stopped reading it");
+    MarkStale(it, "");
     return;
   }
   if (end >= it.end) return;
@@ -604,18 +605,28 @@ void Reader::Impl::ReportProgress(ItemSlot& it, uint64_t position) noexcept {
   if (it.stale) return;
   uint64_t offset = std::clamp(position, it.item.begin, it.item.end);
   if (queue_.Progress(it.item, offset, it.unreported) == AckStatus::kStale) {
-    it.stale = true;
-    std::string path(it.item.path);
-    Notice("tailcut reader: item " + std::to_string(it.item.index) + " of '" + path +
-           "' was reassigned (lease timeout); stopped reading it at offset " +
-           std::to_string(offset));
+    MarkStale(it, " at offset " + std::to_string(offset));
   }
   it.unreported = 0;
 }
 
-// Makes the front held item current, taking one if none is held. Waits in
-// Take at the end of the data as the queue does.
-ReadStatus Reader::Impl::Activate() noexcept {
+// The queue reassigned the item (lease timeout): stop reading it. Records of
+// it already handed out stay handed out; its new owner reads it from its start.
+void Reader::Impl::MarkStale(ItemSlot& it, const std::string& where) noexcept {
+  it.stale = true;
+  Bump(stats_.stale_items);
+  try {
+    Notice("tailcut reader: item " + std::to_string(it.item.index) + " of '" +
+           std::string(it.item.path) + "' was reassigned (lease timeout); stopped reading it" +
+           where + "; records of it already handed out will be read again by its new owner");
+  } catch (...) {
+  }
+}
+
+// Makes the front held item current, taking one if none is held. At the end
+// of the data Take waits, until the deadline, for items other processes hold:
+// kEmpty then, with nothing held, so the next call simply takes again.
+ReadStatus Reader::Impl::Activate(Deadline deadline) noexcept {
   while (held_count_ == 0) {
     if (queue_end_) {
       ended_ = true;
@@ -629,7 +640,8 @@ ReadStatus Reader::Impl::Activate() noexcept {
       continue;
     }
     WorkItem item;
-    TakeStatus status = queue_.Take(&item);
+    TakeStatus status = queue_.Take(&item, deadline);
+    if (status == TakeStatus::kEmpty) return ReadStatus::kEmpty;
     if (status == TakeStatus::kEnd) {
       queue_end_ = ended_ = true;
       return ReadStatus::kEnd;
@@ -670,9 +682,11 @@ void Reader::Impl::FinishItem() noexcept {
         Bump(stats_.items_acked);
       } else {
         std::string path(it.item.path);
+        Bump(stats_.stale_items);
         Notice("tailcut reader: the queue refused the ack of item " +
                std::to_string(it.item.index) + " of '" + path +
-               "' (reassigned after a lease timeout)");
+               "' (reassigned after a lease timeout); its records will be read again by its "
+               "new owner");
       }
     }
   }
@@ -1066,7 +1080,8 @@ bool Reader::Impl::MoreBytes(ItemSlot& it) noexcept {
   return AppendCarry(it);
 }
 
-ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n) noexcept {
+ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n,
+                                 Deadline deadline) noexcept {
   *n = 0;
   if (failed_) return ReadStatus::kError;
   if (closed_ || ended_) return ReadStatus::kEnd;
@@ -1077,7 +1092,7 @@ ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n) noexcept {
   if (max == 0) return ReadStatus::kOk;
   for (;;) {
     if (!active_) {
-      ReadStatus status = Activate();
+      ReadStatus status = Activate(deadline);
       if (status != ReadStatus::kOk) return status;
     }
     ItemSlot& it = Current();
@@ -1159,7 +1174,7 @@ ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n) noexcept {
   }
 }
 
-ReadStatus Reader::Impl::ProduceChunk(ChunkView* out) noexcept {
+ReadStatus Reader::Impl::ProduceChunk(ChunkView* out, Deadline deadline) noexcept {
   if (failed_) return ReadStatus::kError;
   if (closed_ || ended_) return ReadStatus::kEnd;
   if (options_.mode != ReadMode::kChunks) {
@@ -1168,7 +1183,7 @@ ReadStatus Reader::Impl::ProduceChunk(ChunkView* out) noexcept {
   }
   for (;;) {
     if (!active_) {
-      ReadStatus status = Activate();
+      ReadStatus status = Activate(deadline);
       if (status != ReadStatus::kOk) return status;
     }
     ItemSlot& it = Current();
@@ -1250,18 +1265,21 @@ std::unique_ptr<Reader> Reader::Open(WorkQueue& queue, ReaderOptions options) {
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Reader::~Reader() = default;
 
-ReadStatus Reader::NextRecord(Record* out) noexcept {
+ReadStatus Reader::NextRecord(Record* out, Deadline deadline) noexcept {
   size_t n = 0;
-  return impl_->Produce(out, 1, &n);
+  return impl_->Produce(out, 1, &n, deadline);
 }
-ReadStatus Reader::NextBatch(Record* out, size_t max, size_t* n) noexcept {
-  return impl_->Produce(out, max, n);
+ReadStatus Reader::NextBatch(Record* out, size_t max, size_t* n, Deadline deadline) noexcept {
+  return impl_->Produce(out, max, n, deadline);
 }
-ReadStatus Reader::NextChunk(ChunkView* out) noexcept { return impl_->ProduceChunk(out); }
+ReadStatus Reader::NextChunk(ChunkView* out, Deadline deadline) noexcept {
+  return impl_->ProduceChunk(out, deadline);
+}
 void Reader::Close() noexcept { impl_->Close(); }
 const std::string& Reader::error() const noexcept { return impl_->error(); }
 ErrorKind Reader::error_kind() const noexcept { return impl_->error_kind(); }
 WorkItem Reader::current_item() const noexcept { return impl_->current_item(); }
+size_t Reader::items_held() const noexcept { return impl_->items_held(); }
 ReaderStats Reader::stats() const noexcept { return impl_->stats(); }
 const std::string& Reader::memory_state() const noexcept { return impl_->memory_state(); }
 std::string_view Reader::backend_name() const noexcept { return impl_->backend_name(); }

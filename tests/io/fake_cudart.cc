@@ -1,11 +1,22 @@
 // A stand-in for libcudart with one device, loaded through TAILCUT_CUDART by
-// reader_test: it records what the Reader registers, so the CUDA path is
+// the io tests: it records what the Reader registers, so the CUDA path is
 // tested on machines without a GPU. Signatures as in cuda_runtime_api.h.
+// Environment, read at each call:
+//   FAKE_CUDART_DEVICE_STATUS  what cudaGetDeviceCount returns (default 0;
+//                              35: insufficient driver, 100: no device)
+//   FAKE_CUDART_DEVICES        the device count it reports (default 1)
+//   FAKE_CUDART_REGISTER_STATUS  what cudaHostRegister returns (default 0)
 #include <cstddef>
+#include <cstdlib>
 
 #define FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
+int EnvInt(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::atoi(value) : fallback;
+}
+
 void* registered_ptr = nullptr;
 size_t registered_size = 0;
 unsigned int registered_flags = 0;
@@ -14,11 +25,14 @@ int unregister_calls = 0;
 }  // namespace
 
 FAKE_EXPORT int cudaGetDeviceCount(int* count) {
-  *count = 1;
-  return 0;
+  int status = EnvInt("FAKE_CUDART_DEVICE_STATUS", 0);
+  *count = status == 0 ? EnvInt("FAKE_CUDART_DEVICES", 1) : 0;
+  return status;
 }
 
 FAKE_EXPORT int cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  int status = EnvInt("FAKE_CUDART_REGISTER_STATUS", 0);
+  if (status != 0) return status;
   registered_ptr = ptr;
   registered_size = size;
   registered_flags = flags;

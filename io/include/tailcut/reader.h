@@ -34,6 +34,22 @@
 //    valid until the next NextRecord/NextBatch/NextChunk call. All records of
 //    one batch stay valid together. Close() leaves the bytes of the last ones
 //    as they are; the memory is unmapped when the Reader is destroyed.
+//  * End of data: when nothing is left to take but other live processes
+//    still hold items (which come back if they die or give them back), the
+//    Next* calls wait for them, at most until their deadline, and then return
+//    kEmpty. kEmpty comes only when the Reader holds no item (items_held() is
+//    0): every record it read was handed out, nothing is stranded, and
+//    Close() then gives back nothing. The next call continues as if the wait
+//    had never stopped: no record is lost or repeated. The wait sleeps on the
+//    queue's futex and wakes as soon as an item comes back or all are done.
+//    The deadline bounds only this wait: reads of the Reader's own items in
+//    flight are always waited for (device time).
+//  * Lease timeout: if the queue reassigned an item this Reader holds (it
+//    looked hung), the Reader stops reading that item at the next claim or
+//    progress report and counts it in stats().stale_items. Records of it
+//    already handed out stay handed out, and the process the queue gives the
+//    item to reads it again from its start: under a lease timeout a record
+//    is delivered at least once, not exactly once.
 //  * Errors: Open throws tailcut::Error (bad options, no memory, io_uring
 //    forced but unavailable). The Next* calls are noexcept; per record they
 //    take no lock, allocate nothing and make no system call. System calls
@@ -46,6 +62,7 @@
 #ifndef TAILCUT_READER_H_
 #define TAILCUT_READER_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -113,7 +130,14 @@ enum class ReadStatus {
   kOk,     // a record, batch or chunk was handed out
   kEnd,    // every item of every epoch is done
   kError,  // error() says what, where; sticky
+  kEmpty,  // nothing yet: the deadline passed while other live processes still
+           // hold items (which come back if they die); call again
 };
+
+// When a Next* call stops waiting for items that other processes hold.
+// Deadline::max() (the default): wait until an item comes back or all are
+// done. A deadline in the past (e.g. steady_clock::now()): do not wait.
+using Deadline = std::chrono::steady_clock::time_point;
 
 // Raw bytes of the current item (ReadMode::kChunks): file bytes
 // [offset, offset + size) of current_item().path.
@@ -134,6 +158,9 @@ struct ReaderStats {
   uint64_t short_reads = 0;    // completions with fewer bytes than asked
   uint64_t retries = 0;        // -EAGAIN / -EINTR resubmissions
   uint64_t carried_bytes = 0;  // bytes copied to join records across chunks
+  // Items the queue reassigned to another process (lease timeout) while this
+  // Reader held them: it stopped reading each where it was (see Contract).
+  uint64_t stale_items = 0;
 };
 
 class TAILCUT_EXPORT Reader {
@@ -150,13 +177,16 @@ class TAILCUT_EXPORT Reader {
   Reader& operator=(const Reader&) = delete;
 
   // The next record. kOk: *out is valid until the next call on this Reader.
-  ReadStatus NextRecord(Record* out) noexcept;
-  // Up to max records into out[0..*n). kOk means *n >= 1. A batch ends early
-  // at a chunk boundary or at the end of an item, so that all its records stay
-  // valid together until the next call.
-  ReadStatus NextBatch(Record* out, size_t max, size_t* n) noexcept;
+  // kEmpty: deadline passed at the end of the data (see Contract).
+  ReadStatus NextRecord(Record* out, Deadline deadline = Deadline::max()) noexcept;
+  // Up to max records into out[0..*n). kOk means *n >= 1; any other status
+  // means *n == 0. A batch ends early at a chunk boundary or at the end of an
+  // item (so all its records come from current_item() and stay valid together
+  // until the next call).
+  ReadStatus NextBatch(Record* out, size_t max, size_t* n,
+                       Deadline deadline = Deadline::max()) noexcept;
   // ReadMode::kChunks: the next piece of the current item's bytes.
-  ReadStatus NextChunk(ChunkView* out) noexcept;
+  ReadStatus NextChunk(ChunkView* out, Deadline deadline = Deadline::max()) noexcept;
 
   // Waits for reads in flight, gives back every item not acked (the current
   // one too: it is handed out again from its start), closes files and frees
@@ -176,6 +206,10 @@ class TAILCUT_EXPORT Reader {
   // The item being read (the one the last record came from); a default
   // WorkItem before the first record and after the end.
   WorkItem current_item() const noexcept;
+  // Items this Reader holds now: the current one (even when all its records
+  // are out but it is not acked yet) plus those taken ahead. 0 means the next
+  // Next* call must take an item first, which is where it may wait (kEmpty).
+  size_t items_held() const noexcept;
   ReaderStats stats() const noexcept;
   // One line on the buffers, e.g. "buffers: 64 MiB locked + io_uring-registered"
   // or "buffers: 64 MiB not locked: RLIMIT_MEMLOCK is 8 MiB; raise it with
