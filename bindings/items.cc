@@ -3,54 +3,47 @@
 #include <chrono>
 #include <cstdint>
 
+#include "blocking.h"
 #include "module.h"
 
 namespace tailcut::python {
 
 std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeout) {
-  std::optional<Clock::time_point> deadline;
-  if (!timeout.is_none()) {
-    double s = ToSeconds(timeout, "timeout");
-    deadline = Clock::now() +
-               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  }
-  for (;;) {
-    tc::WorkItem item;
+  struct Taken {
     tc::TakeStatus status;
-    {
-      Use use(h);
-      py::gil_scoped_release nogil;
-      Clock::time_point slice = Clock::now() + kTakeSlice;
-      if (deadline && *deadline < slice) slice = *deadline;
-      status = h.queue->Take(&item, slice);
-    }
-    switch (status) {
-      case tc::TakeStatus::kOk:
-        return item;
-      case tc::TakeStatus::kEnd:
-        return std::nullopt;
-      case tc::TakeStatus::kLimit:
-        Raise(g_exc.invalid_argument,
-              "queue '" + h.name + "': this process already holds " +
-                  std::to_string(h.leases_per_client) +
-                  " open items (leases_per_client); ack or give one back before taking more, "
-                  "or open the queue with a larger leases_per_client (in every process)");
-      case tc::TakeStatus::kEmpty:
-        break;
-    }
-    if (deadline && Clock::now() >= *deadline)
-      Raise(g_exc.empty, "queue '" + h.name +
-                             "': no item within the timeout; other processes still hold "
-                             "open items, which come back if they die or give them back");
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    tc::WorkItem item;
+  };
+  std::optional<Taken> taken =
+      InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
+        Use use(h);
+        Taken t;
+        t.status = h.queue->Take(&t.item, end);
+        return t.status == tc::TakeStatus::kEmpty ? std::nullopt : std::optional<Taken>(t);
+      });
+  if (!taken)
+    Raise(g_exc.empty, "queue '" + h.name +
+                           "': no item within the timeout; other processes still hold "
+                           "open items, which come back if they die or give them back");
+  switch (taken->status) {
+    case tc::TakeStatus::kOk:
+      return taken->item;
+    case tc::TakeStatus::kLimit:
+      Raise(g_exc.invalid_argument,
+            "queue '" + h.name + "': this process already holds " +
+                std::to_string(h.leases_per_client) +
+                " open items (leases_per_client); ack or give one back before taking more, "
+                "or open the queue with a larger leases_per_client (in every process)");
+    case tc::TakeStatus::kEnd:
+    case tc::TakeStatus::kEmpty:
+      break;
   }
+  return std::nullopt;
 }
 
 namespace {
 
-// WorkQueue::AgreeStep in slices of kTakeSlice, so that Ctrl-C and a
-// concurrent close() are noticed; calling it again for the same step is
-// harmless (it republishes the same word). REQUIRES: the GIL.
+// WorkQueue::AgreeStep in slices (blocking.h); calling it again for the same
+// step is harmless (it republishes the same word). REQUIRES: the GIL.
 std::string AgreeStepBlocking(QueueHandle& h, const py::object& rank, const py::object& ranks,
                               const py::object& step, bool has_batch, const py::object& timeout) {
   uint64_t r = ToU64(rank, "rank");
@@ -62,43 +55,25 @@ std::string AgreeStepBlocking(QueueHandle& h, const py::object& rank, const py::
   if (n > UINT32_MAX) Raise(g_exc.invalid_argument, "agree_step: ranks is too large");
   if (s >= (uint64_t{1} << 62))
     Raise(g_exc.invalid_argument, "agree_step: step must be below 2**62, got " + std::to_string(s));
-  std::optional<Clock::time_point> deadline;
-  if (!timeout.is_none()) {
-    double secs = ToSeconds(timeout, "timeout");
-    deadline = Clock::now() +
-               std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(secs));
-  }
-  for (;;) {
-    tc::StepStatus status;
-    {
-      Use use(h);
-      py::gil_scoped_release nogil;
-      Clock::time_point slice = Clock::now() + kTakeSlice;
-      if (deadline && *deadline < slice) slice = *deadline;
-      status = h.queue->AgreeStep(static_cast<uint32_t>(r), static_cast<uint32_t>(n), s, has_batch,
-                                  slice);
-    }
-    switch (status) {
-      case tc::StepStatus::kAllHaveBatch:
-        return "all_have_batch";
-      case tc::StepStatus::kEndEpoch:
-        return "end_epoch";
-      case tc::StepStatus::kInvalid:
-        Raise(g_exc.invalid_argument,
-              "queue '" + h.name + "': agree_step(rank=" + std::to_string(r) +
-                  ", ranks=" + std::to_string(n) + ", step=" + std::to_string(s) +
-                  ") refused: either ranks exceeds the queue's max_clients, or rank " +
-                  std::to_string(r) +
-                  " already agreed on a later step. Steps must grow over the queue's lifetime "
-                  "(e.g. (epoch << 32) | step_in_epoch), across runs too: a queue resumed under "
-                  "the same name keeps the last steps of its previous run; restart under a new "
-                  "name with restore_state instead");
-      case tc::StepStatus::kTimeout:
-        break;
-    }
-    if (deadline && Clock::now() >= *deadline) return "timeout";
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  }
+  Wait wait = Wait::FromTimeout(timeout, "timeout");
+  std::optional<tc::StepStatus> status = InSlices(wait, [&](Clock::time_point end) {
+    Use use(h);
+    tc::StepStatus st =
+        h.queue->AgreeStep(static_cast<uint32_t>(r), static_cast<uint32_t>(n), s, has_batch, end);
+    return st == tc::StepStatus::kTimeout ? std::nullopt : std::optional<tc::StepStatus>(st);
+  });
+  if (!status) return "timeout";
+  if (*status == tc::StepStatus::kEndEpoch) return "end_epoch";
+  if (*status == tc::StepStatus::kAllHaveBatch) return "all_have_batch";
+  Raise(g_exc.invalid_argument,
+        "queue '" + h.name + "': agree_step(rank=" + std::to_string(r) +
+            ", ranks=" + std::to_string(n) + ", step=" + std::to_string(s) +
+            ") refused: either ranks exceeds the queue's max_clients, or rank " +
+            std::to_string(r) +
+            " already agreed on a later step. Steps must grow over the queue's lifetime "
+            "(e.g. (epoch << 32) | step_in_epoch), across runs too: a queue resumed under "
+            "the same name keeps the last steps of its previous run; restart under a new "
+            "name with restore_state instead");
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 //    handle (and views the reader state), so no C++ object a Python object
 //    points into is freed under it. close() first closes the readers and the
 //    producer threads opened on the queue, then waits for calls in flight,
-//    then closes the C++ queue; a blocked take() wakes within kTakeSlice.
+//    then closes the C++ queue. Every blocking call waits in slices
+//    (blocking.h): Ctrl-C and a concurrent close() end it within 100 ms.
 //  * Lock order: never wait for a QueueHandle or ReaderState mutex while
 //    holding the GIL. Holding such a mutex while taking the GIL back is
 //    therefore safe.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "blocking.h"
 #include "conversions.h"
 #include "errors.h"
 #include "items.h"
@@ -74,39 +75,28 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
   // REQUIRES: the GIL. Returns an item, None at the end, raises Empty.
   py::object Get(const py::object& timeout) {
     if (::getpid() != pid_) h_->CheckPid();
-    std::optional<Clock::time_point> deadline;
-    if (!timeout.is_none()) {
-      double s = ToSeconds(timeout, "timeout");
-      deadline = Clock::now() +
-                 std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-    }
-    for (;;) {
-      std::optional<tc::WorkItem> got;
-      bool end = false, stopped = false;
-      {
-        py::gil_scoped_release nogil;
-        std::unique_lock<std::mutex> lock(mu_);
-        Clock::time_point until = Clock::now() + kTakeSlice;
-        if (deadline && *deadline < until) until = *deadline;
-        cv_.wait_until(lock, until, [&] { return !buffer_.empty() || end_ || stop_; });
-        if (!buffer_.empty()) {
-          got = buffer_.front();
-          buffer_.pop_front();
-          cv_.notify_all();
-        } else {
-          end = end_;
-          stopped = stop_;
-        }
-      }
-      if (got) return py::cast(std::make_shared<PyWorkItem>(h_, *got));
-      if (end) return py::none();
-      if (stopped)
-        Raise(g_exc.invalid_argument, "input_producer of queue '" + h_->name + "' is closed");
-      if (deadline && Clock::now() >= *deadline)
-        Raise(g_exc.empty,
-              "input_producer of queue '" + h_->name + "': no item within the timeout");
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
+    enum class Got { kItem, kEnd, kStopped };
+    tc::WorkItem item;
+    std::optional<Got> got =
+        InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait_until(lock, end, [&] { return !buffer_.empty() || end_ || stop_; });
+          if (!buffer_.empty()) {
+            item = buffer_.front();
+            buffer_.pop_front();
+            cv_.notify_all();
+            return std::optional<Got>(Got::kItem);
+          }
+          if (end_) return std::optional<Got>(Got::kEnd);
+          if (stop_) return std::optional<Got>(Got::kStopped);
+          return std::optional<Got>();
+        });
+    if (!got)
+      Raise(g_exc.empty, "input_producer of queue '" + h_->name + "': no item within the timeout");
+    if (*got == Got::kEnd) return py::none();
+    if (*got == Got::kStopped)
+      Raise(g_exc.invalid_argument, "input_producer of queue '" + h_->name + "' is closed");
+    return py::cast(std::make_shared<PyWorkItem>(h_, item));
   }
 
   size_t qsize() {
@@ -148,7 +138,7 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
         if (stop_) return;
       }
       tc::WorkItem item;
-      tc::TakeStatus status = h_->queue->Take(&item, Clock::now() + kTakeSlice);
+      tc::TakeStatus status = h_->queue->Take(&item, Clock::now() + kSlice);
       std::unique_lock<std::mutex> lock(mu_);
       switch (status) {
         case tc::TakeStatus::kOk:

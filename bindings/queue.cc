@@ -1,5 +1,6 @@
 #include "queue.h"
 
+#include "blocking.h"
 #include "conversions.h"
 #include "errors.h"
 #include "module.h"
@@ -105,8 +106,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
 
 void CloseHandle(QueueHandle& h) {
   if (::getpid() != h.pid) return;  // a forked child: not ours to close
-  py::gil_scoped_release nogil;
-  h.Close();
+  InSlices(Wait::Forever(), [&](Clock::time_point end) {
+    return h.CloseUntil(end) ? std::optional<bool>(true) : std::nullopt;
+  });
 }
 
 }  // namespace

@@ -33,9 +33,6 @@ namespace tc = tailcut;
 namespace tailcut::python {
 
 using Clock = std::chrono::steady_clock;
-// How long one C++ Take may block before the binding checks for signals
-// (Ctrl-C) and for a concurrent close().
-constexpr std::chrono::milliseconds kTakeSlice{100};
 
 // Something opened on a queue that must be closed before the queue is.
 class Child {
@@ -73,6 +70,8 @@ class QueueHandle {
   std::condition_variable cv;
   int active = 0;  // calls in flight (Use)
   std::atomic<bool> closing{false};
+  bool children_closed = false;  // by the close() that set closing
+  bool closing_queue = false;    // a close() is in queue->Close()
   bool closed = false;
   std::vector<std::weak_ptr<Child>> children;
 
@@ -96,30 +95,36 @@ class QueueHandle {
     children.push_back(child);
   }
 
-  // Closes children, waits for calls in flight, closes the queue. Idempotent.
+  // Closes children, waits for calls in flight, closes the queue. Returns
+  // false if `end` passed first: close is under way then (closing is set),
+  // and calling again goes on where it stopped. Idempotent; any thread.
   // REQUIRES: no GIL.
-  void Close() {
-    std::vector<std::shared_ptr<Child>> kids;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      if (closing.exchange(true)) {
-        cv.wait(lock, [&] { return closed; });
-        return;
-      }
+  bool CloseUntil(Clock::time_point end) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!closing.exchange(true)) {
+      std::vector<std::shared_ptr<Child>> kids;
       for (auto& w : children)
         if (auto c = w.lock()) kids.push_back(std::move(c));
       children.clear();
+      lock.unlock();
+      for (auto& c : kids) c->CloseFromQueue();
+      kids.clear();
+      lock.lock();
+      children_closed = true;
+      cv.notify_all();
     }
-    for (auto& c : kids) c->CloseFromQueue();
-    kids.clear();
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return active == 0; });
-    }
+    if (!cv.wait_until(lock, end, [&] {
+          return closed || (children_closed && active == 0 && !closing_queue);
+        }))
+      return false;
+    if (closed) return true;
+    closing_queue = true;  // one thread closes the C++ queue; the others wait for it
+    lock.unlock();
     queue->Close();
-    std::lock_guard<std::mutex> lock(mu);
+    lock.lock();
     closed = true;
     cv.notify_all();
+    return true;
   }
 };
 

@@ -112,12 +112,11 @@ ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::obj
   return rs;
 }
 
-[[noreturn]] void RaiseReaderError(ReaderState& rs) {
-  rs.failed = true;
-  const std::string& text = rs.reader->error();
-  Raise(ExceptionFor(KindOfReaderError(*rs.reader)),
-        text.empty() ? std::string("reader failed without a message") : text);
+ReadFailure ReadFailure::Of(const std::string& text, tc::ErrorKind kind) {
+  return {text.empty() ? std::string("reader failed without a message") : text, kind};
 }
+
+void ReadFailure::Raise() const { python::Raise(ExceptionFor(kind), text); }
 
 py::dict ItemDict(const tc::WorkItem& item) {
   py::dict d;

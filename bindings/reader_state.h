@@ -92,8 +92,16 @@ std::string ReaderOptionNames();
 ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::object& record_bytes,
                      const py::kwargs& options, const char* caller);
 
-// Raises the reader's error as the exception of its kind. REQUIRES: the GIL and rs.mu.
-[[noreturn]] void RaiseReaderError(ReaderState& rs);
+// A reader's (or batcher's) error, copied under the ReaderState's mu so that
+// it can be raised after the lock is let go.
+struct ReadFailure {
+  std::string text;
+  tc::ErrorKind kind = tc::ErrorKind::kIo;
+
+  static ReadFailure Of(const std::string& text, tc::ErrorKind kind);
+  // Raises it as the exception of its kind. REQUIRES: the GIL.
+  [[noreturn]] void Raise() const;
+};
 
 py::dict ItemDict(const tc::WorkItem& item);
 

@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "blocking.h"
 #include "conversions.h"
 #include "errors.h"
 #include "module.h"
 #include "reader_state.h"
 #include "stats.h"
+#include "tailcut/batcher.h"
 #include "tailcut/crc32c.h"
 #include "tailcut/reader.h"
 #include "tailcut/record_format.h"
@@ -23,6 +25,13 @@
 namespace tailcut::python {
 
 namespace {
+
+// What one slice of a read ended with, copied under rs->mu.
+struct ReadOutcome {
+  tc::ReadStatus status = tc::ReadStatus::kEnd;
+  bool closed_by_queue = false;
+  ReadFailure failure;  // when status is kError
+};
 
 struct IteratorBase {
   ReaderPtr rs;
@@ -32,6 +41,7 @@ struct IteratorBase {
   // the reader gives it back whole (GiveBack restarts an item at its begin)
   // and whoever reads it next reads each of its records once.
   std::optional<uint64_t> max_epoch;
+  uint64_t stale_warned = 0;  // stats().stale_items already warned about
 
   // True when the records just read come from an item past max_epoch; closes
   // the reader then. REQUIRES: rs->mu, no GIL.
@@ -39,6 +49,54 @@ struct IteratorBase {
     if (!max_epoch || rs->reader->current_item().epoch <= *max_epoch) return false;
     rs->CloseLocked();
     return true;
+  }
+
+  // Reads in slices (blocking.h): read(end, &failure) is a Reader or Batcher
+  // call with that deadline, made under rs->mu, that fills `failure` when it
+  // returns kError; kEmpty asks for another slice.
+  // nullopt: the wait's deadline passed with the reader waiting for items
+  // other processes hold. REQUIRES: the GIL.
+  template <typename Read>
+  std::optional<ReadOutcome> ReadInSlices(const Wait& wait, Read&& read) {
+    rs->h->CheckPid();
+    std::optional<ReadOutcome> got = InSlices(wait, [&](Clock::time_point end) {
+      std::lock_guard<std::mutex> lock(rs->mu);
+      ReadOutcome o;
+      if (rs->closed) {
+        o.closed_by_queue = rs->closed_by_queue;
+        return std::optional<ReadOutcome>(o);
+      }
+      o.status = read(end, &o.failure);
+      if (o.status == tc::ReadStatus::kEmpty) return std::optional<ReadOutcome>();
+      return std::optional<ReadOutcome>(o);
+    });
+    WarnIfStale();
+    if (got && got->status == tc::ReadStatus::kError) {
+      done = true;
+      got->failure.Raise();
+    }
+    if (got && got->status == tc::ReadStatus::kEnd) Finish(got->closed_by_queue);
+    return got;
+  }
+
+  // A lease timeout reassigned an item this reader held (it looked hung):
+  // the reader stopped reading it, and the process that has it now may hand
+  // out again records this one already handed out. Counted in
+  // stats()['stale_items']; said once per item as a RuntimeWarning.
+  void WarnIfStale() {
+    uint64_t stale = rs->reader->stats().stale_items;
+    if (stale <= stale_warned) return;
+    std::string text = "queue '" + rs->h->name + "': " + std::to_string(stale - stale_warned) +
+                       " item(s) this reader held were reassigned to another process after "
+                       "the lease timeout (this process made no progress for lease_timeout); "
+                       "the reader stopped reading them, and records of them it already handed "
+                       "out may be read again there. Raise lease_timeout, or report progress "
+                       "more often";
+    stale_warned = stale;
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) {
+      done = true;
+      throw py::error_already_set();  // warnings turned into errors
+    }
   }
 
   // Dropping an iterator (a `break` out of its loop) gives back its items at
@@ -64,10 +122,10 @@ struct IteratorBase {
     std::lock_guard<std::mutex> lock(rs->mu);
     rs->CloseLocked();
   }
-  // After Next* said kEnd or the reader was closed. REQUIRES: the GIL, rs->mu.
-  [[noreturn]] void Finish() {
+  // After a read said kEnd or found the reader closed. REQUIRES: the GIL.
+  [[noreturn]] void Finish(bool closed_by_queue) {
     done = true;
-    if (rs->closed_by_queue)
+    if (closed_by_queue)
       Raise(g_exc.invalid_argument,
             "queue '" + rs->h->name + "' was closed while it was being read");
     throw py::stop_iteration();
@@ -107,21 +165,16 @@ struct RecordIterator : IteratorBase {
   py::object Next() {
     ReleaseLast();
     if (done) throw py::stop_iteration();
-    rs->h->CheckPid();
-    std::unique_lock<std::mutex> lock(rs->mu, std::defer_lock);
     tc::Record record;
-    tc::ReadStatus status;
-    {
-      py::gil_scoped_release nogil;
-      lock.lock();
-      status = rs->closed ? tc::ReadStatus::kEnd : rs->reader->NextRecord(&record);
-      if (status == tc::ReadStatus::kOk && PastEpochLocked()) status = tc::ReadStatus::kEnd;
-    }
-    if (status == tc::ReadStatus::kError) {
-      done = true;
-      RaiseReaderError(*rs);
-    }
-    if (status == tc::ReadStatus::kEnd) Finish();
+    ReadInSlices(Wait::Forever(), [&](Clock::time_point end, ReadFailure* failure) {
+      tc::ReadStatus status = rs->reader->NextRecord(&record, end);
+      if (status == tc::ReadStatus::kOk && PastEpochLocked()) return tc::ReadStatus::kEnd;
+      if (status == tc::ReadStatus::kError) {
+        rs->failed = true;
+        *failure = ReadFailure::Of(rs->reader->error(), rs->reader->error_kind());
+      }
+      return status;
+    });
     RecordBuffer& buf = exporter.cast<RecordBuffer&>();
     buf.ptr = record.data;
     buf.size = record.size;
@@ -136,38 +189,9 @@ struct RecordIterator : IteratorBase {
 struct BatchIterator : IteratorBase {
   size_t batch_size = 0;
   bool copy = false;
-  bool drop_last = false;
-  // Never keep packed records across a read that may wait at the end of the
-  // data: such a read happens only once the reader holds no item beyond the
-  // current one (it takes the next item then, and Take waits while others
-  // hold items). A caller that gives up on that wait (tailcut.torch) then
-  // strands nothing: every record read so far was handed out.
-  bool short_at_end = false;
-
-  // Items the reader holds: the current one and those taken ahead.
-  // REQUIRES: rs->mu (the reader's counters are written by its caller).
-  uint64_t HeldLocked() const noexcept {
-    tc::ReaderStats st = rs->reader->stats();
-    uint64_t gone = st.items_acked + st.items_given_back;
-    return st.items_taken > gone ? st.items_taken - gone : 0;
-  }
-  std::vector<tc::Record> records;
-  // With max_epoch a batch holds records of one epoch only: records of
-  // another epoch's item met while packing wait in records[stash_begin,
-  // stash_begin + stashed) for the next batches. They stay valid: the reader
-  // is not called before they are handed out, and closing gives their item
-  // back whole.
-  size_t stashed = 0;
-  size_t stash_begin = 0;   // where they start: after those handed out last
+  std::unique_ptr<tc::Batcher> batcher;  // over rs->reader; used under rs->mu
+  tc::Batch batch;
   uint64_t last_epoch = 0;  // epoch of the items of the last batch
-  std::string pending_error;
-  tc::ErrorKind pending_kind = tc::ErrorKind::kIo;
-
-  static bool Contiguous(const tc::Record* r, size_t n, uint64_t rb) {
-    for (size_t i = 1; i < n; ++i)
-      if (r[i].data != r[0].data + i * rb || r[i].size != rb) return false;
-    return n > 0 && r[0].size == rb;
-  }
 
   template <typename T>
   static py::array OwnedArray(std::vector<T>* v, std::vector<py::ssize_t> shape) {
@@ -175,129 +199,54 @@ struct BatchIterator : IteratorBase {
     return py::array_t<T>(shape, v->data(), owner);
   }
 
-  py::object Next() { return Read(batch_size); }
+  py::object Next() { return Read(batch_size, Wait::Forever()); }
 
   // The next batch, of at most `limit` records (at most batch_size).
-  py::object ReadUpTo(const py::object& limit) {
+  py::object ReadUpTo(const py::object& limit, const py::object& timeout) {
     uint64_t want = ToU64(limit, "max_records", 1);
-    return Read(static_cast<size_t>(std::min<uint64_t>(want, batch_size)));
+    Wait wait = Wait::FromTimeout(timeout, "timeout");
+    return Read(static_cast<size_t>(std::min<uint64_t>(want, batch_size)), wait);
   }
 
-  py::object Read(size_t want) {
-    if (!pending_error.empty()) {
-      done = true;
-      std::string text = std::move(pending_error);
-      pending_error.clear();
-      Raise(ExceptionFor(pending_kind), text);
-    }
+  py::object Read(size_t want, const Wait& wait) {
     if (done) throw py::stop_iteration();
-    rs->h->CheckPid();
+    std::optional<ReadOutcome> got =
+        ReadInSlices(wait, [&](Clock::time_point end, ReadFailure* failure) {
+          tc::ReadStatus status = batcher->Next(&batch, want, end);
+          if (status == tc::ReadStatus::kOk) last_epoch = batch.epoch;
+          if (status == tc::ReadStatus::kError) {
+            rs->failed = true;
+            *failure = ReadFailure::Of(batcher->error(), batcher->error_kind());
+          }
+          return status;
+        });
+    if (!got)
+      Raise(g_exc.empty, "queue '" + rs->h->name +
+                             "': no records within the timeout; other processes hold the last "
+                             "items, which come back if they die or give them back");
     const bool fixed = rs->format.kind == tc::RecordFormatKind::kFixed;
     const uint64_t rb = rs->format.record_bytes;
-    std::unique_lock<std::mutex> lock(rs->mu, std::defer_lock);
-    size_t n = 0;
-    tc::ReadStatus status;
-    bool view = false;
-    std::unique_ptr<std::vector<uint8_t>> data;
-    std::unique_ptr<std::vector<int64_t>> offsets;
-    size_t have = 0;
-    bool ended = false, error = false;
-    {
-      py::gil_scoped_release nogil;
-      lock.lock();
-      if (rs->closed) {
-        status = tc::ReadStatus::kEnd;
-      } else if (stashed > 0) {
-        status = tc::ReadStatus::kOk;
-        if (stash_begin > 0) {  // what the last batch left over moves to the front
-          std::copy(records.begin() + static_cast<std::ptrdiff_t>(stash_begin),
-                    records.begin() + static_cast<std::ptrdiff_t>(stash_begin + stashed),
-                    records.begin());
-        }
-        n = std::min(stashed, want);
-        stashed -= n;
-        stash_begin = stashed > 0 ? n : 0;
-      } else {
-        status = rs->reader->NextBatch(records.data(), want, &n);
-        if (status == tc::ReadStatus::kOk && PastEpochLocked()) {
-          status = tc::ReadStatus::kEnd;
-          n = 0;
-        }
-      }
-      if (status == tc::ReadStatus::kOk) last_epoch = rs->reader->current_item().epoch;
-      if (status == tc::ReadStatus::kOk && fixed && !copy && n == want &&
-          Contiguous(records.data(), n, rb)) {
-        view = true;
-      } else if (status == tc::ReadStatus::kOk) {
-        // Pack into owned arrays, filling the batch across chunk and item ends.
-        data = std::make_unique<std::vector<uint8_t>>();
-        if (fixed) data->reserve(want * rb);
-        offsets = std::make_unique<std::vector<int64_t>>();
-        offsets->reserve(want + 1);
-        offsets->push_back(0);
-        for (;;) {
-          for (size_t i = 0; i < n; ++i) {
-            const uint8_t* p = reinterpret_cast<const uint8_t*>(records[i].data);
-            data->insert(data->end(), p, p + records[i].size);
-            offsets->push_back(static_cast<int64_t>(data->size()));
-          }
-          have += n;
-          if (have == want || stashed > 0) break;
-          if (short_at_end && HeldLocked() <= 1) break;
-          status = rs->reader->NextBatch(records.data(), want - have, &n);
-          // A batch never mixes in an item past max_epoch: its records are
-          // dropped unseen and the item goes back whole.
-          if (status == tc::ReadStatus::kEnd ||
-              (status == tc::ReadStatus::kOk && PastEpochLocked())) {
-            ended = true;
-            break;
-          }
-          if (status == tc::ReadStatus::kOk && max_epoch &&
-              rs->reader->current_item().epoch != last_epoch) {
-            stashed = n;  // another epoch's item: they start the next batch
-            stash_begin = 0;
-            break;
-          }
-          if (status == tc::ReadStatus::kError) {
-            error = true;
-            break;
-          }
-        }
-      }
-    }
-    if (status == tc::ReadStatus::kError && have == 0 && !view) {
-      done = true;
-      RaiseReaderError(*rs);
-    }
-    if (status == tc::ReadStatus::kEnd && have == 0 && !view) Finish();
-    if (error) {
-      // Hand out what was read (its items may already be acked) and raise
-      // on the next call.
-      pending_error = rs->reader->error();
-      pending_kind = KindOfReaderError(*rs->reader);
-      rs->failed = true;
-    }
-    if (ended) done = true;
-    if (view) {
+    const auto n = static_cast<py::ssize_t>(batch.count);
+    if (batch.in_place && batch.count == want) {  // zero-copy: a full batch in place
       py::object keeper = py::cast(ArenaKeeper{rs});
-      py::array arr(
-          py::dtype::of<uint8_t>(),
-          std::vector<py::ssize_t>{static_cast<py::ssize_t>(n), static_cast<py::ssize_t>(rb)},
-          std::vector<py::ssize_t>{static_cast<py::ssize_t>(rb), 1},
-          reinterpret_cast<const uint8_t*>(records[0].data), keeper);
+      py::array arr(py::dtype::of<uint8_t>(),
+                    std::vector<py::ssize_t>{n, static_cast<py::ssize_t>(rb)},
+                    std::vector<py::ssize_t>{static_cast<py::ssize_t>(rb), 1}, batch.data, keeper);
       arr.attr("setflags")(py::arg("write") = false);
       return arr;
     }
-    if (ended && drop_last && have < want) throw py::stop_iteration();
-    if (fixed) {
-      auto* d = data.release();
-      return OwnedArray<uint8_t>(d, {static_cast<py::ssize_t>(have), static_cast<py::ssize_t>(rb)});
+    auto* data = new std::vector<uint8_t>();
+    if (batch.in_place) {
+      data->assign(batch.data, batch.data + batch.bytes());  // short: owned, like every other
+    } else {
+      *data = std::move(batch.storage);
     }
-    auto* d = data.release();
-    auto* o = offsets.release();
-    py::ssize_t bytes = static_cast<py::ssize_t>(d->size());
-    py::ssize_t count = static_cast<py::ssize_t>(o->size());
-    return py::make_tuple(OwnedArray<uint8_t>(d, {bytes}), OwnedArray<int64_t>(o, {count}));
+    if (fixed) return OwnedArray<uint8_t>(data, {n, static_cast<py::ssize_t>(rb)});
+    auto* offsets = new std::vector<int64_t>(std::move(batch.offsets));
+    py::ssize_t bytes = static_cast<py::ssize_t>(data->size());
+    py::ssize_t count = static_cast<py::ssize_t>(offsets->size());
+    py::array d = OwnedArray<uint8_t>(data, {bytes});
+    return py::make_tuple(d, OwnedArray<int64_t>(offsets, {count}));
   }
 };
 
@@ -387,9 +336,12 @@ void DefineReaders(py::module_& m) {
   DefineIteratorCommon<BatchIterator>(batch_cls);
   batch_cls.def("__next__", &BatchIterator::Next)
       .def("read", &BatchIterator::ReadUpTo, py::arg("max_records"),
+           py::arg("timeout") = py::none(),
            "The next batch, like next(it) but of at most max_records records (capped at "
            "batch_size): lets a caller that joins short batches ask for exactly the rest of one. "
-           "Raises StopIteration at the end.")
+           "Raises StopIteration at the end. At the end of the data, while other processes hold "
+           "the last items, it waits; with `timeout` (seconds) it raises Empty after that long "
+           "instead, holding no item and no record back (timeout=0: do not wait for them).")
       .def_property_readonly(
           "batch_size", [](const BatchIterator& it) { return it.batch_size; }, "Records per batch.")
       .def_property_readonly(
@@ -450,16 +402,21 @@ void DefineReaderMethods(QueueClass& queue) {
             uint64_t bs = ToU64(batch_size, "batch_size", 1);
             auto it = std::make_shared<BatchIterator>();
             it->max_epoch = PopMaxEpoch(options);
+            tc::BatcherOptions bo;
+            bo.max_records = static_cast<size_t>(bs);
+            bo.max_epoch = it->max_epoch;
+            bo.split_epochs = it->max_epoch.has_value();
+            bo.drop_last = drop_last;
             if (options.contains("short_at_end")) {
-              it->short_at_end = py::cast<bool>(options["short_at_end"]);
+              bo.short_at_end = py::cast<bool>(options["short_at_end"]);
               if (PyDict_DelItemString(options.ptr(), "short_at_end") != 0)
                 throw py::error_already_set();
             }
             it->rs = OpenReader(h, format, record_bytes, options, "batches");
-            it->batch_size = static_cast<size_t>(bs);
-            it->records.resize(it->batch_size);
+            bo.zero_copy = it->rs->format.kind == tc::RecordFormatKind::kFixed && !copy;
+            it->batcher = std::make_unique<tc::Batcher>(*it->rs->reader, bo);
+            it->batch_size = bo.max_records;
             it->copy = copy;
-            it->drop_last = drop_last;
             return it;
           },
           py::arg("batch_size"), py::arg("format") = py::none(),
@@ -468,10 +425,9 @@ void DefineReaderMethods(QueueClass& queue) {
           "Like records() but yields batches of batch_size records (the last may be smaller "
           "unless drop_last): for 'fixed' a (n, record_bytes) uint8 array, else a (data, offsets) "
           "pair of numpy arrays. Valid until the next batch unless copy=True. max_epoch=e: as in "
-          "records(); a batch never holds records of an epoch after e. short_at_end=True: when "
-          "the reader holds no item beyond the current one (near the end of the data), return a "
-          "short batch rather than keep its records through a read that may wait for items "
-          "other processes hold.");
+          "records(); a batch never holds records of an epoch after e, nor of two epochs. "
+          "short_at_end=True: once a batch holds a record, return it short rather than wait for "
+          "items other processes hold to fill it.");
 }
 
 }  // namespace tailcut::python

@@ -68,6 +68,7 @@ py::dict ReaderStatsDict(const tc::ReaderStats& s) {
   d["short_reads"] = s.short_reads;
   d["retries"] = s.retries;
   d["carried_bytes"] = s.carried_bytes;
+  d["stale_items"] = s.stale_items;
   return d;
 }
 

@@ -54,3 +54,24 @@ def read_records(name, works, fmt, out_path, record_bytes=None):
             got.append(bytes(r).hex())
     with open(out_path, "w") as f:
         json.dump(got, f)
+
+
+def hold_items(name, works, open_kwargs, count, ready_path, release_path):
+    """Takes `count` items and holds them until release_path exists (at most 60 s), then
+    acks them."""
+    q = tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs)
+    items = [q.take() for _ in range(count)]
+    open(ready_path, "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release_path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for item in items:
+        item.ack()
+    q.close()
+
+
+def ack_all(name, works, open_kwargs):
+    """Takes and acks every item it can get (those of a stalled process too)."""
+    with tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs) as q:
+        while (item := q.take(timeout=30)) is not None:
+            item.ack()

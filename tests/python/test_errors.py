@@ -95,7 +95,8 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
 def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, shuffle=False, on_notice=notices.append) as q:
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact("timeout must be a finite number of seconds >= 0, got -1")):
+                           match=exact("timeout must be a number of seconds >= 0, or None (or "
+                                       "float('inf')) to wait without a deadline; got -1")):
             q.take(timeout=-1)
         with pytest.raises(TypeError, match=exact("timeout must be a number of seconds or None")):
             q.take(timeout="1")
