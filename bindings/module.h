@@ -28,7 +28,8 @@ void DefineTake(QueueClass& queue);
 void DefineProducerMethods(QueueClass& queue);
 // readers.cc: WorkQueue.records and WorkQueue.batches.
 void DefineReaderMethods(QueueClass& queue);
-// queue.cc: list_queues, inspect_queue, remove_queue, segment_path, _close_all.
+// queue.cc: list_queues, inspect_queue, remove_queue, segment_path, _close_all,
+// _stats_fields (tailcut/stats_fields.h).
 void DefineQueueFunctions(py::module_& m);
 
 }  // namespace tailcut::python

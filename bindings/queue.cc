@@ -265,6 +265,8 @@ QueueClass DefineWorkQueue(py::module_& m) {
 }
 
 void DefineQueueFunctions(py::module_& m) {
+  // The stats fields summary() returns, for tests and tools.
+  m.attr("_stats_fields") = StatsFields();
   m.def(
       "list_queues",
       []() {

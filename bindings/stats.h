@@ -14,6 +14,11 @@ namespace tailcut::python {
 
 py::dict StatsDict(const tc::QueueStats& s);
 py::dict ReaderStatsDict(const tc::ReaderStats& s);
+// {'queue': fields, 'client': fields}, each field a (name, series, doc) tuple
+// of tailcut/stats_fields.h, in order; series is 'value', 'seconds' or 'none'.
+// summary() holds the queue fields (plus 'clients'), each client dict the
+// client fields.
+py::dict StatsFields();
 // The queue's stats, as a call in flight on h (raises if h is closed).
 tc::QueueStats StatsOf(QueueHandle& h);
 // Writes the stats through writer.add_scalar(prefix + "/" + tag, value, step).

@@ -152,5 +152,21 @@ def test_every_reader_option_is_accepted(tmp_path):
             assert "unexpected keyword" not in str(e.value), name
 
 
+def stub_typed_dict(name):
+    tree = ast.parse(STUB.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+
+
+def test_the_stub_documents_exactly_the_stats_fields_of_the_list():
+    # tailcut/stats_fields.h is the one list; the stub's TypedDicts must name its fields.
+    assert stub_typed_dict("_QueueStats") == [
+        name for name, _, _ in _core._stats_fields["queue"]] + ["clients"]
+    assert stub_typed_dict("_ClientStats") == [
+        name for name, _, _ in _core._stats_fields["client"]]
+    for fields in _core._stats_fields.values():
+        assert all(series in ("value", "seconds", "none") and doc for _, series, doc in fields)
+
+
 def test_py_typed_marker_is_shipped():
     assert STUB.with_name("py.typed").exists()

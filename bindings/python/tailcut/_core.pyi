@@ -16,6 +16,9 @@ import numpy.typing as npt
 __version__: str
 # The reader options records() and batches() accept (keyword-only below).
 _reader_options: Tuple[str, ...]
+# The fields of summary() ("queue") and of its client dicts ("client"), from
+# tailcut/stats_fields.h: (name, series: "value" | "seconds" | "none", doc).
+_stats_fields: dict[str, Tuple[Tuple[str, str, str], ...]]
 
 _Path = Union[str, bytes, os.PathLike]
 _Bytes = Union[bytes, bytearray, memoryview]
