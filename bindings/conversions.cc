@@ -46,7 +46,29 @@ std::chrono::milliseconds ToMillis(double seconds) {
 
 std::string ToPath(const py::handle& value) {
   py::object os = py::module_::import("os");
-  return py::str(os.attr("fsdecode")(os.attr("fspath")(value)));
+  return std::string(py::bytes(os.attr("fsencode")(value)));
+}
+
+std::string ToQueueName(const py::handle& value) {
+  if (!PyUnicode_Check(value.ptr()))
+    throw py::type_error("name must be a str, not " +
+                         std::string(py::str(py::type::handle_of(value).attr("__name__"))));
+  py::str name = py::reinterpret_borrow<py::str>(value);
+  for (py::handle ch : name) {
+    Py_UCS4 c = PyUnicode_READ_CHAR(ch.ptr(), 0);
+    if (c == 0 || c > 0x7f)
+      Raise(g_exc.invalid_argument,
+            "queue name " + std::string(py::repr(name)) + " contains " + std::string(py::repr(ch)) +
+                "; a queue name is part of a file name in /dev/shm: use only letters, digits, "
+                "'.', '_' and '-'");
+  }
+  return std::string(name);
+}
+
+py::str FromPath(const std::string& path) {
+  PyObject* s = PyUnicode_DecodeFSDefaultAndSize(path.data(), static_cast<Py_ssize_t>(path.size()));
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
 }
 
 std::string ToBytes(const py::handle& value, const char* what) {

@@ -24,8 +24,17 @@ uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0
 // A finite number of seconds >= 0.
 double ToSeconds(const py::handle& value, const char* what);
 std::chrono::milliseconds ToMillis(double seconds);
-// A str, bytes or os.PathLike path.
+// A str, bytes or os.PathLike path, as the bytes of the file name
+// (os.fsencode): names that are not UTF-8 work too.
 std::string ToPath(const py::handle& value);
+// A queue name: a str of ASCII characters other than NUL (the library then
+// checks the characters it allows). Anything else raises
+// InvalidArgumentError naming the name in full, since C strings (and so the
+// library's messages) end at a NUL.
+std::string ToQueueName(const py::handle& value);
+// The str that os.fsencode turns back into these bytes (os.fsdecode: bytes
+// that are not UTF-8 become lone surrogates), usable with open() and os.*.
+py::str FromPath(const std::string& path);
 // bytes or any buffer.
 std::string ToBytes(const py::handle& value, const char* what);
 // on_notice: a Python callable, called with the GIL from whatever thread the

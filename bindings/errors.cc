@@ -28,9 +28,19 @@ PyObject* ExceptionFor(tc::ErrorKind kind) {
   return g_exc.error;
 }
 
+void SetError(PyObject* type, const std::string& message) {
+  // Bytes of file names that are not UTF-8 come out as \xNN, never as a
+  // UnicodeDecodeError in place of the error.
+  PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()),
+                                        "backslashreplace");
+  if (text == nullptr) return;  // MemoryError is set
+  PyErr_SetObject(type, text);
+  Py_DECREF(text);
+}
+
 // REQUIRES: the GIL.
 [[noreturn]] void Raise(PyObject* type, const std::string& message) {
-  PyErr_SetString(type, message.c_str());
+  SetError(type, message);
   throw py::error_already_set();
 }
 
@@ -106,7 +116,7 @@ void DefineErrors(py::module_& m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const tc::Error& e) {
-      PyErr_SetString(ExceptionFor(e.kind()), e.what());
+      SetError(ExceptionFor(e.kind()), e.what());
     }
   });
 }

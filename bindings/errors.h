@@ -36,7 +36,10 @@ extern Exceptions g_exc;  // module lifetime; references are owned by the module
 
 PyObject* ExceptionFor(tc::ErrorKind kind);
 
-// REQUIRES: the GIL.
+// Sets the Python error `type` with `message` (UTF-8; invalid bytes, e.g. of
+// file names, are shown as \xNN). REQUIRES: the GIL.
+void SetError(PyObject* type, const std::string& message);
+// SetError, then throws py::error_already_set. REQUIRES: the GIL.
 [[noreturn]] void Raise(PyObject* type, const std::string& message);
 
 // The Reader reports errors as text only. Until it exposes their kind, the

@@ -40,6 +40,12 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
   return std::nullopt;
 }
 
+void AckPrevious(std::weak_ptr<PyWorkItem>& last) {
+  ItemPtr previous = last.lock();
+  last.reset();
+  if (previous && previous->state == ItemState::kOpen) previous->Ack();
+}
+
 namespace {
 
 // WorkQueue::AgreeStep in slices (blocking.h); calling it again for the same
@@ -87,7 +93,9 @@ void DefineWorkItem(py::module_& m) {
       "on an exception. An item not acked when its process dies goes to "
       "another process.")
       .def_property_readonly(
-          "path", [](const PyWorkItem& i) { return i.path; }, "The file (prefix applied).")
+          "path", [](const PyWorkItem& i) { return FromPath(i.path); },
+          "The file (prefix applied), as os.fsdecode gives it: os.fsencode(path) is the "
+          "file name's bytes, also when they are not UTF-8.")
       .def_property_readonly(
           "begin", [](const PyWorkItem& i) { return i.item.begin; },
           "First byte of the slice. The slice owns the records that start in [begin, end).")
@@ -131,7 +139,7 @@ void DefineWorkItem(py::module_& m) {
           "Acks the item if the block ended normally, gives it back if it raised; does nothing if "
           "the block already acked or gave it back.")
       .def("__repr__", [](const PyWorkItem& i) {
-        return "WorkItem(path=" + std::string(py::repr(py::str(i.path))) +
+        return "WorkItem(path=" + std::string(py::repr(FromPath(i.path))) +
                ", begin=" + std::to_string(i.item.begin) + ", end=" + std::to_string(i.item.end) +
                ", epoch=" + std::to_string(i.item.epoch) +
                ", index=" + std::to_string(i.item.index) + ", state='" + StateName(i.state) + "')";
@@ -143,16 +151,20 @@ void DefineTake(QueueClass& queue) {
       .def(
           "take",
           [](const HandlePtr& h, py::object timeout) -> py::object {
+            if (h->auto_ack) AckPrevious(h->last_taken);
             std::optional<tc::WorkItem> item = TakeBlocking(*h, timeout);
             if (!item) return py::none();
-            return py::cast(std::make_shared<PyWorkItem>(h, *item));
+            auto taken = std::make_shared<PyWorkItem>(h, *item);
+            if (h->auto_ack) h->last_taken = taken;
+            return py::cast(taken);
           },
           py::arg("timeout") = py::none(),
           "Takes the next WorkItem. Returns None once every item of every epoch is done. At the "
           "end of the data it waits while other processes still hold open items (they come back "
           "if those die); with `timeout` (seconds) it raises Empty instead of waiting longer. "
           "Raises InvalidArgumentError while this process holds leases_per_client open items. "
-          "Releases the GIL while it waits.")
+          "Releases the GIL while it waits. With WorkQueue(..., auto_ack=True) it first acks the "
+          "item the previous take() returned, if that is still open (PAI code never acks).")
       .def(
           "agree_step",
           [](const HandlePtr& h, py::object rank, py::object ranks, py::object step, bool has_batch,

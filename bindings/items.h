@@ -43,6 +43,20 @@ struct PyWorkItem {
       : h(std::move(handle)), item(it), path(it.path) {
     item.path = {};
   }
+  // An item dropped while open (garbage-collected, never acked or given
+  // back) goes back to the queue now, not at close(), so another process can
+  // take it; with auto_ack it counts as done instead. A forked child leaves
+  // its parent's items alone.
+  ~PyWorkItem() {
+    if (state != ItemState::kOpen || ::getpid() != h->pid) return;
+    if (h->auto_ack) {
+      AckQuietly();
+    } else {
+      GiveBackQuietly();
+    }
+  }
+  PyWorkItem(const PyWorkItem&) = delete;
+  PyWorkItem& operator=(const PyWorkItem&) = delete;
 
   std::string Describe() const {
     return "item " + std::to_string(item.index) + " (epoch " + std::to_string(item.epoch) + ", '" +
@@ -96,6 +110,16 @@ struct PyWorkItem {
     }
     Check(s, "progress");
   }
+  // Best effort, for destructors: no raise.
+  void AckQuietly() noexcept {
+    if (state != ItemState::kOpen) return;
+    try {
+      Use use(*h);
+      h->queue->Ack(item);
+    } catch (...) {
+    }
+    state = ItemState::kAcked;
+  }
   // Best effort, for destructors and __exit__ with an exception: no raise.
   void GiveBackQuietly() noexcept {
     if (state != ItemState::kOpen) return;
@@ -112,5 +136,10 @@ using ItemPtr = std::shared_ptr<PyWorkItem>;
 
 // Blocking take in slices; nullopt at the end of the data. REQUIRES: the GIL.
 std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeout);
+
+// auto_ack: acks the item handed out last through `last` if it is still
+// open, before the next one is taken. Raises StaleItemError if it was
+// reassigned meanwhile. REQUIRES: the GIL (which guards `last`).
+void AckPrevious(std::weak_ptr<PyWorkItem>& last);
 
 }  // namespace tailcut::python

@@ -75,6 +75,7 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
   // REQUIRES: the GIL. Returns an item, None at the end, raises Empty.
   py::object Get(const py::object& timeout) {
     if (::getpid() != pid_) h_->CheckPid();
+    if (h_->auto_ack) AckPrevious(h_->last_taken);
     enum class Got { kItem, kEnd, kStopped };
     tc::WorkItem item;
     std::optional<Got> got =
@@ -96,7 +97,9 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
     if (*got == Got::kEnd) return py::none();
     if (*got == Got::kStopped)
       Raise(g_exc.invalid_argument, "input_producer of queue '" + h_->name + "' is closed");
-    return py::cast(std::make_shared<PyWorkItem>(h_, item));
+    auto got_item = std::make_shared<PyWorkItem>(h_, item);
+    if (h_->auto_ack) h_->last_taken = got_item;
+    return py::cast(got_item);
   }
 
   size_t qsize() {

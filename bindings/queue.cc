@@ -3,6 +3,7 @@
 #include "blocking.h"
 #include "conversions.h"
 #include "errors.h"
+#include "items.h"
 #include "module.h"
 #include "stats.h"
 
@@ -16,8 +17,9 @@ std::vector<std::weak_ptr<QueueHandle>> g_handles;
 
 HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool shuffle,
                     const py::object& seed, const py::object& prefix, const py::object& num_slices,
-                    const py::object& num_clients, const std::string& name,
+                    const py::object& num_clients, const py::object& queue_name,
                     const py::kwargs& more) {
+  const std::string name = ToQueueName(queue_name);
   tc::WorkQueueOptions o;
   py::dict open_args;
   if (py::isinstance<py::str>(works) || py::isinstance<py::bytes>(works) ||
@@ -26,7 +28,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   } else {
     for (py::handle w : works) o.works.push_back(ToPath(w));
   }
-  open_args["works"] = o.works;
+  py::list works_list;
+  for (const std::string& w : o.works) works_list.append(FromPath(w));
+  open_args["works"] = works_list;
   o.num_epochs = ToU64(num_epochs, "num_epochs");
   o.shuffle = shuffle;
   if (!seed.is_none()) o.seed = ToU64(seed, "seed");
@@ -54,6 +58,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
       record_bytes = v;
     } else if (key == "max_clients") {
       o.max_clients = static_cast<uint32_t>(ToU64(v, "max_clients"));
+    } else if (key == "auto_ack") {
+      h->auto_ack = py::cast<bool>(v);
     } else if (key == "leases_per_client") {
       o.leases_per_client = static_cast<uint32_t>(ToU64(v, "leases_per_client"));
     } else if (key == "attach_timeout") {
@@ -105,7 +111,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
 }
 
 void CloseHandle(QueueHandle& h) {
-  if (::getpid() != h.pid) return;  // a forked child: not ours to close
+  if (::getpid() != h.pid) return;                             // a forked child: not ours to close
+  if (ItemPtr last = h.last_taken.lock()) last->AckQuietly();  // auto_ack: the last is done
   InSlices(Wait::Forever(), [&](Clock::time_point end) {
     return h.CloseUntil(end) ? std::optional<bool>(true) : std::nullopt;
   });
@@ -123,7 +130,9 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "own. Extra keywords: format, record_bytes (part of the configuration: every process must "
       "agree), max_clients, leases_per_client, attach_timeout and lease_timeout (seconds; "
       "lease_timeout None: off), restore_state (bytes from state_dict()['state']), on_notice "
-      "(callable taking one str, or None for stderr).");
+      "(callable taking one str, or None for stderr), auto_ack (PAI compatibility: each take() or "
+      "input_producer get() acks the item handed out before it, close() the last; "
+      "at-most-once, see docs/python.md).");
   cls.def(py::init(&OpenQueue), py::arg("works"), py::arg("num_epochs") = 1,
           py::arg("shuffle") = true, py::arg("seed") = py::none(), py::arg("prefix") = py::none(),
           py::arg("num_slices") = py::none(), py::arg("num_clients") = 1,
@@ -220,8 +229,13 @@ QueueClass DefineWorkQueue(py::module_& m) {
           "seed", [](const HandlePtr& h) { return h->queue->seed(); },
           "The shuffle seed every process uses (drawn by the creator when seed=None).")
       .def_property_readonly(
-          "paths", [](const HandlePtr& h) { return h->queue->paths(); },
-          "The work files, prefix applied.")
+          "paths",
+          [](const HandlePtr& h) {
+            py::list out;
+            for (const std::string& p : h->queue->paths()) out.append(FromPath(p));
+            return out;
+          },
+          "The work files, prefix applied (str as os.fsdecode gives them, like WorkItem.path).")
       .def_property_readonly(
           "items",
           [](const HandlePtr& h) {
@@ -284,7 +298,8 @@ void DefineQueueFunctions(py::module_& m) {
       "Queues of this user: a list of dicts (name, segment_path, valid, problem).");
   m.def(
       "inspect_queue",
-      [](const std::string& name) {
+      [](const py::object& queue_name) {
+        std::string name = ToQueueName(queue_name);
         tc::QueueStats s;
         {
           py::gil_scoped_release nogil;
@@ -297,15 +312,17 @@ void DefineQueueFunctions(py::module_& m) {
       "recovered). Raises NotFoundError, CorruptError, PermissionDeniedError.");
   m.def(
       "remove_queue",
-      [](const std::string& name, bool force) {
+      [](const py::object& queue_name, bool force) {
+        std::string name = ToQueueName(queue_name);
         py::gil_scoped_release nogil;
         tc::RemoveQueue(name, force);
       },
       py::arg("name"), py::arg("force") = false,
       "Removes a queue's segment. Refuses (InvalidArgumentError naming the pids) while live "
       "processes use it, unless force. Raises NotFoundError.");
-  m.def("segment_path", &tc::SegmentPath, py::arg("name"),
-        "The shared-memory object path of a queue name for this user.");
+  m.def(
+      "segment_path", [](const py::object& name) { return tc::SegmentPath(ToQueueName(name)); },
+      py::arg("name"), "The shared-memory object path of a queue name for this user.");
   m.def(
       "_close_all",
       []() {

@@ -34,6 +34,8 @@ namespace tailcut::python {
 
 using Clock = std::chrono::steady_clock;
 
+struct PyWorkItem;
+
 // Something opened on a queue that must be closed before the queue is.
 class Child {
  public:
@@ -63,6 +65,11 @@ class QueueHandle {
   std::string restore_state;
   std::optional<tc::RecordFormat> format;  // set when opened with format=
   uint32_t leases_per_client = 8;
+  // auto_ack=True (PAI compatibility): each take() or input_producer get()
+  // acks the item the previous one handed out (the queue's last_taken), and
+  // close() acks the last. For one consumer thread, as PAI code has.
+  bool auto_ack = false;
+  std::weak_ptr<PyWorkItem> last_taken;  // with auto_ack; guarded by the GIL
   std::function<void(const std::string&)> notice;
   py::dict open_args;
 

@@ -120,7 +120,7 @@ void ReadFailure::Raise() const { python::Raise(ExceptionFor(kind), text); }
 
 py::dict ItemDict(const tc::WorkItem& item) {
   py::dict d;
-  d["path"] = std::string(item.path);
+  d["path"] = FromPath(std::string(item.path));
   d["begin"] = item.begin;
   d["end"] = item.end;
   d["epoch"] = item.epoch;

@@ -38,11 +38,11 @@ def take_some_then_die(name, works, num_epochs, num_clients, out_path, count, se
         item = q.take()
         item.ack()
         acked.append((item.epoch, item.index))
-    q.take()
-    q.take()  # held, never acked: must go to another process
+    held = [q.take(), q.take()]  # never acked: must go to another process
     with open(out_path, "w") as f:
         json.dump(acked, f)
     os.kill(os.getpid(), signal.SIGKILL)
+    del held
 
 
 def read_records(name, works, fmt, out_path, record_bytes=None):
@@ -75,3 +75,17 @@ def ack_all(name, works, open_kwargs):
     with tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs) as q:
         while (item := q.take(timeout=30)) is not None:
             item.ack()
+
+
+def take_one(name, works, open_kwargs, out_path):
+    """Takes one item within 10 s and writes its index (or 'empty') to out_path; acks it."""
+    with tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs) as q:
+        try:
+            item = q.take(timeout=10)
+            result = "end" if item is None else str(item.index)
+            if item is not None:
+                item.ack()
+        except tailcut.Empty:
+            result = "empty"
+    with open(out_path, "w") as f:
+        f.write(result)

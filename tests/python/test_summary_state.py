@@ -54,7 +54,7 @@ def test_summary_mirrors_queue_and_client_stats(files, qname, notices):
 def test_add_summary_writes_scalars_through_the_writer(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, on_notice=notices.append) as q:
         q.take().ack()
-        q.take()
+        held = q.take()  # noqa: F841 (kept open: a dropped item is given back)
         w = FakeWriter()
         q.add_summary(w, step=17)
         assert w.scalars["tailcut/done"] == (1.0, 17)

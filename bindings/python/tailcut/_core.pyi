@@ -243,6 +243,7 @@ class WorkQueue:
         lease_timeout: Optional[float] = ...,
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
+        auto_ack: bool = ...,
     ) -> None: ...
     def take(self, timeout: Optional[float] = None) -> Optional[WorkItem]: ...
     def agree_step(

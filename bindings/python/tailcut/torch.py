@@ -358,10 +358,13 @@ def _count_records(batch):
     """Records in a batch: its length, found through the first tensor or array."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return int(batch.shape[0]) if batch.ndim else 1
-    if (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], torch.Tensor)
-            and batch[1].dtype == torch.int64 and batch[1].ndim == 1
-            and isinstance(batch[0], torch.Tensor) and batch[0].dtype == torch.uint8):
-        return int(batch[1].shape[0]) - 1  # QueueDataset's (data, offsets)
+    # QueueDataset's (data, offsets). A DataLoader worker's collation hands the
+    # pair on as a list (torch 1.13 default_convert), so both are recognized.
+    if (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and isinstance(batch[1], torch.Tensor) and batch[1].dtype == torch.int64
+            and batch[1].ndim == 1 and isinstance(batch[0], torch.Tensor)
+            and batch[0].dtype == torch.uint8 and batch[0].ndim == 1):
+        return int(batch[1].shape[0]) - 1
     if isinstance(batch, dict) and batch:
         return _count_records(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
