@@ -1,11 +1,18 @@
 // The pread backend: a few worker threads, each running one pread(2) per
-// request. Requests and results travel through two oneTBB bounded queues;
-// their blocking push/pop spin briefly and then sleep on a futex, so an idle
-// worker costs nothing and a hot one never takes a lock we hold.
+// request. Requests travel through a oneTBB bounded queue whose blocking pop
+// spins briefly and then sleeps on a futex, so an idle worker costs nothing.
+// Results come back through a lock-free queue; a waiting Reap sleeps on a
+// futex word the workers bump after each result, with a timeout, so that the
+// Reader can tell a stalled device from a slow one (as with io_uring).
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <tbb/concurrent_queue.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,12 +23,19 @@
 namespace tailcut::detail {
 namespace {
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class PreadBackend final : public IoBackend {
  public:
   PreadBackend(uint32_t threads, uint32_t queue_depth) {
     // Bounded by what the caller may have outstanding, so pushes never block.
     requests_.set_capacity(queue_depth + threads);
-    results_.set_capacity(queue_depth + threads);
     staged_.reserve(queue_depth);
     try {
       for (uint32_t i = 0; i < threads; ++i) workers_.emplace_back([this] { Work(); });
@@ -44,10 +58,34 @@ class PreadBackend final : public IoBackend {
   int Reap(ReadResult* out, int max, bool wait) noexcept override {
     Submit();
     int n = 0;
-    if (wait && max > 0) {
-      results_.pop(out[0]);
-      n = 1;
+    while (n < max && results_.try_pop(out[n])) ++n;
+    if (n > 0 || !wait || max <= 0) return n;
+    // A read of a hot chunk takes tens of microseconds: poll a little before
+    // paying for a sleep and a wake-up.
+    for (int spin = 0; spin < kSpins; ++spin) {
+      if (results_.try_pop(out[0])) {
+        n = 1;
+        while (n < max && results_.try_pop(out[n])) ++n;
+        return n;
+      }
+      CpuRelax();
     }
+    const auto deadline = std::chrono::steady_clock::now() + kWaitTimeout;
+    for (;;) {
+      // Acquire pairs with the worker's release increment after its push: a
+      // result pushed before the value we saw is visible to try_pop; one
+      // pushed after changes the value, so the wait returns at once.
+      uint32_t seen = completions_.load(std::memory_order_acquire);
+      if (results_.try_pop(out[0])) break;
+      auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds::zero()) return 0;
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      struct timespec ts = {static_cast<time_t>(ns / 1000000000),
+                            static_cast<long>(ns % 1000000000)};
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&completions_), FUTEX_WAIT_PRIVATE, seen, &ts,
+              nullptr, 0);
+    }
+    n = 1;
     while (n < max && results_.try_pop(out[n])) ++n;
     return n;
   }
@@ -62,6 +100,11 @@ class PreadBackend final : public IoBackend {
       if (request.fd < 0) return;  // Stop()
       ssize_t n = pread(request.fd, request.buf, request.len, static_cast<off_t>(request.offset));
       results_.push(ReadResult{request.tag, n < 0 ? -errno : static_cast<int32_t>(n)});
+      // Release pairs with Reap's acquire load; the wake is one cheap system
+      // call per read of a whole chunk.
+      completions_.fetch_add(1, std::memory_order_release);
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&completions_), FUTEX_WAKE_PRIVATE, 1, nullptr,
+              nullptr, 0);
     }
   }
 
@@ -72,7 +115,13 @@ class PreadBackend final : public IoBackend {
   }
 
   tbb::concurrent_bounded_queue<ReadRequest> requests_;
-  tbb::concurrent_bounded_queue<ReadResult> results_;
+  static constexpr std::chrono::seconds kWaitTimeout{1};
+  static constexpr int kSpins = 4000;  // pause is ~10-40 ns: well under 200 us
+
+  tbb::concurrent_queue<ReadResult> results_;
+  std::atomic<uint32_t> completions_{0};  // futex word: results pushed, mod 2^32
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                std::atomic<uint32_t>::is_always_lock_free);
   std::vector<ReadRequest> staged_;  // prepared, not yet submitted
   std::vector<std::thread> workers_;
 };

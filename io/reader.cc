@@ -154,8 +154,11 @@ class Reader::Impl {
   void Open();
   ~Impl() { Close(); }
 
-  ReadStatus Produce(Record* out, size_t max, size_t* n, Deadline deadline) noexcept;
-  ReadStatus ProduceChunk(ChunkView* out, Deadline deadline) noexcept;
+  ReadStatus Produce(Record* out, size_t max, size_t* n) noexcept;
+  ReadStatus ProduceChunk(ChunkView* out) noexcept;
+  // How long the Next* call under way may wait for other processes' items;
+  // set at each call (a member, so the per-record loop does not carry it).
+  void set_deadline(Deadline deadline) noexcept { deadline_ = deadline; }
   void Close() noexcept;
 
   const std::string& error() const noexcept { return error_; }
@@ -210,7 +213,7 @@ class Reader::Impl {
   bool OpenFile(ItemSlot& it) noexcept;
   void FailItem(ItemSlot& it, uint64_t offset, const char* what,
                 ErrorKind kind = ErrorKind::kIo) noexcept;
-  ReadStatus Activate(Deadline deadline) noexcept;
+  ReadStatus Activate() noexcept;
   void FinishItem() noexcept;
   void RetireFront() noexcept;
   void GiveBackAll() noexcept;
@@ -287,6 +290,7 @@ class Reader::Impl {
   bool ended_ = false;
   bool closed_ = false;
   bool queue_end_ = false;  // TryTake said kEnd
+  Deadline deadline_ = Deadline::max();  // of the Next* call under way
   std::string error_;
   Stats stats_;
 };
@@ -626,7 +630,7 @@ void Reader::Impl::MarkStale(ItemSlot& it, const std::string& where) noexcept {
 // Makes the front held item current, taking one if none is held. At the end
 // of the data Take waits, until the deadline, for items other processes hold:
 // kEmpty then, with nothing held, so the next call simply takes again.
-ReadStatus Reader::Impl::Activate(Deadline deadline) noexcept {
+ReadStatus Reader::Impl::Activate() noexcept {
   while (held_count_ == 0) {
     if (queue_end_) {
       ended_ = true;
@@ -640,7 +644,7 @@ ReadStatus Reader::Impl::Activate(Deadline deadline) noexcept {
       continue;
     }
     WorkItem item;
-    TakeStatus status = queue_.Take(&item, deadline);
+    TakeStatus status = queue_.Take(&item, deadline_);
     if (status == TakeStatus::kEmpty) return ReadStatus::kEmpty;
     if (status == TakeStatus::kEnd) {
       queue_end_ = ended_ = true;
@@ -1080,8 +1084,7 @@ bool Reader::Impl::MoreBytes(ItemSlot& it) noexcept {
   return AppendCarry(it);
 }
 
-ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n,
-                                 Deadline deadline) noexcept {
+ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n) noexcept {
   *n = 0;
   if (failed_) return ReadStatus::kError;
   if (closed_ || ended_) return ReadStatus::kEnd;
@@ -1092,7 +1095,7 @@ ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n,
   if (max == 0) return ReadStatus::kOk;
   for (;;) {
     if (!active_) {
-      ReadStatus status = Activate(deadline);
+      ReadStatus status = Activate();
       if (status != ReadStatus::kOk) return status;
     }
     ItemSlot& it = Current();
@@ -1174,7 +1177,7 @@ ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n,
   }
 }
 
-ReadStatus Reader::Impl::ProduceChunk(ChunkView* out, Deadline deadline) noexcept {
+ReadStatus Reader::Impl::ProduceChunk(ChunkView* out) noexcept {
   if (failed_) return ReadStatus::kError;
   if (closed_ || ended_) return ReadStatus::kEnd;
   if (options_.mode != ReadMode::kChunks) {
@@ -1183,7 +1186,7 @@ ReadStatus Reader::Impl::ProduceChunk(ChunkView* out, Deadline deadline) noexcep
   }
   for (;;) {
     if (!active_) {
-      ReadStatus status = Activate(deadline);
+      ReadStatus status = Activate();
       if (status != ReadStatus::kOk) return status;
     }
     ItemSlot& it = Current();
@@ -1267,13 +1270,16 @@ Reader::~Reader() = default;
 
 ReadStatus Reader::NextRecord(Record* out, Deadline deadline) noexcept {
   size_t n = 0;
-  return impl_->Produce(out, 1, &n, deadline);
+  impl_->set_deadline(deadline);
+  return impl_->Produce(out, 1, &n);
 }
 ReadStatus Reader::NextBatch(Record* out, size_t max, size_t* n, Deadline deadline) noexcept {
-  return impl_->Produce(out, max, n, deadline);
+  impl_->set_deadline(deadline);
+  return impl_->Produce(out, max, n);
 }
 ReadStatus Reader::NextChunk(ChunkView* out, Deadline deadline) noexcept {
-  return impl_->ProduceChunk(out, deadline);
+  impl_->set_deadline(deadline);
+  return impl_->ProduceChunk(out);
 }
 void Reader::Close() noexcept { impl_->Close(); }
 const std::string& Reader::error() const noexcept { return impl_->error(); }

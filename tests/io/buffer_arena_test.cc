@@ -6,6 +6,7 @@
 #include "io/buffer_arena.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -81,6 +82,7 @@ TEST(BufferArenaTest, AForkedChildDoesNotGetTheArena) {
   memset(arena.data(), 1, arena.size());
   std::byte* p = arena.data();
   int code = RunInChild([p] {
+    signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would exit instead
     static_cast<volatile std::byte*>(p)[0] = std::byte{2};  // MADV_DONTFORK: not mapped here
     return 0;
   });

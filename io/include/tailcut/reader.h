@@ -214,7 +214,9 @@ class TAILCUT_EXPORT Reader {
   // One line on the buffers, e.g. "buffers: 64 MiB locked + io_uring-registered"
   // or "buffers: 64 MiB not locked: RLIMIT_MEMLOCK is 8 MiB; raise it with
   // `ulimit -l unlimited` or LimitMEMLOCK=infinity (systemd)"; "+ CUDA-pinned"
-  // where the CUDA runtime registered them.
+  // where the CUDA runtime registered them, else (with cuda_register) ending
+  // in "; not CUDA-pinned: <why>", e.g. "no CUDA device (cudaGetDeviceCount:
+  // CUDA error 35 ...)". A host without a GPU gets no notice, only this.
   const std::string& memory_state() const noexcept;
   // "io_uring" or "pread".
   std::string_view backend_name() const noexcept;

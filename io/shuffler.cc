@@ -1,0 +1,170 @@
+// The Shuffler: interleaves several Readers and shuffles through a buffer
+// (see shuffler.h).
+//
+// Invariants:
+//  1. slots_[0, count_) hold the buffered records; slots_[count_] holds the
+//     record handed out last (valid until the next Next, which may refill
+//     that slot). slots_ has buffer_records + 1 entries, or more after a
+//     restore of a larger state.
+//  2. live_ lists the Readers that have not said kEnd; the Shuffler never
+//     calls a Reader after its kEnd or kError.
+#include "tailcut/shuffler.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+namespace tailcut {
+
+namespace {
+
+constexpr char kMagic[8] = {'t', 'c', 's', 'h', 'u', 'f', '1', '\0'};
+
+void PutU64(std::string* out, uint64_t v) {
+  char b[8];
+  std::memcpy(b, &v, 8);
+  out->append(b, 8);
+}
+
+bool GetU64(std::string_view* in, uint64_t* v) {
+  if (in->size() < 8) return false;
+  std::memcpy(v, in->data(), 8);
+  in->remove_prefix(8);
+  return true;
+}
+
+}  // namespace
+
+Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::string_view state)
+    : readers_(std::move(readers)), options_(options) {
+  if (readers_.empty() || readers_.size() > 64 ||
+      std::count(readers_.begin(), readers_.end(), nullptr) > 0) {
+    throw Error(ErrorKind::kInvalidArgument, "shuffler: needs 1 to 64 Readers (got " +
+                                                 std::to_string(readers_.size()) +
+                                                 ", or a null one)");
+  }
+  if (options_.buffer_records == 0) {
+    throw Error(ErrorKind::kInvalidArgument, "shuffler: buffer_records must be at least 1");
+  }
+  for (uint32_t i = 0; i < readers_.size(); ++i) live_.push_back(i);
+  rng_ = options_.seed;
+  size_t restored = 0;
+  std::vector<Slot> slots;
+  if (!state.empty()) {
+    auto corrupt = [](const char* what) {
+      return Error(ErrorKind::kCorrupt, std::string("shuffler: the state to restore is ") + what +
+                                            "; pass the string SaveState() returned, unchanged");
+    };
+    if (state.size() < sizeof kMagic || std::memcmp(state.data(), kMagic, sizeof kMagic) != 0)
+      throw corrupt("not a Shuffler state (bad magic)");
+    state.remove_prefix(sizeof kMagic);
+    uint64_t count = 0;
+    if (!GetU64(&state, &rng_) || !GetU64(&state, &count)) throw corrupt("truncated");
+    for (uint64_t i = 0; i < count; ++i) {
+      Slot slot;
+      uint64_t size = 0;
+      if (!GetU64(&state, &slot.offset) || !GetU64(&state, &size) || state.size() < size)
+        throw corrupt("truncated");
+      const auto* p = reinterpret_cast<const std::byte*>(state.data());
+      slot.bytes.assign(p, p + size);
+      state.remove_prefix(size);
+      slots.push_back(std::move(slot));
+    }
+    if (!state.empty()) throw corrupt("longer than it says (trailing bytes)");
+    restored = slots.size();
+  }
+  slots.resize(std::max(options_.buffer_records, restored) + 1);
+  slots_ = std::move(slots);
+  count_ = restored;
+}
+
+std::string Shuffler::SaveState() const {
+  std::string out(kMagic, sizeof kMagic);
+  PutU64(&out, rng_);
+  PutU64(&out, count_);
+  for (size_t i = 0; i < count_; ++i) {
+    PutU64(&out, slots_[i].offset);
+    PutU64(&out, slots_[i].bytes.size());
+    out.append(reinterpret_cast<const char*>(slots_[i].bytes.data()), slots_[i].bytes.size());
+  }
+  return out;
+}
+
+// splitmix64: one word of state (so a checkpoint is one integer), and good
+// enough statistically to pick buffer slots.
+uint64_t Shuffler::Random() noexcept {
+  uint64_t z = (rng_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void Shuffler::Take(const Record& record) {
+  Slot& slot = slots_[count_];
+  slot.bytes.assign(record.data, record.data + record.size);
+  slot.offset = record.offset;
+  ++count_;
+}
+
+ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
+  // Readers that said kEmpty during this call: not asked again until the next.
+  uint64_t empty_now = 0;  // bit i: live_[i] (at most 64 Readers)
+  size_t empties = 0;
+  while (count_ + 1 < slots_.size() && !failed_ && empties < live_.size()) {
+    // Lemire's multiply-shift maps a random word onto [0, live_.size()).
+    size_t pick =
+        static_cast<size_t>((static_cast<unsigned __int128>(Random()) * live_.size()) >> 64);
+    while (empty_now & (1ull << pick)) pick = (pick + 1) % live_.size();
+    Reader& reader = *readers_[live_[pick]];
+    // With records to hand out, never wait for other processes' items.
+    Record record;
+    ReadStatus status = reader.NextRecord(&record, count_ > 0 ? Deadline::min() : deadline);
+    switch (status) {
+      case ReadStatus::kOk:
+        try {
+          Take(record);
+        } catch (const std::bad_alloc&) {
+          failed_ = true;
+          error_ = "shuffler: out of memory buffering records; lower buffer_records";
+        }
+        break;
+      case ReadStatus::kEmpty:
+        empty_now |= 1ull << pick;
+        ++empties;
+        break;
+      case ReadStatus::kEnd:
+        live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(pick));
+        // Bits above pick shift down with the indices.
+        {
+          const uint64_t below = (1ull << pick) - 1;
+          empty_now = (empty_now & below) | ((empty_now >> 1) & ~below);
+        }
+        break;
+      case ReadStatus::kError:
+        failed_ = true;
+        try {
+          error_ = reader.error();
+        } catch (...) {
+        }
+        break;
+    }
+  }
+  if (count_ > 0) return ReadStatus::kOk;
+  if (failed_) return ReadStatus::kError;
+  return live_.empty() ? ReadStatus::kEnd : ReadStatus::kEmpty;
+}
+
+ReadStatus Shuffler::Next(Record* out, Deadline deadline) noexcept {
+  ReadStatus status = Fill(deadline);
+  if (status != ReadStatus::kOk) return status;
+  size_t i = static_cast<size_t>((static_cast<unsigned __int128>(Random()) * count_) >> 64);
+  --count_;
+  std::swap(slots_[i], slots_[count_]);  // moves two vectors: no copy of the bytes
+  const Slot& slot = slots_[count_];
+  out->data = slot.bytes.data();
+  out->size = slot.bytes.size();
+  out->offset = slot.offset;
+  return ReadStatus::kOk;
+}
+
+}  // namespace tailcut
