@@ -1,5 +1,6 @@
 #include "conversions.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -25,6 +26,14 @@ uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value) {
   return v;
 }
 
+uint32_t ToU32(const py::handle& value, const char* what) {
+  uint64_t v = ToU64(value, what);
+  if (v > UINT32_MAX)
+    Raise(g_exc.invalid_argument,
+          std::string(what) + " must be below 2**32, got " + std::to_string(v));
+  return static_cast<uint32_t>(v);
+}
+
 double ToSeconds(const py::handle& value, const char* what) {
   if (PyBool_Check(value.ptr()))
     throw py::type_error(std::string(what) + " must be a number of seconds");
@@ -41,7 +50,9 @@ double ToSeconds(const py::handle& value, const char* what) {
 }
 
 std::chrono::milliseconds ToMillis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+  // Capped so that the cast is defined (1e15 s is beyond any deadline).
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::ceil(std::min(seconds, 1e15) * 1000.0)));
 }
 
 std::string ToPath(const py::handle& value) {

@@ -21,6 +21,8 @@ namespace tailcut::python {
 
 // An int >= min_value (bool refused).
 uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0);
+// A count the engine keeps in 32 bits: larger values are refused, not cut.
+uint32_t ToU32(const py::handle& value, const char* what);
 // A finite number of seconds >= 0.
 double ToSeconds(const py::handle& value, const char* what);
 std::chrono::milliseconds ToMillis(double seconds);

@@ -36,7 +36,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   if (!seed.is_none()) o.seed = ToU64(seed, "seed");
   if (!prefix.is_none()) o.prefix = ToPath(prefix);
   if (!num_slices.is_none()) o.num_slices = ToU64(num_slices, "num_slices");
-  o.num_clients = static_cast<uint32_t>(ToU64(num_clients, "num_clients"));
+  o.num_clients = ToU32(num_clients, "num_clients");
   o.name = name;
   open_args["num_epochs"] = num_epochs;
   open_args["shuffle"] = shuffle;
@@ -57,11 +57,11 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
     } else if (key == "record_bytes") {
       record_bytes = v;
     } else if (key == "max_clients") {
-      o.max_clients = static_cast<uint32_t>(ToU64(v, "max_clients"));
+      o.max_clients = ToU32(v, "max_clients");
     } else if (key == "auto_ack") {
       h->auto_ack = py::cast<bool>(v);
     } else if (key == "leases_per_client") {
-      o.leases_per_client = static_cast<uint32_t>(ToU64(v, "leases_per_client"));
+      o.leases_per_client = ToU32(v, "leases_per_client");
     } else if (key == "attach_timeout") {
       o.attach_timeout = ToMillis(ToSeconds(v, "attach_timeout"));
     } else if (key == "lease_timeout") {

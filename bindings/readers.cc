@@ -271,7 +271,8 @@ void DefineIteratorCommon(Class& cls) {
       .def(
           "stats", [](Iter& self) { return ReaderStatsDict(self.rs->reader->stats()); },
           "Reader counters since it opened: bytes_read, records, items_taken, items_acked, "
-          "items_given_back, reads, short_reads, retries, carried_bytes.")
+          "items_given_back, reads, short_reads, retries, carried_bytes, stale_items (items "
+          "reassigned by the lease timeout while this reader held them).")
       .def_property_readonly(
           "memory_state", [](Iter& self) { return self.rs->reader->memory_state(); },
           "One line on the reader's buffers (locked, io_uring-registered, CUDA-pinned).")
