@@ -68,10 +68,9 @@ std::string ToQueueName(const py::handle& value) {
   for (py::handle ch : name) {
     Py_UCS4 c = PyUnicode_READ_CHAR(ch.ptr(), 0);
     if (c == 0 || c > 0x7f)
-      Raise(g_exc.invalid_argument,
-            "queue name " + std::string(py::repr(name)) + " contains " + std::string(py::repr(ch)) +
-                "; a queue name is part of a file name in /dev/shm: use only letters, digits, "
-                "'.', '_' and '-'");
+      Raise(g_exc.invalid_argument, "queue name " + std::string(py::repr(name)) + " contains " +
+                                        std::string(py::repr(ch)) +
+                                        "; use only ASCII letters, digits, '.', '_' and '-'");
   }
   return std::string(name);
 }

@@ -92,6 +92,13 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
     assert not os.path.exists(tailcut.segment_path(qname))
 
 
+def test_counts_kept_in_32_bits_are_refused_above_2_to_the_32(files, qname, notices):
+    for key in ("num_clients", "max_clients", "leases_per_client"):
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact(f"{key} must be below 2**32, got 4294967296")):
+            tailcut.WorkQueue(files, name=qname, on_notice=notices.append, **{key: 2**32})
+
+
 def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, shuffle=False, on_notice=notices.append) as q:
         with pytest.raises(tailcut.InvalidArgumentError,
