@@ -159,3 +159,28 @@ def test_a_reader_whose_items_were_reassigned_counts_them_and_warns(tmp_path, qn
             rest = sum(1 for _ in it)
         assert it.stats()["stale_items"] >= 1
         assert rest < 4000 - 10
+
+
+@pytest.mark.parametrize("mode", ["records", "batches"])
+def test_close_from_another_thread_ends_a_reader_waiting_for_a_held_item(tmp_path, qname, mode):
+    files = two_files(tmp_path)
+    with another_process_holding(qname, files, tmp_path, shuffle=False):
+        q = tailcut.WorkQueue(files, name=qname, shuffle=False, on_notice=lambda line: None)
+        it = q.records() if mode == "records" else q.batches(1)
+        outcome = []
+
+        def read():
+            try:
+                outcome.append(sum(1 for _ in it))
+            except tailcut.InvalidArgumentError as e:
+                outcome.append(str(e))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(1.0)  # it has read the free item and waits for the held one
+        assert reader.is_alive()
+        start = time.monotonic()
+        q.close()
+        reader.join(5)
+        assert not reader.is_alive() and time.monotonic() - start < 1.0
+        assert outcome == [f"queue '{qname}' was closed while it was being read"]
