@@ -38,11 +38,11 @@ def take_some_then_die(name, works, num_epochs, num_clients, out_path, count, se
         item = q.take()
         item.ack()
         acked.append((item.epoch, item.index))
-    q.take()
-    q.take()  # held, never acked: must go to another process
+    held = [q.take(), q.take()]  # never acked: must go to another process
     with open(out_path, "w") as f:
         json.dump(acked, f)
     os.kill(os.getpid(), signal.SIGKILL)
+    del held
 
 
 def read_records(name, works, fmt, out_path, record_bytes=None):
@@ -54,3 +54,38 @@ def read_records(name, works, fmt, out_path, record_bytes=None):
             got.append(bytes(r).hex())
     with open(out_path, "w") as f:
         json.dump(got, f)
+
+
+def hold_items(name, works, open_kwargs, count, ready_path, release_path):
+    """Takes `count` items and holds them until release_path exists (at most 60 s), then
+    acks them."""
+    q = tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs)
+    items = [q.take() for _ in range(count)]
+    open(ready_path, "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release_path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for item in items:
+        item.ack()
+    q.close()
+
+
+def ack_all(name, works, open_kwargs):
+    """Takes and acks every item it can get (those of a stalled process too)."""
+    with tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs) as q:
+        while (item := q.take(timeout=30)) is not None:
+            item.ack()
+
+
+def take_one(name, works, open_kwargs, out_path):
+    """Takes one item within 10 s and writes its index (or 'empty') to out_path; acks it."""
+    with tailcut.WorkQueue(works, name=name, on_notice=lambda line: None, **open_kwargs) as q:
+        try:
+            item = q.take(timeout=10)
+            result = "end" if item is None else str(item.index)
+            if item is not None:
+                item.ack()
+        except tailcut.Empty:
+            result = "empty"
+    with open(out_path, "w") as f:
+        f.write(result)

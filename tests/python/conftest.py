@@ -1,8 +1,12 @@
-"""Fixtures of the Python tests: unique queue names, generated data files."""
+"""Fixtures of the Python tests: unique queue names, generated data files, a process that
+holds items."""
 
+import contextlib
 import itertools
+import multiprocessing
 import os
 import struct
+import time
 
 import pytest
 
@@ -71,3 +75,26 @@ def write_tfrecords(path, records):
 
 # Small reader buffers so that records cross chunk boundaries in small files.
 SMALL_READER = dict(buffer_budget_bytes=16 * 4096, chunk_bytes=4096)
+
+
+@contextlib.contextmanager
+def another_process_holding(name, works, tmp_path, count=1, **open_kwargs):
+    """Runs a process that opens the queue with these arguments, takes `count` items and
+    holds them (alive, no progress) until the block ends; then it acks them and leaves."""
+    import _workers
+    ready, release = tmp_path / "held", tmp_path / "release"
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_workers.hold_items,
+                    args=(name, works, open_kwargs, count, str(ready), str(release)))
+    p.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert p.is_alive() and time.monotonic() < deadline, "the holder did not start"
+            time.sleep(0.01)
+        yield p
+    finally:
+        release.touch()
+        p.join(60)
+        if p.is_alive():
+            p.kill()

@@ -1,5 +1,5 @@
 """The core pieces tailcut.torch builds on (no torch needed): WorkQueue.agree_step,
-and the max_epoch, short_at_end, read() and epoch additions of the batch iterator."""
+and the max_epoch, read() and epoch additions of the batch iterator."""
 
 import threading
 import time
@@ -114,17 +114,3 @@ def test_read_returns_at_most_the_records_asked_for(tmp_path, qname):
         assert sum(rest) == 870
         with pytest.raises(StopIteration):
             it.read(10)
-
-
-def test_short_at_end_does_not_pack_past_the_last_held_item(tmp_path, qname):
-    # One item: the reader never holds a second one, so with short_at_end a
-    # batch ends where a reader call ends (a chunk) instead of reading on.
-    with tailcut.WorkQueue([fixed_file(tmp_path / "a.bin", 5000)], name=qname, format="fixed",
-                           record_bytes=8) as q:
-        sizes = [len(b) for b in q.batches(300, short_at_end=True, **SMALL_READER)]
-    assert sum(sizes) == 5000
-    assert any(s < 300 for s in sizes[:-1])
-    with tailcut.WorkQueue([fixed_file(tmp_path / "b.bin", 5000)], name=qname + "-b",
-                           format="fixed", record_bytes=8) as q:
-        sizes = [len(b) for b in q.batches(300, **SMALL_READER)]
-    assert all(s == 300 for s in sizes[:-1]) and sum(sizes) == 5000

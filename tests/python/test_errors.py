@@ -28,7 +28,7 @@ def exact(message):
     return "^" + re.escape(message) + "$"
 
 
-# The C++ tailcut::ErrorKind of each class (bindings/core.cc, ExceptionFor), and
+# The C++ tailcut::ErrorKind of each class (bindings/errors.cc, ExceptionFor), and
 # the built-in exception it also is, so that generic handlers catch it.
 @pytest.mark.parametrize("cls, builtin", [
     (tailcut.InvalidArgumentError, ValueError),           # kInvalidArgument
@@ -92,10 +92,18 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
     assert not os.path.exists(tailcut.segment_path(qname))
 
 
+def test_counts_kept_in_32_bits_are_refused_above_2_to_the_32(files, qname, notices):
+    for key in ("num_clients", "max_clients", "leases_per_client"):
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact(f"{key} must be below 2**32, got 4294967296")):
+            tailcut.WorkQueue(files, name=qname, on_notice=notices.append, **{key: 2**32})
+
+
 def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, shuffle=False, on_notice=notices.append) as q:
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact("timeout must be a finite number of seconds >= 0, got -1")):
+                           match=exact("timeout must be a number of seconds >= 0, or None (or "
+                                       "float('inf')) to wait without a deadline; got -1")):
             q.take(timeout=-1)
         with pytest.raises(TypeError, match=exact("timeout must be a number of seconds or None")):
             q.take(timeout="1")

@@ -2,7 +2,10 @@
 
 import ast
 import inspect
+import os
 import pathlib
+
+import pytest
 
 import tailcut
 from tailcut import _core
@@ -112,6 +115,57 @@ def test_every_binding_has_a_docstring():
         elif callable(obj) and not inspect.isclass(obj) and not doc_body(obj):
             missing.append(name)
     assert not missing, f"no docstring: {missing}"
+
+
+# Keyword-only arguments of records()/batches() that are not reader options.
+NOT_READER_OPTIONS = {"records": {"max_epoch"},
+                      "batches": {"max_epoch", "short_at_end", "copy", "drop_last"}}
+
+
+def stub_keyword_only(cls_name, method):
+    tree = ast.parse(STUB.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
+    return [a.arg for a in fn.args.kwonlyargs]
+
+
+@pytest.mark.parametrize("method", sorted(NOT_READER_OPTIONS))
+def test_the_stub_lists_exactly_the_reader_options_of_the_binding(method):
+    stub = stub_keyword_only("WorkQueue", method)
+    assert len(stub) == len(set(stub))
+    assert set(stub) - NOT_READER_OPTIONS[method] == set(_core._reader_options)
+
+
+def test_records_docstring_lists_the_reader_options_in_table_order():
+    doc = inspect.getdoc(_core.WorkQueue.records)
+    assert "Reader options: " + ", ".join(_core._reader_options) + " " in doc
+
+
+def test_every_reader_option_is_accepted(tmp_path):
+    # Each name of the table reaches the reader: a wrong type is refused with
+    # the option's name, never as an unknown keyword.
+    (tmp_path / "a.txt").write_text("x\n")
+    with tailcut.WorkQueue([str(tmp_path / "a.txt")], name=f"stub-opts-{os.getpid()}") as q:
+        for name in _core._reader_options:
+            with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
+                q.records(**{name: object()})
+            assert "unexpected keyword" not in str(e.value), name
+
+
+def stub_typed_dict(name):
+    tree = ast.parse(STUB.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+
+
+def test_the_stub_documents_exactly_the_stats_fields_of_the_list():
+    # tailcut/stats_fields.h is the one list; the stub's TypedDicts must name its fields.
+    assert stub_typed_dict("_QueueStats") == [
+        name for name, _, _ in _core._stats_fields["queue"]] + ["clients"]
+    assert stub_typed_dict("_ClientStats") == [
+        name for name, _, _ in _core._stats_fields["client"]]
+    for fields in _core._stats_fields.values():
+        assert all(series in ("value", "seconds", "none") and doc for _, series, doc in fields)
 
 
 def test_py_typed_marker_is_shipped():

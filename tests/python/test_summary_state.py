@@ -5,15 +5,12 @@ import os
 import pytest
 
 import tailcut
+from tailcut import _core
 from conftest import SMALL_READER, write_lines
 
-QUEUE_FIELDS = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
-                "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
-                "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
-CLIENT_FIELDS = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",
-                 "items_recovered", "bytes_acked", "records", "stale_acks", "splits", "open_items",
-                 "busy_ns",
-                 "idle_ns", "last_progress_ns", "joined_ns"}
+# The one field list (tailcut/stats_fields.h), as the module exports it.
+QUEUE_FIELDS = [name for name, _, _ in _core._stats_fields["queue"]] + ["clients"]
+CLIENT_FIELDS = [name for name, _, _ in _core._stats_fields["client"]]
 
 
 @pytest.fixture
@@ -37,13 +34,13 @@ def test_summary_mirrors_queue_and_client_stats(files, qname, notices):
         a.ack()
         b = q.take()
         s = q.summary()
-        assert set(s) == QUEUE_FIELDS
+        assert list(s) == QUEUE_FIELDS
         assert (s["name"], s["num_items"], s["num_epochs"], s["total"]) == (qname, 5, 2, 10)
         assert (s["done"], s["in_flight"], s["handed_out"], s["seed"]) == (1, 1, 2, 3)
         assert s["segment_path"] == tailcut.segment_path(qname) == q.segment_path
         assert len(s["clients"]) == 1
         c = s["clients"][0]
-        assert set(c) == CLIENT_FIELDS
+        assert list(c) == CLIENT_FIELDS
         assert c["pid"] == os.getpid() and c["alive"]
         assert (c["items_taken"], c["items_acked"], c["open_items"]) == (2, 1, 1)
         assert c["bytes_acked"] == a.end - a.begin
@@ -51,13 +48,13 @@ def test_summary_mirrors_queue_and_client_stats(files, qname, notices):
         listed = [x for x in tailcut.list_queues() if x["name"] == qname]
         assert listed and listed[0]["valid"]
         inspected = tailcut.inspect_queue(qname)
-        assert inspected["done"] == 1 and set(inspected) == QUEUE_FIELDS
+        assert inspected["done"] == 1 and list(inspected) == QUEUE_FIELDS
 
 
 def test_add_summary_writes_scalars_through_the_writer(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, on_notice=notices.append) as q:
         q.take().ack()
-        q.take()
+        held = q.take()  # noqa: F841 (kept open: a dropped item is given back)
         w = FakeWriter()
         q.add_summary(w, step=17)
         assert w.scalars["tailcut/done"] == (1.0, 17)
@@ -71,6 +68,30 @@ def test_add_summary_writes_scalars_through_the_writer(files, qname, notices):
         w2 = FakeWriter()
         q.add_summary(w2, prefix="data")
         assert w2.scalars["data/done"] == (1.0, None)
+
+
+def series_tags(fields, prefix):
+    tags = set()
+    for name, series, _ in fields:
+        if series == "value":
+            tags.add(prefix + name)
+        elif series == "seconds":
+            assert name.endswith("_ns")
+            tags.add(prefix + name[:-3] + "_seconds")
+    return tags
+
+
+def test_add_summary_writes_one_scalar_per_series_field_of_the_list(files, qname, notices):
+    with tailcut.WorkQueue(files, name=qname, on_notice=notices.append) as q:
+        q.take().ack()
+        w = FakeWriter()
+        q.add_summary(w)
+        slot = q.summary()["clients"][0]["slot"]
+        expected = (series_tags(_core._stats_fields["queue"], "tailcut/") |
+                    series_tags(_core._stats_fields["client"], f"tailcut/client_{slot}/") |
+                    {"tailcut/progress", "tailcut/clients_alive"})
+        assert set(w.scalars) == expected
+        assert w.scalars[f"tailcut/client_{slot}/busy_seconds"][0] >= 0
 
 
 def drain(q):

@@ -12,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -301,3 +302,28 @@ def test_equal_steps_over_dataloader_workers(tmp_path, qname):
                 world=2, slow_rank=1, delay=0.001, carry_over=True, out_dir=str(tmp_path))
     logs = run_ranks(loader_rank, args, world=2, limit_s=120)
     check_accounting(logs, all_ids, epochs=2)
+
+
+def test_equal_steps_counts_records_of_text_batches_from_dataloader_workers(tmp_path, qname):
+    """(data, offsets) batches reach the rank as a list through DataLoader workers; the
+    leftover count is their records, not the bytes of data."""
+    lines = [b"line %04d" % i for i in range(1000)]
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    ds = tt.QueueDataset([str(path)], batch_size=64, name=qname, num_slices=8,
+                         on_notice=quiet)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                        timeout=60)
+    steps = tt.EqualSteps(loader, rank=0, world_size=2, timeout=30)
+    dropped = []
+    steps.on_leftover = dropped.append
+    # Rank 1 has no batch at step 0, so rank 0's whole epoch is left over.
+    other = threading.Thread(target=ds.queue.agree_step, args=(1, 2, 0, False), daemon=True)
+    other.start()
+    assert list(steps) == []
+    other.join(30)
+    report = steps.reports[0]
+    assert all(isinstance(b, list) for b in dropped)  # what the loader handed on
+    assert report["dropped_records"] == sum(len(b[1]) - 1 for b in dropped) == 1000
+    assert report["dropped_batches"] == len(dropped) < 1000
+    ds.close()

@@ -14,6 +14,11 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+# The reader options records() and batches() accept (keyword-only below).
+_reader_options: Tuple[str, ...]
+# The fields of summary() ("queue") and of its client dicts ("client"), from
+# tailcut/stats_fields.h: (name, series: "value" | "seconds" | "none", doc).
+_stats_fields: dict[str, Tuple[Tuple[str, str, str], ...]]
 
 _Path = Union[str, bytes, os.PathLike]
 _Bytes = Union[bytes, bytearray, memoryview]
@@ -86,6 +91,7 @@ class _ReaderStats(TypedDict):
     short_reads: int
     retries: int
     carried_bytes: int
+    stale_items: int
 
 class _StateDict(TypedDict):
     state: bytes
@@ -187,7 +193,7 @@ _Batch = Union[npt.NDArray[np.uint8], Tuple[npt.NDArray[np.uint8], npt.NDArray[n
 class BatchIterator(Iterator[_Batch]):
     def __iter__(self) -> "BatchIterator": ...
     def __next__(self) -> _Batch: ...
-    def read(self, max_records: int) -> _Batch: ...
+    def read(self, max_records: int, timeout: Optional[float] = None) -> _Batch: ...
     def close(self) -> None: ...
     def __enter__(self) -> "BatchIterator": ...
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool: ...
@@ -237,6 +243,7 @@ class WorkQueue:
         lease_timeout: Optional[float] = ...,
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
+        auto_ack: bool = ...,
     ) -> None: ...
     def take(self, timeout: Optional[float] = None) -> Optional[WorkItem]: ...
     def agree_step(

@@ -46,10 +46,6 @@ _quieted = False
 
 # Records per read in per-record mode (batch_size=None).
 _RECORD_GROUP = 64
-# How long a read may stall before the reader checks whether it waits for
-# items that other processes hold (then the iteration ends), in seconds.
-_FIRST_CHECK_S = 0.01
-_MAX_CHECK_S = 0.2
 
 
 def _env_int(name, default):
@@ -60,168 +56,39 @@ def _env_int(name, default):
 # ---- Reading without waiting for other processes at the end of the data -------------------
 
 
-def _held(it):
-    """Items the reader of `it` holds: the current one and those taken ahead."""
-    st = it.stats()
-    return st["items_taken"] - st["items_acked"] - st["items_given_back"]
+class _Source:
+    """Reads a BatchIterator; ends instead of waiting at the end of the data.
 
-
-def _waiting_for_others(q):
-    """True when this process can get no more records now: every item is handed
-    out, none is waiting to be handed out again, and this process holds none.
-    A read in that state waits until the other processes ack theirs."""
-    s = q.summary()
-    if s["handed_out"] < s["total"]:
-        return False
-    clients = s["clients"]
-    if s["in_flight"] > sum(c["open_items"] for c in clients):
-        return False  # items given back (or of a dead process): a take gets one
-    me = os.getpid()
-    return all(c["open_items"] == 0 for c in clients if c["pid"] == me and c["alive"])
-
-
-class _Pump:
-    """Runs the reads of one tailcut iterator in a daemon thread, one at a time.
-
-    Used once the reader holds no item beyond the current one: its next read
-    may take an item, and at the end of the data a take waits while other
-    processes hold items. In a DataLoader that wait can deadlock (the loader
-    delivers batches in worker order, so a sibling worker holding the last
-    items is not asked for more while this worker waits), and under
-    EqualSteps it would keep the other ranks waiting for this one. The
-    consumer stops waiting instead (abandon()); the thread closes the
-    iterator when its read returns, which gives back whole any item that read
-    took, so no record is lost or read twice.
+    At the end of the data a read waits while other processes hold the last
+    items. In a DataLoader that wait can deadlock (the loader delivers batches
+    in worker order, so a sibling worker holding the last items is not asked
+    for more while this worker waits), and under EqualSteps it would keep the
+    other ranks waiting for this one. So reads do not wait for them
+    (timeout=0): the reader then holds no item and no record back, and the
+    iteration ends with nothing lost or read twice.
     """
 
     def __init__(self, it):
         self._it = it
-        self._cv = threading.Condition()
-        self._busy = False  # a read is requested or running
-        self._want = 1  # records the requested read may return
-        self._result = None  # (kind, value) of the last read, until fetched
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="tailcut-reader", daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        while True:
-            with self._cv:
-                while not self._busy and not self._stop:
-                    self._cv.wait()
-                if not self._busy:  # stopped while idle: the consumer closes the iterator
-                    return
-            try:
-                piece = self._it.read(self._want)
-                result = ("ok", (piece, self._it.epoch))
-            except StopIteration:
-                result = ("end", None)
-            except BaseException as e:  # handed to the consumer, raised there
-                result = ("error", e)
-            with self._cv:
-                self._busy = False
-                if not self._stop:
-                    self._result = result
-                    self._cv.notify_all()
-                    continue
-            # Abandoned during the read: nobody will use what it returned.
-            result = None
-            self._it.close()
-            return
-
-    def request(self, want):
-        with self._cv:
-            self._busy = True
-            self._want = want
-            self._result = None
-            self._cv.notify_all()
-
-    def result(self, timeout):
-        """The result of the requested read, or None if it is still running."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._result is not None, timeout)
-            result, self._result = self._result, None
-            return result
-
-    def abandon(self):
-        """Gives up on the running read: returns its result if it arrived
-        meanwhile (nothing is abandoned then), else None, and the thread
-        closes the iterator once the read returns."""
-        with self._cv:
-            if self._result is not None:
-                result, self._result = self._result, None
-                return result
-            self._stop = True
-            self._cv.notify_all()
-            return None
-
-    def close(self):
-        """Stops the thread and closes the iterator (in the thread if a read runs)."""
-        with self._cv:
-            self._stop = True
-            self._result = None
-            running = self._busy
-            self._cv.notify_all()
-        if not running:
-            self._it.close()
-
-
-class _Source:
-    """Reads a BatchIterator; ends instead of waiting at the end of the data."""
-
-    def __init__(self, q, it):
-        self._q = q
-        self._it = it
-        self._pump = None
-        self._done = False
 
     def read(self, want):
         """(piece, epoch): the next piece of at most `want` records and the
         epoch of its items; None at the end."""
-        if self._done:
+        if self._it is None:
             return None
-        if _held(self._it) >= 2:
-            # The reader holds an item taken ahead: this read takes nothing
-            # that could wait, so no thread is needed.
-            try:
-                return self._it.read(want), self._it.epoch
-            except StopIteration:
-                self._done = True
-                return None
-            except BaseException:
-                self._done = True
-                raise
-        if self._pump is None:
-            self._pump = _Pump(self._it)
-        self._pump.request(want)
-        wait = _FIRST_CHECK_S
-        while True:
-            result = self._pump.result(wait)
-            if result is not None:
-                break
-            if _waiting_for_others(self._q):
-                result = self._pump.abandon()
-                if result is None:
-                    self._pump = self._it = None  # the pump's thread closes the iterator
-                    self._done = True
-                    return None
-                break
-            wait = min(wait * 2, _MAX_CHECK_S)
-        kind, value = result
-        if kind == "ok":
-            return value
-        self._done = True
-        if kind == "end":
+        try:
+            return self._it.read(want, timeout=0), self._it.epoch
+        except (StopIteration, tailcut.Empty):
+            self.close()
             return None
-        raise value
+        except BaseException:
+            self.close()
+            raise
 
     def close(self):
-        if self._pump is not None:
-            self._pump.close()
-        elif self._it is not None:
+        if self._it is not None:
             self._it.close()
-        self._pump = self._it = None
-        self._done = True
+        self._it = None
 
 
 # ---- Batch layouts ----------------------------------------------------------------------------
@@ -435,7 +302,7 @@ class QueueDataset(IterableDataset):
         else:
             it = q.batches(self.batch_size, copy=self.copy or in_worker, max_epoch=epoch,
                            short_at_end=True, **self.reader_options)
-        return self._generate(_Source(q, it), epoch)
+        return self._generate(_Source(it), epoch)
 
     def _generate(self, source, epoch):
         transform = self.transform
@@ -491,10 +358,13 @@ def _count_records(batch):
     """Records in a batch: its length, found through the first tensor or array."""
     if isinstance(batch, (torch.Tensor, np.ndarray)):
         return int(batch.shape[0]) if batch.ndim else 1
-    if (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], torch.Tensor)
-            and batch[1].dtype == torch.int64 and batch[1].ndim == 1
-            and isinstance(batch[0], torch.Tensor) and batch[0].dtype == torch.uint8):
-        return int(batch[1].shape[0]) - 1  # QueueDataset's (data, offsets)
+    # QueueDataset's (data, offsets). A DataLoader worker's collation hands the
+    # pair on as a list (torch 1.13 default_convert), so both are recognized.
+    if (isinstance(batch, (tuple, list)) and len(batch) == 2
+            and isinstance(batch[1], torch.Tensor) and batch[1].dtype == torch.int64
+            and batch[1].ndim == 1 and isinstance(batch[0], torch.Tensor)
+            and batch[0].dtype == torch.uint8 and batch[0].ndim == 1):
+        return int(batch[1].shape[0]) - 1
     if isinstance(batch, dict) and batch:
         return _count_records(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:

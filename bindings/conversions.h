@@ -1,0 +1,47 @@
+// Conversions of Python arguments to the C++ library's types, with the
+// binding's error messages (InvalidArgumentError / TypeError naming the
+// argument). REQUIRES: the GIL, for every function here.
+#pragma once
+
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "tailcut/record_format.h"
+
+namespace py = pybind11;
+namespace tc = tailcut;
+
+namespace tailcut::python {
+
+// An int >= min_value (bool refused).
+uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0);
+// A count the engine keeps in 32 bits: larger values are refused, not cut.
+uint32_t ToU32(const py::handle& value, const char* what);
+// A finite number of seconds >= 0.
+double ToSeconds(const py::handle& value, const char* what);
+std::chrono::milliseconds ToMillis(double seconds);
+// A str, bytes or os.PathLike path, as the bytes of the file name
+// (os.fsencode): names that are not UTF-8 work too.
+std::string ToPath(const py::handle& value);
+// A queue name: a str of ASCII characters other than NUL (the library then
+// checks the characters it allows). Anything else raises
+// InvalidArgumentError naming the name in full, since C strings (and so the
+// library's messages) end at a NUL.
+std::string ToQueueName(const py::handle& value);
+// The str that os.fsencode turns back into these bytes (os.fsdecode: bytes
+// that are not UTF-8 become lone surrogates), usable with open() and os.*.
+py::str FromPath(const std::string& path);
+// bytes or any buffer.
+std::string ToBytes(const py::handle& value, const char* what);
+// on_notice: a Python callable, called with the GIL from whatever thread the
+// C++ notice comes from. The callable is released with the GIL held.
+std::function<void(const std::string&)> WrapNotice(const py::object& fn);
+tc::RecordFormat ParseFormat(const std::string& name, const py::object& record_bytes);
+
+}  // namespace tailcut::python

@@ -1,0 +1,186 @@
+#include "items.h"
+
+#include <chrono>
+#include <cstdint>
+
+#include "blocking.h"
+#include "module.h"
+
+namespace tailcut::python {
+
+std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeout) {
+  struct Taken {
+    tc::TakeStatus status;
+    tc::WorkItem item;
+  };
+  std::optional<Taken> taken =
+      InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
+        Use use(h);
+        Taken t;
+        t.status = h.queue->Take(&t.item, end);
+        return t.status == tc::TakeStatus::kEmpty ? std::nullopt : std::optional<Taken>(t);
+      });
+  if (!taken)
+    Raise(g_exc.empty, "queue '" + h.name +
+                           "': no item within the timeout; other processes still hold "
+                           "open items, which come back if they die or give them back");
+  switch (taken->status) {
+    case tc::TakeStatus::kOk:
+      return taken->item;
+    case tc::TakeStatus::kLimit:
+      Raise(g_exc.invalid_argument,
+            "queue '" + h.name + "': this process already holds " +
+                std::to_string(h.leases_per_client) +
+                " open items (leases_per_client); ack or give one back before taking more, "
+                "or open the queue with a larger leases_per_client (in every process)");
+    case tc::TakeStatus::kEnd:
+    case tc::TakeStatus::kEmpty:
+      break;
+  }
+  return std::nullopt;
+}
+
+void AckPrevious(std::weak_ptr<PyWorkItem>& last) {
+  ItemPtr previous = last.lock();
+  last.reset();
+  if (previous && previous->state == ItemState::kOpen) previous->Ack();
+}
+
+namespace {
+
+// WorkQueue::AgreeStep in slices (blocking.h); calling it again for the same
+// step is harmless (it republishes the same word). REQUIRES: the GIL.
+std::string AgreeStepBlocking(QueueHandle& h, const py::object& rank, const py::object& ranks,
+                              const py::object& step, bool has_batch, const py::object& timeout) {
+  uint64_t r = ToU64(rank, "rank");
+  uint64_t n = ToU64(ranks, "ranks", 1);
+  uint64_t s = ToU64(step, "step");
+  if (r >= n)
+    Raise(g_exc.invalid_argument, "agree_step: rank " + std::to_string(r) +
+                                      " is not below ranks (" + std::to_string(n) + ")");
+  if (n > UINT32_MAX) Raise(g_exc.invalid_argument, "agree_step: ranks is too large");
+  if (s >= (uint64_t{1} << 62))
+    Raise(g_exc.invalid_argument, "agree_step: step must be below 2**62, got " + std::to_string(s));
+  Wait wait = Wait::FromTimeout(timeout, "timeout");
+  std::optional<tc::StepStatus> status = InSlices(wait, [&](Clock::time_point end) {
+    Use use(h);
+    tc::StepStatus st =
+        h.queue->AgreeStep(static_cast<uint32_t>(r), static_cast<uint32_t>(n), s, has_batch, end);
+    return st == tc::StepStatus::kTimeout ? std::nullopt : std::optional<tc::StepStatus>(st);
+  });
+  if (!status) return "timeout";
+  if (*status == tc::StepStatus::kEndEpoch) return "end_epoch";
+  if (*status == tc::StepStatus::kAllHaveBatch) return "all_have_batch";
+  Raise(g_exc.invalid_argument,
+        "queue '" + h.name + "': agree_step(rank=" + std::to_string(r) +
+            ", ranks=" + std::to_string(n) + ", step=" + std::to_string(s) +
+            ") refused: either ranks exceeds the queue's max_clients, or rank " +
+            std::to_string(r) +
+            " already agreed on a later step. Steps must grow over the queue's lifetime "
+            "(e.g. (epoch << 32) | step_in_epoch), across runs too: a queue resumed under "
+            "the same name keeps the last steps of its previous run; restart under a new "
+            "name with restore_state instead");
+}
+
+}  // namespace
+
+void DefineWorkItem(py::module_& m) {
+  py::class_<PyWorkItem, ItemPtr>(
+      m, "WorkItem",
+      "One work item (a byte range of one file) this process holds, as "
+      "handed out by WorkQueue.take(). Ack it when its records are used, "
+      "or give it back; `with item:` acks on a clean exit and gives back "
+      "on an exception. An item not acked when its process dies goes to "
+      "another process.")
+      .def_property_readonly(
+          "path", [](const PyWorkItem& i) { return FromPath(i.path); },
+          "The file (prefix applied), as os.fsdecode gives it: os.fsencode(path) is the "
+          "file name's bytes, also when they are not UTF-8.")
+      .def_property_readonly(
+          "begin", [](const PyWorkItem& i) { return i.item.begin; },
+          "First byte of the slice. The slice owns the records that start in [begin, end).")
+      .def_property_readonly(
+          "end", [](const PyWorkItem& i) { return i.item.end; }, "End of the slice (exclusive).")
+      .def_property_readonly(
+          "epoch", [](const PyWorkItem& i) { return i.item.epoch; },
+          "Epoch of this hand-out (0-based).")
+      .def_property_readonly(
+          "index", [](const PyWorkItem& i) { return i.item.index; },
+          "Which slice: an index in [0, num_items) of WorkQueue.items.")
+      .def_property_readonly(
+          "ticket", [](const PyWorkItem& i) { return i.item.ticket; },
+          "epoch * num_items + position.")
+      .def_property_readonly(
+          "file", [](const PyWorkItem& i) { return i.item.file; }, "Index of the file in works.")
+      .def_property_readonly(
+          "state", [](const PyWorkItem& i) { return std::string(StateName(i.state)); },
+          "'open', 'acked', 'given_back' or 'stale'.")
+      .def("ack", &PyWorkItem::Ack,
+           "Marks the item done. Raises StaleItemError if it was reassigned meanwhile (lease "
+           "timeout), InvalidArgumentError if it is not open.")
+      .def("give_back", &PyWorkItem::GiveBack,
+           "Returns the item unfinished; the queue hands it out again (to any process).")
+      .def("progress", &PyWorkItem::Progress, py::arg("offset"), py::arg("records") = 0,
+           "Reports that the item's bytes before `offset` are consumed (a checkpoint resumes "
+           "there) and `records` more records were read; refreshes the lease timeout. Raises "
+           "StaleItemError if the item was reassigned.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](PyWorkItem& self, py::object type, py::object, py::object) {
+            if (self.state != ItemState::kOpen) return false;
+            if (type.is_none()) {
+              self.Ack();
+            } else {
+              self.GiveBackQuietly();
+            }
+            return false;
+          },
+          "Acks the item if the block ended normally, gives it back if it raised; does nothing if "
+          "the block already acked or gave it back.")
+      .def("__repr__", [](const PyWorkItem& i) {
+        return "WorkItem(path=" + std::string(py::repr(FromPath(i.path))) +
+               ", begin=" + std::to_string(i.item.begin) + ", end=" + std::to_string(i.item.end) +
+               ", epoch=" + std::to_string(i.item.epoch) +
+               ", index=" + std::to_string(i.item.index) + ", state='" + StateName(i.state) + "')";
+      });
+}
+
+void DefineTake(QueueClass& queue) {
+  queue
+      .def(
+          "take",
+          [](const HandlePtr& h, py::object timeout) -> py::object {
+            if (h->auto_ack) AckPrevious(h->last_taken);
+            std::optional<tc::WorkItem> item = TakeBlocking(*h, timeout);
+            if (!item) return py::none();
+            auto taken = std::make_shared<PyWorkItem>(h, *item);
+            if (h->auto_ack) h->last_taken = taken;
+            return py::cast(taken);
+          },
+          py::arg("timeout") = py::none(),
+          "Takes the next WorkItem. Returns None once every item of every epoch is done. At the "
+          "end of the data it waits while other processes still hold open items (they come back "
+          "if those die); with `timeout` (seconds) it raises Empty instead of waiting longer. "
+          "Raises InvalidArgumentError while this process holds leases_per_client open items. "
+          "Releases the GIL while it waits. With WorkQueue(..., auto_ack=True) it first acks the "
+          "item the previous take() returned, if that is still open (PAI code never acks).")
+      .def(
+          "agree_step",
+          [](const HandlePtr& h, py::object rank, py::object ranks, py::object step, bool has_batch,
+             py::object timeout) {
+            return AgreeStepBlocking(*h, rank, ranks, step, has_batch, timeout);
+          },
+          py::arg("rank"), py::arg("ranks"), py::arg("step"), py::arg("has_batch"),
+          py::arg("timeout") = py::none(),
+          "Equal steps for synchronous trainers (PyTorch DDP): ranks 0..ranks-1 of one group each "
+          "call this once per step, saying whether they have a batch for it, and all get the same "
+          "answer: 'all_have_batch' (run the step) or 'end_epoch' (some rank has none: every rank "
+          "ends its epoch before this step). Returns 'timeout' when some rank did not arrive "
+          "within `timeout` seconds (None: wait on). Steps must grow over the queue's lifetime, "
+          "e.g. (epoch << 32) | step_in_epoch; a step below this rank's last one raises "
+          "InvalidArgumentError. Releases the GIL while it waits. tailcut.torch.EqualSteps builds "
+          "on it.");
+}
+
+}  // namespace tailcut::python

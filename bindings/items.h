@@ -1,0 +1,145 @@
+// WorkItem: one item this process holds, as Python sees it, and the blocking
+// calls that hand items out (take, agree_step).
+//
+// A PyWorkItem is used by one Python thread at a time (the GIL); its state
+// tells which of ack / give_back / progress may still be called.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "conversions.h"
+#include "errors.h"
+#include "queue.h"
+
+namespace tailcut::python {
+
+enum class ItemState { kOpen, kAcked, kGivenBack, kStale };
+
+inline const char* StateName(ItemState s) {
+  switch (s) {
+    case ItemState::kOpen:
+      return "open";
+    case ItemState::kAcked:
+      return "acked";
+    case ItemState::kGivenBack:
+      return "given_back";
+    case ItemState::kStale:
+      return "stale";
+  }
+  return "?";
+}
+
+struct PyWorkItem {
+  HandlePtr h;
+  tc::WorkItem item;
+  std::string path;
+  ItemState state = ItemState::kOpen;
+
+  PyWorkItem(HandlePtr handle, const tc::WorkItem& it)
+      : h(std::move(handle)), item(it), path(it.path) {
+    item.path = {};
+  }
+  // An item dropped while open (garbage-collected, never acked or given
+  // back) goes back to the queue now, not at close(), so another process can
+  // take it; with auto_ack it counts as done instead. A forked child leaves
+  // its parent's items alone.
+  ~PyWorkItem() {
+    if (state != ItemState::kOpen || ::getpid() != h->pid) return;
+    if (h->auto_ack) {
+      AckQuietly();
+    } else {
+      GiveBackQuietly();
+    }
+  }
+  PyWorkItem(const PyWorkItem&) = delete;
+  PyWorkItem& operator=(const PyWorkItem&) = delete;
+
+  std::string Describe() const {
+    return "item " + std::to_string(item.index) + " (epoch " + std::to_string(item.epoch) + ", '" +
+           path + "' [" + std::to_string(item.begin) + ", " + std::to_string(item.end) +
+           ")) of queue '" + h->name + "'";
+  }
+  void RequireOpen(const char* action) const {
+    if (state != ItemState::kOpen)
+      Raise(g_exc.invalid_argument, std::string("cannot ") + action + " " + Describe() +
+                                        ": it is already " + StateName(state));
+  }
+  void Check(tc::AckStatus status, const char* action) {
+    if (status == tc::AckStatus::kOk) return;
+    if (status == tc::AckStatus::kStale) {
+      state = ItemState::kStale;
+      Raise(g_exc.stale, std::string(action) + " of " + Describe() +
+                             " refused: the item was reassigned to another process after a lease "
+                             "timeout (its records may be read twice); stop reading it");
+    }
+    Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
+                                      " refused: not an open item of this queue and process");
+  }
+  void Ack() {
+    RequireOpen("ack");
+    tc::AckStatus s;
+    {
+      Use use(*h);
+      s = h->queue->Ack(item);
+    }
+    Check(s, "ack");
+    state = ItemState::kAcked;
+  }
+  void GiveBack() {
+    RequireOpen("give back");
+    tc::AckStatus s;
+    {
+      Use use(*h);
+      s = h->queue->GiveBack(item);
+    }
+    Check(s, "give_back");
+    state = ItemState::kGivenBack;
+  }
+  void Progress(const py::object& offset, const py::object& records) {
+    RequireOpen("report progress of");
+    uint64_t off = ToU64(offset, "offset");
+    uint64_t recs = ToU64(records, "records");
+    tc::AckStatus s;
+    {
+      Use use(*h);
+      s = h->queue->Progress(item, off, recs);
+    }
+    Check(s, "progress");
+  }
+  // Best effort, for destructors: no raise.
+  void AckQuietly() noexcept {
+    if (state != ItemState::kOpen) return;
+    try {
+      Use use(*h);
+      h->queue->Ack(item);
+    } catch (...) {
+    }
+    state = ItemState::kAcked;
+  }
+  // Best effort, for destructors and __exit__ with an exception: no raise.
+  void GiveBackQuietly() noexcept {
+    if (state != ItemState::kOpen) return;
+    try {
+      Use use(*h);
+      h->queue->GiveBack(item);
+    } catch (...) {
+    }
+    state = ItemState::kGivenBack;
+  }
+};
+
+using ItemPtr = std::shared_ptr<PyWorkItem>;
+
+// Blocking take in slices; nullopt at the end of the data. REQUIRES: the GIL.
+std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeout);
+
+// auto_ack: acks the item handed out last through `last` if it is still
+// open, before the next one is taken. Raises StaleItemError if it was
+// reassigned meanwhile. REQUIRES: the GIL (which guards `last`).
+void AckPrevious(std::weak_ptr<PyWorkItem>& last);
+
+}  // namespace tailcut::python

@@ -1,0 +1,340 @@
+#include "queue.h"
+
+#include "blocking.h"
+#include "conversions.h"
+#include "errors.h"
+#include "items.h"
+#include "module.h"
+#include "stats.h"
+
+namespace tailcut::python {
+
+namespace {
+
+// Every live handle of this process, for the atexit hook.
+std::mutex g_handles_mu;
+std::vector<std::weak_ptr<QueueHandle>> g_handles;
+
+HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool shuffle,
+                    const py::object& seed, const py::object& prefix, const py::object& num_slices,
+                    const py::object& num_clients, const py::object& queue_name,
+                    const py::kwargs& more) {
+  const std::string name = ToQueueName(queue_name);
+  tc::WorkQueueOptions o;
+  py::dict open_args;
+  if (py::isinstance<py::str>(works) || py::isinstance<py::bytes>(works) ||
+      py::hasattr(works, "__fspath__")) {
+    o.works.push_back(ToPath(works));
+  } else {
+    for (py::handle w : works) o.works.push_back(ToPath(w));
+  }
+  py::list works_list;
+  for (const std::string& w : o.works) works_list.append(FromPath(w));
+  open_args["works"] = works_list;
+  o.num_epochs = ToU64(num_epochs, "num_epochs");
+  o.shuffle = shuffle;
+  if (!seed.is_none()) o.seed = ToU64(seed, "seed");
+  if (!prefix.is_none()) o.prefix = ToPath(prefix);
+  if (!num_slices.is_none()) o.num_slices = ToU64(num_slices, "num_slices");
+  o.num_clients = ToU32(num_clients, "num_clients");
+  o.name = name;
+  open_args["num_epochs"] = num_epochs;
+  open_args["shuffle"] = shuffle;
+  open_args["seed"] = seed;
+  open_args["prefix"] = prefix;
+  open_args["num_slices"] = num_slices;
+  open_args["num_clients"] = num_clients;
+  open_args["name"] = name;
+
+  auto h = std::make_shared<QueueHandle>();
+  h->name = name;
+  py::object format = py::none(), record_bytes = py::none();
+  for (auto kv : more) {
+    std::string key = py::str(kv.first);
+    py::object v = py::reinterpret_borrow<py::object>(kv.second);
+    if (key == "format") {
+      format = v;
+    } else if (key == "record_bytes") {
+      record_bytes = v;
+    } else if (key == "max_clients") {
+      o.max_clients = ToU32(v, "max_clients");
+    } else if (key == "auto_ack") {
+      h->auto_ack = py::cast<bool>(v);
+    } else if (key == "leases_per_client") {
+      o.leases_per_client = ToU32(v, "leases_per_client");
+    } else if (key == "attach_timeout") {
+      o.attach_timeout = ToMillis(ToSeconds(v, "attach_timeout"));
+    } else if (key == "lease_timeout") {
+      o.lease_timeout =
+          v.is_none() ? std::chrono::milliseconds(0) : ToMillis(ToSeconds(v, "lease_timeout"));
+    } else if (key == "restore_state") {
+      if (v.is_none()) continue;
+      if (py::isinstance<py::dict>(v)) {
+        py::dict d = v;
+        if (!d.contains("state"))
+          Raise(g_exc.invalid_argument,
+                "restore_state: a dict must be what state_dict() returned (no 'state' key)");
+        o.restore_state = ToBytes(d["state"], "restore_state['state']");
+      } else {
+        o.restore_state = ToBytes(v, "restore_state");
+      }
+      continue;  // not part of the arguments that re-open the queue
+    } else if (key == "on_notice") {
+      o.on_notice = WrapNotice(v);
+      continue;
+    } else {
+      throw py::type_error("WorkQueue() got an unexpected keyword argument '" + key + "'");
+    }
+    open_args[py::str(key)] = v;
+  }
+  if (!format.is_none()) {
+    h->format = ParseFormat(py::str(format), record_bytes);
+    o.format = h->format->Tag();
+  } else if (!record_bytes.is_none()) {
+    Raise(g_exc.invalid_argument, "record_bytes needs format='fixed'");
+  }
+  h->restore_state = o.restore_state;
+  h->leases_per_client = o.leases_per_client;
+  h->notice = o.on_notice;
+  h->open_args = open_args;
+  h->pid = ::getpid();
+  {
+    py::gil_scoped_release nogil;
+    h->queue = tc::WorkQueue::Open(std::move(o));
+  }
+  std::lock_guard<std::mutex> lock(g_handles_mu);
+  g_handles.erase(std::remove_if(g_handles.begin(), g_handles.end(),
+                                 [](const std::weak_ptr<QueueHandle>& w) { return w.expired(); }),
+                  g_handles.end());
+  g_handles.push_back(h);
+  return h;
+}
+
+void CloseHandle(QueueHandle& h) {
+  if (::getpid() != h.pid) return;                             // a forked child: not ours to close
+  if (ItemPtr last = h.last_taken.lock()) last->AckQuietly();  // auto_ack: the last is done
+  InSlices(Wait::Forever(), [&](Clock::time_point end) {
+    return h.CloseUntil(end) ? std::optional<bool>(true) : std::nullopt;
+  });
+}
+
+}  // namespace
+
+QueueClass DefineWorkQueue(py::module_& m) {
+  QueueClass cls(
+      m, "WorkQueue",
+      "The host-wide work queue (the PAI WorkQueue contract). Every process on the host that "
+      "opens a WorkQueue with the same name and configuration shares one queue in POSIX shared "
+      "memory, which hands out work items (file slices) so that each is used exactly once per "
+      "epoch across all processes. Use from many threads is safe. A forked child must open its "
+      "own. Extra keywords: format, record_bytes (part of the configuration: every process must "
+      "agree), max_clients, leases_per_client, attach_timeout and lease_timeout (seconds; "
+      "lease_timeout None: off), restore_state (bytes from state_dict()['state']), on_notice "
+      "(callable taking one str, or None for stderr), auto_ack (PAI compatibility: each take() or "
+      "input_producer get() acks the item handed out before it, close() the last; "
+      "at-most-once, see docs/python.md).");
+  cls.def(py::init(&OpenQueue), py::arg("works"), py::arg("num_epochs") = 1,
+          py::arg("shuffle") = true, py::arg("seed") = py::none(), py::arg("prefix") = py::none(),
+          py::arg("num_slices") = py::none(), py::arg("num_clients") = 1,
+          py::arg("name") = "work_queue",
+          "Creates or joins the queue `name`. Raises NotFoundError, PermissionDeniedError, "
+          "ConfigMismatchError, NoSpaceError, TimeoutError or InvalidArgumentError with the "
+          "library's message; TypeError for an unknown keyword.")
+      .def(
+          "summary", [](const HandlePtr& h) { return StatsDict(StatsOf(*h)); },
+          "Counters of the queue and of every client, as a dict with the C++ QueueStats field "
+          "names; 'clients' is a list of dicts with the ClientStats field names.")
+      .def(
+          "add_summary",
+          [](const HandlePtr& h, py::object writer, py::object step, const std::string& prefix) {
+            AddSummary(*h, writer, step, prefix);
+          },
+          py::arg("writer"), py::arg("step") = py::none(), py::arg("prefix") = "tailcut",
+          "Writes the summary as scalars through writer.add_scalar(tag, value, step) (e.g. a "
+          "torch.utils.tensorboard.SummaryWriter): <prefix>/done, <prefix>/in_flight, ..., "
+          "<prefix>/client_<slot>/items_acked, ...")
+      .def(
+          "state_dict",
+          [](const HandlePtr& h) {
+            std::string state;
+            tc::QueueStats stats;
+            {
+              Use use(*h);
+              state = h->queue->SaveState();
+              stats = h->queue->Stats();
+            }
+            py::dict d;
+            d["state"] = py::bytes(state);
+            d["name"] = h->name;
+            d["num_items"] = h->queue->num_items();
+            d["num_epochs"] = h->queue->num_epochs();
+            d["seed"] = h->queue->seed();
+            d["done"] = stats.done;
+            d["total"] = stats.total;
+            return d;
+          },
+          "A checkpoint of the whole queue: {'state': bytes, 'name', 'num_items', 'num_epochs', "
+          "'seed', 'done', 'total'}. Restore it by opening the queue of the restarted job with "
+          "restore_state=d (or d['state']) in every process. Items open now are handed out again "
+          "after a restore, from their last progress offset.")
+      .def(
+          "load_state_dict",
+          [](const HandlePtr& h, py::object d) {
+            std::string state;
+            if (py::isinstance<py::dict>(d) && py::dict(d).contains("state")) {
+              state = ToBytes(py::dict(d)["state"], "state_dict['state']");
+            } else {
+              state = ToBytes(d, "state_dict");
+            }
+            if (!h->restore_state.empty() && state == h->restore_state) return;
+            Raise(
+                g_exc.invalid_argument,
+                "queue '" + h->name +
+                    "': an open WorkQueue cannot jump to a checkpoint (other processes "
+                    "may be taking from it); open the restarted job's queue with it instead: "
+                    "tailcut.WorkQueue(..., restore_state=state_dict) in every process. "
+                    "load_state_dict() only accepts the state the queue was opened with (a no-op)");
+          },
+          py::arg("state_dict"),
+          "Accepts only the state this queue was opened with (restore_state=...), as a no-op, so "
+          "that code written for torch-style checkpointing runs; any other state raises "
+          "InvalidArgumentError: restoring means opening the queue with restore_state.")
+      .def(
+          "close", [](const HandlePtr& h) { CloseHandle(*h); },
+          "Closes readers and producers opened on the queue, gives back this process's open items, "
+          "leaves the queue, and removes it if this was the last process and every epoch is done. "
+          "Idempotent. Waits for calls in flight in other threads.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](const HandlePtr& h, py::object, py::object, py::object) {
+            CloseHandle(*h);
+            return false;
+          },
+          "Closes the queue.")
+      .def_property_readonly(
+          "closed",
+          [](const HandlePtr& h) {
+            std::lock_guard<std::mutex> lock(h->mu);
+            return h->closed || h->closing.load();
+          },
+          "True once close() started.")
+      .def_property_readonly(
+          "name", [](const HandlePtr& h) { return h->name; }, "The queue name.")
+      .def_property_readonly(
+          "num_items", [](const HandlePtr& h) { return h->queue->num_items(); }, "Items per epoch.")
+      .def_property_readonly(
+          "num_epochs", [](const HandlePtr& h) { return h->queue->num_epochs(); }, "Epochs.")
+      .def_property_readonly(
+          "seed", [](const HandlePtr& h) { return h->queue->seed(); },
+          "The shuffle seed every process uses (drawn by the creator when seed=None).")
+      .def_property_readonly(
+          "paths",
+          [](const HandlePtr& h) {
+            py::list out;
+            for (const std::string& p : h->queue->paths()) out.append(FromPath(p));
+            return out;
+          },
+          "The work files, prefix applied (str as os.fsdecode gives them, like WorkItem.path).")
+      .def_property_readonly(
+          "items",
+          [](const HandlePtr& h) {
+            py::list out;
+            for (const auto& it : h->queue->items())
+              out.append(py::make_tuple(it.file, it.begin, it.end));
+            return out;
+          },
+          "The item table: a list of (file, begin, end); item i covers [begin, end) of "
+          "paths[file].")
+      .def_property_readonly(
+          "format",
+          [](const HandlePtr& h) -> py::object {
+            if (!h->format) return py::none();
+            return py::str(h->format->Tag());
+          },
+          "The format tag the queue was opened with ('tfrecord', 'fixed:128', ...), or None.")
+      .def_property_readonly(
+          "segment_path", [](const HandlePtr& h) { return tc::SegmentPath(h->name); },
+          "The shared-memory object of the queue, e.g. /dev/shm/tailcut.1000.work_queue.")
+      .def_property_readonly(
+          "open_args", [](const HandlePtr& h) { return h->open_args.attr("copy")(); },
+          "The keyword arguments that open this same queue in another process (without "
+          "restore_state and on_notice): tailcut.WorkQueue(**q.open_args).")
+      .def(
+          "item_at",
+          [](const HandlePtr& h, py::object epoch, py::object position) {
+            uint64_t e = ToU64(epoch, "epoch"), p = ToU64(position, "position");
+            if (e >= h->queue->num_epochs() || p >= h->queue->num_items())
+              Raise(g_exc.invalid_argument, "item_at: epoch or position out of range");
+            return h->queue->ItemAt(e, p);
+          },
+          py::arg("epoch"), py::arg("position"),
+          "The item index handed out at `position` of `epoch` (the seeded shuffle).")
+      .def("__repr__", [](const HandlePtr& h) {
+        return "WorkQueue(name=" + std::string(py::repr(py::str(h->name))) +
+               ", num_items=" + std::to_string(h->queue->num_items()) +
+               ", num_epochs=" + std::to_string(h->queue->num_epochs()) + ")";
+      });
+  return cls;
+}
+
+void DefineQueueFunctions(py::module_& m) {
+  // The stats fields summary() returns, for tests and tools.
+  m.attr("_stats_fields") = StatsFields();
+  m.def(
+      "list_queues",
+      []() {
+        py::list out;
+        for (const auto& q : tc::ListQueues()) {
+          py::dict d;
+          d["name"] = q.name;
+          d["segment_path"] = q.segment_path;
+          d["valid"] = q.valid;
+          d["problem"] = q.problem;
+          out.append(d);
+        }
+        return out;
+      },
+      "Queues of this user: a list of dicts (name, segment_path, valid, problem).");
+  m.def(
+      "inspect_queue",
+      [](const py::object& queue_name) {
+        std::string name = ToQueueName(queue_name);
+        tc::QueueStats s;
+        {
+          py::gil_scoped_release nogil;
+          s = tc::InspectQueue(name);
+        }
+        return StatsDict(s);
+      },
+      py::arg("name"),
+      "The summary of an existing queue without joining it (dead clients found on the way are "
+      "recovered). Raises NotFoundError, CorruptError, PermissionDeniedError.");
+  m.def(
+      "remove_queue",
+      [](const py::object& queue_name, bool force) {
+        std::string name = ToQueueName(queue_name);
+        py::gil_scoped_release nogil;
+        tc::RemoveQueue(name, force);
+      },
+      py::arg("name"), py::arg("force") = false,
+      "Removes a queue's segment. Refuses (InvalidArgumentError naming the pids) while live "
+      "processes use it, unless force. Raises NotFoundError.");
+  m.def(
+      "segment_path", [](const py::object& name) { return tc::SegmentPath(ToQueueName(name)); },
+      py::arg("name"), "The shared-memory object path of a queue name for this user.");
+  m.def(
+      "_close_all",
+      []() {
+        std::vector<HandlePtr> live;
+        {
+          std::lock_guard<std::mutex> lock(g_handles_mu);
+          for (auto& w : g_handles)
+            if (auto h = w.lock()) live.push_back(std::move(h));
+        }
+        for (auto& h : live) CloseHandle(*h);
+      },
+      "Closes every queue this process opened (registered with atexit by tailcut).");
+}
+
+}  // namespace tailcut::python
