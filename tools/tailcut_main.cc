@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "tailcut/batch_ring.h"
 #include "tailcut/error.h"
 #include "tailcut/work_queue.h"
 #include "tools/top.h"
@@ -42,6 +43,13 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(QueueStats, name, segment_path, num_items, nu
                                    done, in_flight, handed_out, epoch, seed, shuffle, num_clients,
                                    clients_joined, recovered_items, stale_acks, splits, now_ns,
                                    clients)
+NLOHMANN_JSON_SERIALIZE_ENUM(RingRole, {{RingRole::kLoader, "loader"},
+                                        {RingRole::kTrainer, "trainer"}})
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RingClientStats, slot, pid, alive, role, acquired, published,
+                                   abandoned, popped, released, wait_seconds)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(BatchRingStats, name, segment_path, slot_bytes, num_slots, free,
+                                   filling, ready, popped, published, released, reclaimed,
+                                   redelivered, stale_tokens, closed, ended_through, clients)
 }  // namespace tailcut
 
 namespace {
@@ -291,6 +299,64 @@ int RunRm(const std::string& name, bool force) {
   return kExitOk;
 }
 
+// What holds the trainers or the loaders back right now, from the slot counts.
+std::string RingState(const tailcut::BatchRingStats& stats) {
+  if (stats.closed) return "closed";
+  const bool trainers = std::any_of(stats.clients.begin(), stats.clients.end(), [](const auto& c) {
+    return c.alive && c.role == tailcut::RingRole::kTrainer;
+  });
+  if (stats.ready == 0 && trainers) return "STARVING: no batch ready for the trainers; add loaders";
+  if (stats.free == 0 && stats.filling == 0) return "full: loaders wait for trainers to release";
+  return "flowing";
+}
+
+int RunRing(const std::string& name, bool json, bool remove) {
+  if (remove) {
+    if (!tailcut::RemoveBatchRing(name)) {
+      throw tailcut::Error(tailcut::ErrorKind::kNotFound,
+                           "no batch ring '" + name + "' (" + tailcut::BatchRingSegmentPath(name) +
+                               "); 'tailcut ring NAME' shows one that exists");
+    }
+    std::cout << "removed batch ring " << name << '\n';
+    return kExitOk;
+  }
+  const tailcut::BatchRingStats stats = tailcut::InspectBatchRing(name);
+  if (json) {
+    std::cout << nlohmann::json(stats).dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+              << '\n';
+    return kExitOk;
+  }
+  std::cout << "ring       " << stats.name << '\n'
+            << "segment    " << stats.segment_path << '\n'
+            << "slots      " << stats.num_slots << " x "
+            << FormatFixed(static_cast<double>(stats.slot_bytes) / (1 << 20), 1) << " MiB: "
+            << stats.free << " free, " << stats.filling << " filling, " << stats.ready
+            << " ready, " << stats.popped << " popped\n"
+            << "batches    " << stats.published << " published, " << stats.released
+            << " released, " << stats.redelivered << " redelivered, " << stats.reclaimed
+            << " slots reclaimed, " << stats.stale_tokens << " stale tokens\n"
+            << "state      " << RingState(stats) << '\n';
+  if (stats.clients.empty()) {
+    std::cout << "\nno clients registered\n";
+    return kExitOk;
+  }
+  std::cout << '\n';
+  Table table({{"SLOT", true},
+               {"PID", true},
+               {"ROLE"},
+               {"STATE"},
+               {"BATCHES", true},
+               {"WAIT S", true}});
+  for (const tailcut::RingClientStats& c : stats.clients) {
+    const bool loader = c.role == tailcut::RingRole::kLoader;
+    table.AddRow({std::to_string(c.slot), std::to_string(c.pid), loader ? "loader" : "trainer",
+                  c.alive ? "alive" : "dead", std::to_string(loader ? c.published : c.popped),
+                  FormatFixed(c.wait_seconds, 2)});
+  }
+  table.Print(std::cout);
+  return kExitOk;
+}
+
 // ---------------------------------------------------------------------------
 // Command line
 
@@ -382,8 +448,26 @@ int Main(int argc, char** argv) {
       "  $ tailcut rm imagenet\n"
       "  $ tailcut rm imagenet --force");
 
+  bool remove = false;
+  CLI::App* ring =
+      app.add_subcommand("ring", "show a batch ring of pooled loaders: slots, loaders, trainers");
+  ring->add_option("NAME", name, "the batch ring")->required();
+  ring->add_flag("--json", json, "print every counter as one JSON object (docs/cli.md)");
+  ring->add_flag("--rm", remove, "remove the ring's segment instead");
+  ring->footer(
+      "Shows the slots of a batch ring by state, the batches published and\n"
+      "released, and one row per loader (batches published) and trainer\n"
+      "(batches popped) with the seconds each spent waiting: loaders for a\n"
+      "free slot, trainers for a ready batch. The state line says STARVING\n"
+      "when live trainers find no batch ready, the sign to add loaders.\n"
+      "\n"
+      "Examples:\n"
+      "  $ tailcut ring imagenet\n"
+      "  $ tailcut ring imagenet --json\n"
+      "  $ tailcut ring imagenet --rm");
+
   CLI::App* help = app.add_subcommand("help", "show the help of a command");
-  for (CLI::App* command : {ls, stat, top, rm, help}) command->group("Commands");
+  for (CLI::App* command : {ls, stat, top, rm, ring, help}) command->group("Commands");
   std::string topic;
   help->add_option("COMMAND", topic, "the command");
 
@@ -411,7 +495,7 @@ int Main(int argc, char** argv) {
         return kExitOk;
       }
       const CLI::App* command = nullptr;
-      for (const CLI::App* c : {ls, stat, top, rm, help}) {
+      for (const CLI::App* c : {ls, stat, top, rm, ring, help}) {
         if (c->get_name() == topic) command = c;
       }
       if (command == nullptr)
@@ -422,6 +506,7 @@ int Main(int argc, char** argv) {
     if (ls->parsed()) return RunLs();
     if (stat->parsed()) return RunStat(name, json);
     if (top->parsed()) return tailcut_cli::RunTop(name, once, 1.0);
+    if (ring->parsed()) return RunRing(name, json, remove);
     return RunRm(name, force);
   } catch (const tailcut::Error& e) {
     std::cerr << "tailcut: " << e.what() << '\n';
