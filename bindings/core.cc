@@ -144,6 +144,14 @@ uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0
   return v;
 }
 
+// A count the engine keeps in 32 bits: larger values are refused, not cut.
+uint32_t ToU32(const py::handle& value, const char* what) {
+  uint64_t v = ToU64(value, what);
+  if (v > UINT32_MAX)
+    Raise(g_exc.invalid_argument, std::string(what) + " must be below 2**32, got " + std::to_string(v));
+  return static_cast<uint32_t>(v);
+}
+
 double ToSeconds(const py::handle& value, const char* what) {
   if (PyBool_Check(value.ptr()))
     throw py::type_error(std::string(what) + " must be a number of seconds");
@@ -160,7 +168,8 @@ double ToSeconds(const py::handle& value, const char* what) {
 }
 
 std::chrono::milliseconds ToMillis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+  // Capped so the cast is defined; the engine refuses anything this long.
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(std::min(seconds, 1e15) * 1000.0)));
 }
 
 std::string ToPath(const py::handle& value) {
@@ -368,6 +377,10 @@ struct PyWorkItem {
                              " refused: the item was reassigned to another process after a lease "
                              "timeout (its records may be read twice); stop reading it");
     }
+    if (status == tc::AckStatus::kOutOfRange)
+      Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
+                                        " refused: the offset is outside the item's byte range "
+                                        "(begin <= offset <= end); nothing was recorded");
     Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
                                       " refused: not an open item of this queue and process");
   }
@@ -1252,7 +1265,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   if (!seed.is_none()) o.seed = ToU64(seed, "seed");
   if (!prefix.is_none()) o.prefix = ToPath(prefix);
   if (!num_slices.is_none()) o.num_slices = ToU64(num_slices, "num_slices");
-  o.num_clients = static_cast<uint32_t>(ToU64(num_clients, "num_clients"));
+  o.num_clients = ToU32(num_clients, "num_clients");
   o.name = name;
   open_args["num_epochs"] = num_epochs;
   open_args["shuffle"] = shuffle;
@@ -1273,9 +1286,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
     } else if (key == "record_bytes") {
       record_bytes = v;
     } else if (key == "max_clients") {
-      o.max_clients = static_cast<uint32_t>(ToU64(v, "max_clients"));
+      o.max_clients = ToU32(v, "max_clients");
     } else if (key == "leases_per_client") {
-      o.leases_per_client = static_cast<uint32_t>(ToU64(v, "leases_per_client"));
+      o.leases_per_client = ToU32(v, "leases_per_client");
     } else if (key == "attach_timeout") {
       o.attach_timeout = ToMillis(ToSeconds(v, "attach_timeout"));
     } else if (key == "lease_timeout") {

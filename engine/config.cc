@@ -140,6 +140,21 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
                 "queue '" + options.name + "': max_clients x leases_per_client is " +
                     std::to_string(uint64_t{options.max_clients} * options.leases_per_client) +
                     "; the limit is " + std::to_string(kMaxLeases));
+  // Longer waits are surely mistakes, and would overflow the clocks' arithmetic.
+  auto check_duration = [&](std::chrono::milliseconds d, const char* what) {
+    if (d.count() < 0 || d > kMaxDuration)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue '" + options.name + "': " + what + " is " + std::to_string(d.count()) +
+                      " ms; it must be 0.." + std::to_string(kMaxDuration.count()) +
+                      " ms (7 days)");
+  };
+  check_duration(options.attach_timeout, "attach_timeout");
+  check_duration(options.lease_timeout, "lease_timeout");
+  if (options.min_split_bytes == 0 || options.min_split_bytes > kMaxFileBytes)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': min_split_bytes is " +
+                    std::to_string(options.min_split_bytes) +
+                    "; it must be 1..2^48-1 (to turn tail splitting off, set split_tail=false)");
   if (options.format.size() >= kFormatTagBytes)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag longer than " +
                                                  std::to_string(kFormatTagBytes - 1) + " bytes");

@@ -1016,10 +1016,14 @@ AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
   LeaseSlot& ls = segment_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
   if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  // An offset past the end would make a checkpoint skip the rest of the
+  // item. The lease's own range, not the caller's copy of it, is the item.
+  if (offset < ls.begin.load(std::memory_order_relaxed) ||
+      offset > ls.end.load(std::memory_order_relaxed))
+    return AckStatus::kOutOfRange;
   // Tagged: should the lease be reassigned and taken again before this
   // store lands, SaveState ignores it.
-  ls.progress.store(ProgressWord(std::clamp(offset, item.begin, item.end), ours),
-                    std::memory_order_relaxed);
+  ls.progress.store(ProgressWord(offset, ours), std::memory_order_relaxed);
   if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;

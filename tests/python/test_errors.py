@@ -109,6 +109,13 @@ def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
         with pytest.raises(tailcut.InvalidArgumentError,
                            match=exact("offset must be a non-negative int, got -1")):
             item.progress(-1)
+        for past_end in (item.end + 500, 10**15, 2**64 - 1):
+            with pytest.raises(tailcut.InvalidArgumentError, match=exact(
+                    f"progress of item 0 (epoch 0, '{files[0]}' [0, {item.end})) of queue "
+                    f"'{qname}' refused: the offset is outside the item's byte range "
+                    f"(begin <= offset <= end); nothing was recorded")):
+                item.progress(past_end)
+        item.progress(item.end)
         item.ack()
         with pytest.raises(tailcut.InvalidArgumentError, match=exact(
                 f"cannot report progress of item 0 (epoch 0, '{files[0]}' [0, {item.end})) of "

@@ -116,6 +116,7 @@ enum class AckStatus {
   kOk,
   kStale,    // the item was reassigned (lease timeout); the ack was refused
   kInvalid,  // not an item of this queue and process
+  kOutOfRange,  // Progress: the offset is outside the item's [begin, end]; nothing changed
 };
 
 // Per-client counters, kept in the segment.
@@ -185,11 +186,14 @@ class TAILCUT_EXPORT WorkQueue {
   AckStatus GiveBack(const WorkItem& item) noexcept;
   // Reports progress: the item's bytes before `offset` are consumed (a
   // checkpoint resumes there) and `records` more records were read. Refreshes
-  // the lease timeout. kStale if the item was reassigned.
+  // the lease timeout. kStale if the item was reassigned. kOutOfRange, and
+  // nothing recorded, unless begin <= offset <= end (the item as handed out:
+  // a record that starts before a split's lower end may end past it).
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
-  // before `up_to`, claim them. Sets *end to the item's current end: records
+  // before `up_to`, claim them (any up_to: below begin claims nothing, past
+  // the end claims up to the end). Sets *end to the item's current end: records
   // starting at or after it belong to a process that split the tail off, so
   // stop there (RecordParser::SetEnd). The first Claim makes the item
   // splittable; an item never claimed is never split. kStale if the item was
