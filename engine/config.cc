@@ -29,7 +29,7 @@ constexpr size_t kParallelStatThreshold = 256;
 
 uint64_t Mix(uint64_t h, uint64_t v) { return SplitMix64(h ^ v) + 0x9e37; }
 
-std::string Quote(const std::string& s) { return "'" + s + "'"; }
+std::string Quote(const std::string& s) { return "'" + Printable(s) + "'"; }
 
 }  // namespace
 
@@ -63,13 +63,19 @@ void ValidateQueueName(const std::string& name) {
     throw Error(ErrorKind::kInvalidArgument,
                 "queue name is " + std::to_string(name.size()) + " characters long; the limit is " +
                     std::to_string(kMaxNameLength));
-  for (char c : name) {
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-';
-    if (!ok)
-      throw Error(ErrorKind::kInvalidArgument,
-                  "queue name " + Quote(name) + " contains '" + std::string(1, c) +
-                      "'; use only letters, digits, '.', '_' and '-'");
+    if (ok) continue;
+    // Name the whole character: all bytes of a UTF-8 sequence (Printable
+    // escapes them should they not be one).
+    auto lead = static_cast<unsigned char>(c);
+    size_t len = lead >= 0xf0 && lead <= 0xf4 ? 4 : lead >= 0xe0 && lead <= 0xef ? 3
+                 : lead >= 0xc2 && lead <= 0xdf ? 2 : 1;
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue name " + Quote(name) + " contains '" + Printable(name.substr(i, len)) +
+                    "'; use only ASCII letters, digits, '.', '_' and '-'");
   }
   if (name == "." || name == "..")
     throw Error(ErrorKind::kInvalidArgument, "queue name " + Quote(name) + " is reserved");
@@ -192,10 +198,14 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   auto stat_one = [&](size_t i) {
     const std::string& path = config.paths[i];
     std::string where = "work file " + Quote(path) + " (works[" + std::to_string(i) + "])";
+    if (path.find('\0') != std::string::npos) {
+      fail(i, ErrorKind::kInvalidArgument, where + " contains a NUL byte; no file has such a name");
+      return;
+    }
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
       int err = errno;
-      fail(i, err == ENOENT || err == ENOTDIR ? ErrorKind::kNotFound : ErrorKind::kPermission,
+      fail(i, ErrorKindOfErrno(err),
            where + ": " + std::strerror(err) +
                (err == ENOENT ? "; check the path and the prefix" : ""));
       return;
@@ -209,7 +219,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
       return;
     }
     if (::access(path.c_str(), R_OK) != 0) {
-      fail(i, ErrorKind::kPermission,
+      fail(i, ErrorKindOfErrno(errno),
            where + " is not readable: " + std::strerror(errno) + "; fix its permissions");
       return;
     }

@@ -4,6 +4,10 @@
 // (errno mapping, unprintable bytes, sizes).
 #include <sys/stat.h>
 
+#include <cerrno>
+
+#include "engine/segment.h"
+
 #include "tests/engine/queue_test_util.h"
 
 namespace tailcut::test {
@@ -195,6 +199,82 @@ TEST_F(ArgumentTest, OptionsOutOfRangeAreInvalidArgumentsNamingTheOption) {
   o.attach_timeout = milliseconds(604800000);
   o.lease_timeout = milliseconds(604800000);
   EXPECT_NO_THROW(WorkQueue::Open(o));
+}
+
+// ------------------------------------------------------------ messages
+
+TEST_F(ArgumentTest, ErrnoMapsToOneKindEverywhere) {
+  EXPECT_EQ(ErrorKindOfErrno(ENOENT), ErrorKind::kNotFound);
+  EXPECT_EQ(ErrorKindOfErrno(ENOTDIR), ErrorKind::kNotFound);
+  EXPECT_EQ(ErrorKindOfErrno(EACCES), ErrorKind::kPermission);
+  EXPECT_EQ(ErrorKindOfErrno(EPERM), ErrorKind::kPermission);
+  EXPECT_EQ(ErrorKindOfErrno(EROFS), ErrorKind::kPermission);
+  EXPECT_EQ(ErrorKindOfErrno(ENOSPC), ErrorKind::kNoSpace);
+  EXPECT_EQ(ErrorKindOfErrno(ENOMEM), ErrorKind::kNoSpace);
+  EXPECT_EQ(ErrorKindOfErrno(ELOOP), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(ErrorKindOfErrno(ENAMETOOLONG), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(ErrorKindOfErrno(EIO), ErrorKind::kIo);
+}
+
+// ELOOP and ENAMETOOLONG were reported as permission errors.
+TEST_F(ArgumentTest, ASymlinkLoopAndAnOverlongPathAreInvalidArgumentsNotPermission) {
+  const std::string a = dir_.path() + "/loop_a", b = dir_.path() + "/loop_b";
+  ASSERT_EQ(::symlink(b.c_str(), a.c_str()), 0) << ErrnoText("symlink");
+  ASSERT_EQ(::symlink(a.c_str(), b.c_str()), 0) << ErrnoText("symlink");
+  auto o = Options("eloop", {a});
+  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kInvalidArgument,
+                        {"work file '" + a + "' (works[0])", "Too many levels of symbolic links"}));
+  const std::string longpath = dir_.path() + "/" + std::string(300, 'x');
+  auto l = Options("toolong", {longpath});
+  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(l); }, ErrorKind::kInvalidArgument,
+                        {"File name too long"}));
+}
+
+// A non-ASCII name gave an empty message in Python (not UTF-8 once cut in
+// the middle of a character), a NUL cut the message short.
+TEST_F(ArgumentTest, UnprintableBytesInNamesAndPathsAreEscapedInMessages) {
+  auto message_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "did not throw";
+    return std::string();
+  };
+  const auto works = dir_.Files("f", 1, {10});
+  auto named = [&](const std::string& name) {
+    auto o = BaseOptions(name, works);
+    return message_of([&] { WorkQueue::Open(o); });
+  };
+  EXPECT_EQ(named("caf\xc3\xa9"),
+            "queue name 'caf\xc3\xa9' contains '\xc3\xa9'; use only ASCII letters, digits, '.', '_' "
+            "and '-'");
+  const std::string with_nul = named(std::string("a\0b", 3));
+  EXPECT_EQ(with_nul, "queue name 'a\\x00b' contains '\\x00'; use only ASCII letters, digits, "
+                      "'.', '_' and '-'");
+  EXPECT_EQ(std::strlen(with_nul.c_str()), with_nul.size()) << "a NUL in the message";
+  EXPECT_EQ(named("x\xff\n"), "queue name 'x\\xff\\x0a' contains '\\xff'; use only ASCII letters, "
+                              "digits, '.', '_' and '-'");
+  // A path with a NUL would stat a different file (the part before it).
+  auto o = Options("nulpath", {works[0] + std::string("\0junk", 5)});
+  const std::string m = message_of([&] { WorkQueue::Open(o); });
+  EXPECT_TRUE(Contains(m, "work file '" + works[0] + "\\x00junk' (works[0]) contains a NUL byte")) << m;
+  EXPECT_EQ(Printable("tab\there \x7f \xe2\x82\xac \xed\xa0\x80"),
+            "tab\\x09here \\x7f \xe2\x82\xac \\xed\\xa0\\x80");
+}
+
+TEST_F(ArgumentTest, ByteSizesAreExactWithTheirUnit) {
+  EXPECT_EQ(tailcut::detail::ByteSize(0), "0 bytes");
+  EXPECT_EQ(tailcut::detail::ByteSize(1), "1 byte");
+  EXPECT_EQ(tailcut::detail::ByteSize(1023), "1023 bytes");
+  EXPECT_EQ(tailcut::detail::ByteSize(1024), "1 KiB");
+  EXPECT_EQ(tailcut::detail::ByteSize(262144), "256 KiB");  // was "1 MiB"
+  EXPECT_EQ(tailcut::detail::ByteSize(1536), "1.5 KiB (1536 bytes)");
+  EXPECT_EQ(tailcut::detail::ByteSize(12897484), "12.3 MiB (12897484 bytes)");
+  EXPECT_EQ(tailcut::detail::ByteSize(uint64_t{3} << 30), "3 GiB");
+  EXPECT_EQ(tailcut::detail::ByteSize(~uint64_t{0}), "16.0 EiB (18446744073709551615 bytes)");
 }
 
 }  // namespace

@@ -675,7 +675,9 @@ TEST_F(WorkQueueTest, FullDevShmIsNoSpaceAndLeavesNothing) {
     }
     auto o = BaseOptions(name, {big});
     o.num_slices = 200000;
-    auto r = FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kNoSpace, {"/dev/shm"});
+    // The exact free space, not rounded up to "1 MiB".
+    auto r = FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kNoSpace,
+                       {"/dev/shm", "(/dev/shm has 256 KiB free)"});
     if (!r) return c.Fail(std::string("a queue larger than /dev/shm: ") + r.message());
     if (PathExists(SegmentPath(name))) return c.Fail("the failed Open left its partial segment in /dev/shm");
     // The name is usable again for a queue that fits.
