@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -179,6 +180,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   size_t n = options.works.size();
   config.paths.resize(n);
   config.sizes.resize(n);
+  config.identities.resize(n);
   for (size_t i = 0; i < n; ++i) config.paths[i] = options.prefix + options.works[i];
 
   // Stat in parallel: millions of files on a network filesystem take minutes
@@ -231,6 +233,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
       return;
     }
     config.sizes[i] = static_cast<uint64_t>(st.st_size);
+    config.identities[i] = IdentityOf(st);
   };
   if (n < kParallelStatThreshold) {
     for (size_t i = 0; i < n; ++i) stat_one(i);
@@ -252,3 +255,34 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
 }
 
 }  // namespace tailcut::detail
+
+namespace tailcut {
+
+FileIdentity IdentityOf(const struct ::stat& st) noexcept {
+  return {static_cast<uint64_t>(st.st_size),
+          static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
+              static_cast<uint64_t>(st.st_mtim.tv_nsec),
+          static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+}
+
+std::string DescribeFileChange(const FileIdentity& then, const FileIdentity& now) {
+  std::string out;
+  auto add = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a == b) return;
+    out += (out.empty() ? "" : ", ") + std::string(what) + " " + a + " -> " + b;
+  };
+  auto time = [](uint64_t ns) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%llu.%09llu", static_cast<unsigned long long>(ns / 1000000000),
+                  static_cast<unsigned long long>(ns % 1000000000));
+    return std::string(buf);
+  };
+  add("size", std::to_string(then.size), std::to_string(now.size));
+  add("inode", std::to_string(then.inode), std::to_string(now.inode));
+  add("device", std::to_string(then.device), std::to_string(now.device));
+  add("mtime", time(then.mtime_ns), time(now.mtime_ns));
+  return out;
+}
+
+
+}  // namespace tailcut

@@ -29,6 +29,7 @@ inline constexpr size_t kFormatTagBytes = 64;
 struct QueueConfig {
   std::vector<std::string> paths;   // prefix applied
   std::vector<uint64_t> sizes;
+  std::vector<FileIdentity> identities;  // sizes included
   std::vector<WorkQueue::Item> items;
   uint64_t num_epochs = 1;
   bool shuffle = true;

@@ -636,7 +636,8 @@ void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g)
   for (uint64_t f = 0; f < g.num_files; ++f) {
     const std::string& p = config.paths[f];
     std::memcpy(segment->path_bytes() + offset, p.data(), p.size());
-    segment->file(f) = FileEntry{offset, p.size(), config.sizes[f]};
+    const FileIdentity& id = config.identities[f];
+    segment->file(f) = FileEntry{offset, p.size(), id.size, id.mtime_ns, id.inode, id.device};
     offset += p.size();
   }
   for (uint64_t i = 0; i < g.num_items; ++i) {
@@ -674,17 +675,28 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     for (uint64_t f = 0; f < h.num_files; ++f) {
       std::string theirs = SegmentPathString(s, f);
       if (theirs != config.paths[f])
-        throw mismatch("works[" + std::to_string(f) + "] differs: '" + config.paths[f] +
-                       "' here, '" + theirs + "' in segment");
+        throw mismatch("works[" + std::to_string(f) + "] differs: '" + Printable(config.paths[f]) +
+                       "' here, '" + Printable(theirs) + "' in segment");
     }
   }
   if (h.sizes_hash != config.SizesHash()) {
     for (uint64_t f = 0; f < h.num_files; ++f)
       if (s.file(f).size != config.sizes[f])
-        throw mismatch("size of '" + config.paths[f] +
+        throw mismatch("size of '" + Printable(config.paths[f]) +
                        "' differs: " + std::to_string(config.sizes[f]) + " bytes here, " +
                        std::to_string(s.file(f).size) +
                        " in segment (the file changed after the queue was created)");
+  }
+  // Same size is not the same file: one renamed over it, or rewritten in
+  // place, is another data set for the items already done.
+  for (uint64_t f = 0; f < h.num_files; ++f) {
+    const FileEntry& e = s.file(f);
+    std::string change =
+        DescribeFileChange({e.size, e.mtime_ns, e.inode, e.device}, config.identities[f]);
+    if (!change.empty())
+      throw mismatch("file '" + Printable(config.paths[f]) +
+                     "' changed since the queue was created: " + change +
+                     " (recreate the queue, or restore the file)");
   }
   if (h.num_slices != config.num_slices)
     throw mismatch("num_slices differs: " + Opt(config.num_slices) + " here, " + Opt(h.num_slices) +

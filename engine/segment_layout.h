@@ -51,7 +51,9 @@
 namespace tailcut::detail {
 
 inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
-inline constexpr uint32_t kLayoutVersion = 2;
+// 3: FileEntry holds each file's identity (mtime, inode, device); the header
+// the queue's lease timeout, its lifetime and why it is kept.
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr size_t kCacheLine = 64;
 
 enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
@@ -248,6 +250,9 @@ struct FileEntry {
   uint64_t path_offset;  // into the path bytes
   uint64_t path_length;
   uint64_t size;
+  uint64_t mtime_ns;  // with size, inode and device: the file's FileIdentity
+  uint64_t inode;
+  uint64_t device;
 };
 
 struct ItemEntry {

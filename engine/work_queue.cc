@@ -1219,6 +1219,9 @@ uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.si
 uint64_t WorkQueue::num_epochs() const noexcept { return impl_->config().num_epochs; }
 uint64_t WorkQueue::seed() const noexcept { return impl_->config().seed; }
 const std::vector<std::string>& WorkQueue::paths() const noexcept { return impl_->config().paths; }
+const std::vector<FileIdentity>& WorkQueue::files() const noexcept {
+  return impl_->config().identities;
+}
 const std::vector<WorkQueue::Item>& WorkQueue::items() const noexcept {
   return impl_->config().items;
 }

@@ -531,6 +531,54 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// Only sizes were compared: a file replaced by another of the same size was
+// accepted silently by every process that attached.
+TEST_F(WorkQueueTest, FilesAreIdentifiedByMoreThanTheirSize) {
+  const auto works = dir_.Files("f", 2, {100});
+  auto o = Options("identity", works);
+  auto q = WorkQueue::Open(o);
+  ASSERT_EQ(q->files().size(), 2u);
+  for (size_t i = 0; i < works.size(); ++i) {
+    struct stat st;
+    ASSERT_EQ(::stat(works[i].c_str(), &st), 0);
+    EXPECT_EQ(q->files()[i], IdentityOf(st)) << works[i];
+    EXPECT_EQ(q->files()[i].size, 100u);
+    EXPECT_NE(q->files()[i].inode, 0u);
+  }
+  EXPECT_EQ(DescribeFileChange(q->files()[0], q->files()[0]), "");
+  // Replaced (renamed over) by a file of the same size.
+  const std::string other = dir_.File("other", 100);
+  struct stat ost;
+  ASSERT_EQ(::stat(other.c_str(), &ost), 0);
+  ASSERT_EQ(::rename(other.c_str(), works[0].c_str()), 0);
+  const std::string change = "inode " + std::to_string(q->files()[0].inode) + " -> " +
+                             std::to_string(ost.st_ino);
+  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kConfigMismatch,
+                        {"file '" + works[0] + "' changed since the queue was created: " + change,
+                         "(recreate the queue, or restore the file)"}));
+  // A stale queue (its process was killed) over a changed file is replaced,
+  // with a notice.
+  const std::string stale = NewName("identity-stale");
+  {
+    Children kids(1, 1);
+    kids.Spawn([&](ChildContext&) {
+      auto k = WorkQueue::Open(BaseOptions(stale, works));
+      ::raise(SIGKILL);
+      return 0;
+    });
+    ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Killed());
+  }
+  ASSERT_TRUE(PathExists(SegmentPath(stale)));
+  std::vector<std::string> notices;
+  ASSERT_EQ(::utimensat(AT_FDCWD, works[1].c_str(), nullptr, 0), 0);  // touched: a new mtime
+  auto again = BaseOptions(stale, works);
+  again.on_notice = [&](const std::string& n) { notices.push_back(n); };
+  auto q2 = WorkQueue::Open(again);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_TRUE(Contains(notices[0], "replacing a stale queue")) << notices[0];
+  EXPECT_TRUE(Contains(notices[0], "file '" + works[1] + "' changed since the queue was created: mtime ")) << notices[0];
+}
+
 TEST_F(WorkQueueTest, GarbageSegmentIsCorruptAndNamedNeverACrash) {
   const auto works = dir_.Files("f", 2, {kMiB});
   std::mt19937_64 rng(TestSeed());

@@ -34,6 +34,8 @@
 #ifndef TAILCUT_WORK_QUEUE_H_
 #define TAILCUT_WORK_QUEUE_H_
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -82,6 +84,23 @@ struct WorkQueueOptions {
   // Where one-line notices go (resume, replace, waiting). Default: stderr.
   std::function<void(const std::string&)> on_notice;
 };
+
+// What identifies a work file on this host: taken (stat) by the process that
+// created the queue, stored in the segment, and compared by every process
+// that attaches and by every Reader that opens the file. A file replaced
+// (renamed over), rewritten or resized since differs in one of them.
+struct FileIdentity {
+  uint64_t size = 0;
+  uint64_t mtime_ns = 0;  // last modification, ns since the epoch
+  uint64_t inode = 0;
+  uint64_t device = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+// The identity of a stat result.
+TAILCUT_EXPORT FileIdentity IdentityOf(const struct ::stat& st) noexcept;
+// What changed from `then` to `now`, e.g. "inode 123 -> 456, mtime
+// 1700000000.000000001 -> 1700000001.000000000"; "" when they are equal.
+TAILCUT_EXPORT std::string DescribeFileChange(const FileIdentity& then, const FileIdentity& now);
 
 // An item one process holds (a lease). Plain data; copy it freely. path points
 // into the queue's own table and lives as long as the WorkQueue.
@@ -230,6 +249,9 @@ class TAILCUT_EXPORT WorkQueue {
   uint64_t seed() const noexcept;
   // The paths (prefix applied) in works order.
   const std::vector<std::string>& paths() const noexcept;
+  // Each path's identity when the queue was created, in works order. A
+  // reader of a file checks it at every open (see FileIdentity).
+  const std::vector<FileIdentity>& files() const noexcept;
   // The item table: item i covers [begin, end) of paths()[file].
   struct Item {
     uint32_t file;
