@@ -326,6 +326,62 @@ void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
   WakeWaiters();
 }
 
+int QueueCore::RepairLeases(uint64_t self, bool admin_held, bool just_registered,
+                            std::vector<std::string>* repaired) noexcept {
+  static const char* const kStateNames[] = {"FREE",   "TAKING",    "OPEN",    "ORPHAN",
+                                            "ACKING", "DONE_WAIT", "state 6", "state 7"};
+  const uint64_t max_clients = seg_->geometry().max_clients;
+  if (self >= max_clients) return 0;
+  int count = 0;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    uint64_t w = ls.word.load(std::memory_order_acquire);
+    uint64_t state = LeaseStateOf(w);
+    uint64_t owner = LeaseOwnerOf(w);
+    bool valid_state = state <= kLeaseDoneWait;
+    if (valid_state && state != kLeaseTaking && state != kLeaseOpen && state != kLeaseAcking)
+      continue;  // FREE, ORPHAN and DONE_WAIT have no owner to wait for
+    if (valid_state && owner == self && !just_registered) continue;
+    std::string why;
+    if (!valid_state) {
+      why = "its state field is not a lease state";
+    } else if (owner == self) {
+      why = "its owner, client slot " + std::to_string(owner) + ", was free until now";
+    } else if (owner >= max_clients) {
+      why = "its owner field names client slot " + std::to_string(owner) + ", past the " +
+            std::to_string(max_clients) + " slots";
+    } else if (seg_->client(owner).state.load(std::memory_order_acquire) != kClientActive) {
+      why = "its owner, client slot " + std::to_string(owner) + ", is not registered";
+    } else {
+      int rc = TryLockRobust(&seg_->client(owner).life);
+      if (rc == EBUSY) continue;  // a live client's
+      // Owner-dead: an ordinary recovery. Not held at all: no client leaves
+      // a slot ACTIVE and unlocked (Register locks before it marks the slot,
+      // Close and recovery free it before they unlock), so it is damage,
+      // recovered the same way. Either frees the slot and recovers this lease.
+      if (rc == EOWNERDEAD || rc == 0) {
+        RecoverClient(owner, admin_held);
+        continue;
+      }
+      why = "its owner, client slot " + std::to_string(owner) + ", has a damaged lock";
+    }
+    uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
+    // Take it over first, so that nobody else writes it any more, then
+    // recover it as a dead owner's; a word in no valid state as TAKING.
+    uint64_t taken = NextLeaseWord(w, valid_state ? state : kLeaseTaking, self);
+    if (!ls.word.compare_exchange_strong(w, taken, std::memory_order_acq_rel)) continue;
+    RecoverLease(l, taken);
+    ++count;
+    if (repaired != nullptr)
+      repaired->push_back("lease " + std::to_string(l) + " (" + kStateNames[state] +
+                          ", owner slot " + std::to_string(owner) + ", ticket " +
+                          (ticket == kNoTicket ? std::string("none") : std::to_string(ticket)) +
+                          "): " + why);
+  }
+  if (count > 0) WakeWaiters();
+  return count;
+}
+
 int QueueCore::CheckClients(uint64_t self, bool admin_held) noexcept {
   int recovered = 0;
   for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {

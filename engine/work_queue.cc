@@ -528,6 +528,15 @@ bool WorkQueue::Impl::TryAttach() {
   }
   config_.seed = h.seed;  // after CompareConfig: with seed=None we adopt the creator's
   Register();
+  // Never trust a segment: a lease no client can finish would keep every
+  // Take waiting at the end of the data.
+  std::vector<std::string> repaired;
+  if (core_->RepairLeases(slot_, /*admin_held=*/true, /*just_registered=*/true, &repaired) > 0) {
+    std::string list;
+    for (const std::string& r : repaired) list += (list.empty() ? "" : "; ") + r;
+    Notice("queue '" + options_.name + "': segment " + segment_->path() + " was damaged; handed out again the items of " +
+           std::to_string(repaired.size()) + " lease(s) no process could finish: " + list);
+  }
   return true;
 }
 
@@ -909,6 +918,7 @@ StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t st
 
 void WorkQueue::Impl::Housekeep() noexcept {
   core_->CheckClients(slot_);
+  core_->RepairLeases(slot_, /*admin_held=*/false);
   core_->ReleaseSettledAnchors();
   if (timeout_ns_ > 0) core_->ReassignHung(slot_, timeout_ns_);
   core_->TrySweep(slot_);

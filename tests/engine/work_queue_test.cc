@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "engine/segment_layout.h"
 #include "tests/engine/queue_test_util.h"
 
 namespace tailcut::test {
@@ -691,6 +692,104 @@ TEST_F(WorkQueueTest, HostileHeaderFieldsNeverCrashOrHang) {
   ASSERT_TRUE(cut.kind.has_value()) << "Open accepted a truncated segment";
   EXPECT_EQ(*cut.kind, ErrorKind::kCorrupt) << cut.message;
   EXPECT_TRUE(Contains(cut.message, seg)) << cut.message;
+}
+
+// A FREE lease word rewritten as ACKING, owned by a client slot never used,
+// passed attach; the resumed queue had every item done and "1 in flight",
+// and Take waited for ever. So too a lease in no valid state, or owned by a
+// slot past max_clients: each is repaired at attach (its item handed out
+// again if it had one) with a notice naming it, never a hang.
+TEST_F(WorkQueueTest, ADamagedLeaseOfAStaleSegmentIsRepairedNotWaitedFor) {
+  const auto works = dir_.Files("f", 3, {1000});
+  struct Damage {
+    const char* what;
+    uint64_t word;
+    const char* needle;
+  };
+  const uint32_t kMaxClients = 4, kLeases = 2;
+  const uint64_t never_used = 3;  // client slot 3: the one child uses slot 0
+  const std::vector<Damage> damages = {
+      {"ACKING, owner never registered", tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, never_used, 7),
+       "(ACKING, owner slot 3, ticket none): its owner, client slot 3, is not registered"},
+      {"OPEN, owner past max_clients", tailcut::detail::LeaseWord(tailcut::detail::kLeaseOpen, 4000, 7),
+       "(OPEN, owner slot 4000, ticket none): its owner field names client slot 4000, past the 4 "
+       "slots"},
+      {"state 7", tailcut::detail::LeaseWord(7, 0, 7), "(state 7, owner slot 0, ticket none): its state field"},
+      {"TAKING, owner never registered", tailcut::detail::LeaseWord(tailcut::detail::kLeaseTaking, never_used, 7),
+       "(TAKING, owner slot 3, ticket none)"},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.what);
+    auto o = Options("damaged", works);
+    o.max_clients = kMaxClients;
+    o.leases_per_client = kLeases;
+    o.num_epochs = 2;
+    {  // Every item done, then killed: a stale, finished segment.
+      Children kids(1, 1);
+      kids.Spawn([&](ChildContext& c) {
+        auto q = WorkQueue::Open(o);
+        WorkItem it;
+        while (q->TryTake(&it) == TakeStatus::kOk) q->Ack(it);
+        if (q->Stats().done != 6) return c.Fail("not all done");
+        ::raise(SIGKILL);
+        return 0;
+      });
+      ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Killed());
+    }
+    const std::string seg = SegmentPath(o.name);
+    std::string bytes = ReadFile(seg);
+    uint64_t path_bytes = 0;
+    for (const auto& w : works) path_bytes += w.size();
+    const tailcut::detail::Geometry g =
+        tailcut::detail::ComputeGeometry(works.size(), 3, 6, path_bytes, kMaxClients, kLeases);
+    ASSERT_EQ(g.total, bytes.size());
+    const size_t lease = never_used * kLeases;  // a FREE lease of the unused slot
+    const size_t off = g.leases + lease * sizeof(tailcut::detail::LeaseSlot) + offsetof(tailcut::detail::LeaseSlot, word);
+    std::memcpy(bytes.data() + off, &d.word, sizeof d.word);
+    WriteSegment(seg, bytes);
+
+    std::vector<std::string> notices;
+    auto attach = o;
+    attach.on_notice = [&](const std::string& n) { notices.push_back(n); };
+    auto q = WorkQueue::Open(attach);
+    WorkItem it;
+    const auto t0 = Clock::now();
+    EXPECT_EQ(q->Take(&it, std::chrono::steady_clock::now() + milliseconds(5000)), TakeStatus::kEnd)
+        << "Take must end, not wait for a lease nobody holds";
+    EXPECT_LT(MillisSince(t0), 1000.0);
+    EXPECT_EQ(q->Stats().in_flight, 0u);
+    std::string all;
+    for (const auto& n : notices) all += n + "\n";
+    EXPECT_TRUE(Contains(all, "segment " + seg + " was damaged; handed out again the items of 1 "
+                              "lease(s) no process could finish: lease " +
+                                  std::to_string(lease) + " " + d.needle))
+        << all;
+  }
+}
+
+// The same damage in a live queue: found by the next housekeeping.
+TEST_F(WorkQueueTest, ADamagedLeaseOfALiveQueueIsRepairedByHousekeeping) {
+  const auto works = dir_.Files("f", 2, {1000});
+  auto o = Options("damaged-live", works);
+  o.max_clients = 4;
+  o.leases_per_client = 2;
+  auto q = WorkQueue::Open(o);
+  uint64_t path_bytes = 0;
+  for (const auto& w : works) path_bytes += w.size();
+  const tailcut::detail::Geometry g = tailcut::detail::ComputeGeometry(2, 2, 2, path_bytes, 4, 2);
+  const int fd = ::open(SegmentPath(o.name).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const uint64_t word = tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, 3, 9);
+  ASSERT_EQ(::pwrite(fd, &word, sizeof word,
+                     static_cast<off_t>(g.leases + 6 * sizeof(tailcut::detail::LeaseSlot))),
+            static_cast<ssize_t>(sizeof word));
+  ::close(fd);
+  WorkItem it;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
+    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+  }
+  EXPECT_EQ(q->Take(&it, std::chrono::steady_clock::now() + milliseconds(5000)), TakeStatus::kEnd);
 }
 
 TEST_F(WorkQueueTest, SegmentOwnedByAnotherUserIsRefused) {
