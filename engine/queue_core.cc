@@ -589,6 +589,7 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   s.recovered_items = c.recovered_items.load(std::memory_order_relaxed);
   s.stale_acks = c.stale_acks.load(std::memory_order_relaxed);
   s.splits = c.splits.load(std::memory_order_relaxed);
+  s.lease_timeout_ms = h.lease_timeout_ms;
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
   s.handed_out = cursor;
   s.epoch = cursor / items_.size();

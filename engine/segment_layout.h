@@ -180,6 +180,9 @@ struct alignas(kCacheLine) Header {
   uint64_t path_bytes;
   char format[kFormatTagBytes];
   uint64_t restore_hash;  // hash of the checkpoint it started from, or 0
+  // The queue's lease timeout (0: never), set by its creator, or by the
+  // process that resumes it when all others are gone; every process uses it.
+  uint64_t lease_timeout_ms;
 
   // Serialises joins, leaves, removal and creation. Robust: a holder that
   // dies hands the next locker EOWNERDEAD.

@@ -294,11 +294,6 @@ class WorkQueue::Impl {
 
 void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
-  timeout_ns_ = static_cast<uint64_t>(options_.lease_timeout.count()) * 1000000ull;
-  if (timeout_ns_ > 0) {
-    housekeeping_ns_ = std::clamp<uint64_t>(timeout_ns_ / 2, 1'000'000, kHousekeepingNs);
-    wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
-  }
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
     restore_ = Deserialize(options_.name, options_.restore_state);
@@ -328,6 +323,12 @@ void WorkQueue::Impl::Open() {
                 "queue '" + options_.name + "': configuration too large");
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (TryCreate(g) || TryAttach()) {
+      // The queue's lease timeout, as the segment holds it.
+      timeout_ns_ = segment_->header().lease_timeout_ms * 1000000ull;
+      if (timeout_ns_ > 0) {
+        housekeeping_ns_ = std::clamp<uint64_t>(timeout_ns_ / 2, 1'000'000, kHousekeepingNs);
+        wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
+      }
       closed_ = false;
       return;
     }
@@ -363,6 +364,7 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
     config_.seed = seed;
   }
   WriteLayout(segment_.get(), config_, g);
+  h.lease_timeout_ms = static_cast<uint64_t>(options_.lease_timeout.count());
   core_ = std::make_unique<QueueCore>(segment_.get(), config_.items, config_.num_epochs,
                                       config_.seed, config_.shuffle);
   if (restoring) {
@@ -515,8 +517,22 @@ bool WorkQueue::Impl::TryAttach() {
       Notice("queue '" + options_.name +
              "': resuming a stale queue (all its processes are gone): " + std::to_string(st.done) +
              " of " + std::to_string(st.total) + " items done");
+    // Nobody else is here to disagree: the first process of the new job
+    // sets the lease timeout, as a creator would.
+    if (options_.lease_timeout.count() != 0)
+      h.lease_timeout_ms = static_cast<uint64_t>(options_.lease_timeout.count());
   } else {
     CompareConfig(*segment_, config_);
+    const uint64_t mine = static_cast<uint64_t>(options_.lease_timeout.count());
+    if (mine != 0 && mine != h.lease_timeout_ms)
+      throw Error(ErrorKind::kConfigMismatch,
+                  "queue '" + options_.name + "' exists with a different configuration: " +
+                      "lease_timeout differs: " + std::to_string(mine) + " ms here, " +
+                      (h.lease_timeout_ms == 0 ? std::string("0 (never)")
+                                               : std::to_string(h.lease_timeout_ms) + " ms") +
+                      " in segment. The lease timeout decides what processes do to each other's "
+                      "items, so it is the queue's: pass the same value in every process, or 0 "
+                      "to use the queue's");
     if (!options_.restore_state.empty() &&
         h.restore_hash !=
             (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))

@@ -69,8 +69,13 @@ struct WorkQueueOptions {
   // How long an attacher waits for the creator to publish the queue.
   std::chrono::milliseconds attach_timeout{10000};
   // A live client that makes no progress (take, ack, Progress) for longer than
-  // this has its open items reassigned; its later acks are refused. 0: never.
-  // Others check every 100 ms, or every half timeout if that is shorter.
+  // this has its open items reassigned; its later acks are refused. It decides
+  // what processes do to each other, so it is the queue's, not a process's:
+  // the creator's value is stored in the segment (0 there: never), and every
+  // process uses it. 0 here: use the queue's. Another non-zero value is a
+  // kConfigMismatch, except when resuming a stale queue (no live process),
+  // which sets it anew. At most 7 days. Others check every 100 ms, or every
+  // half timeout if that is shorter.
   std::chrono::milliseconds lease_timeout{0};
   // Tail splitting: a process with nothing left to take splits the unread
   // tail of the open item (or piece) with the most left, and takes it as a
@@ -175,6 +180,7 @@ struct QueueStats {
   uint64_t recovered_items = 0;   // items taken back from dead or hung clients
   uint64_t stale_acks = 0;
   uint64_t splits = 0;            // tails split off slow items
+  uint64_t lease_timeout_ms = 0;  // the queue's (0: never); see WorkQueueOptions
   uint64_t now_ns = 0;            // CLOCK_MONOTONIC when read
   std::vector<ClientStats> clients;  // registered clients (alive or dead)
 };
