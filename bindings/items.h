@@ -76,6 +76,10 @@ struct PyWorkItem {
                              " refused: the item was reassigned to another process after a lease "
                              "timeout (its records may be read twice); stop reading it");
     }
+    if (status == tc::AckStatus::kOutOfRange)
+      Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
+                                        " refused: the offset is outside the item's byte range "
+                                        "(begin <= offset <= end); nothing was recorded");
     Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
                                       " refused: not an open item of this queue and process");
   }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -29,7 +30,7 @@ constexpr size_t kParallelStatThreshold = 256;
 
 uint64_t Mix(uint64_t h, uint64_t v) { return SplitMix64(h ^ v) + 0x9e37; }
 
-std::string Quote(const std::string& s) { return "'" + s + "'"; }
+std::string Quote(const std::string& s) { return "'" + Printable(s) + "'"; }
 
 }  // namespace
 
@@ -63,13 +64,19 @@ void ValidateQueueName(const std::string& name) {
     throw Error(ErrorKind::kInvalidArgument,
                 "queue name is " + std::to_string(name.size()) + " characters long; the limit is " +
                     std::to_string(kMaxNameLength));
-  for (char c : name) {
+  for (size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '_' || c == '-';
-    if (!ok)
-      throw Error(ErrorKind::kInvalidArgument,
-                  "queue name " + Quote(name) + " contains '" + std::string(1, c) +
-                      "'; use only letters, digits, '.', '_' and '-'");
+    if (ok) continue;
+    // Name the whole character: all bytes of a UTF-8 sequence (Printable
+    // escapes them should they not be one).
+    auto lead = static_cast<unsigned char>(c);
+    size_t len = lead >= 0xf0 && lead <= 0xf4 ? 4 : lead >= 0xe0 && lead <= 0xef ? 3
+                 : lead >= 0xc2 && lead <= 0xdf ? 2 : 1;
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue name " + Quote(name) + " contains '" + Printable(name.substr(i, len)) +
+                    "'; use only ASCII letters, digits, '.', '_' and '-'");
   }
   if (name == "." || name == "..")
     throw Error(ErrorKind::kInvalidArgument, "queue name " + Quote(name) + " is reserved");
@@ -140,6 +147,21 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
                 "queue '" + options.name + "': max_clients x leases_per_client is " +
                     std::to_string(uint64_t{options.max_clients} * options.leases_per_client) +
                     "; the limit is " + std::to_string(kMaxLeases));
+  // Longer waits are surely mistakes, and would overflow the clocks' arithmetic.
+  auto check_duration = [&](std::chrono::milliseconds d, const char* what) {
+    if (d.count() < 0 || d > kMaxDuration)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue '" + options.name + "': " + what + " is " + std::to_string(d.count()) +
+                      " ms; it must be 0.." + std::to_string(kMaxDuration.count()) +
+                      " ms (7 days)");
+  };
+  check_duration(options.attach_timeout, "attach_timeout");
+  check_duration(options.lease_timeout, "lease_timeout");
+  if (options.min_split_bytes == 0 || options.min_split_bytes > kMaxFileBytes)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': min_split_bytes is " +
+                    std::to_string(options.min_split_bytes) +
+                    "; it must be 1..2^48-1 (to turn tail splitting off, set split_tail=false)");
   if (options.format.size() >= kFormatTagBytes)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag longer than " +
                                                  std::to_string(kFormatTagBytes - 1) + " bytes");
@@ -158,6 +180,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   size_t n = options.works.size();
   config.paths.resize(n);
   config.sizes.resize(n);
+  config.identities.resize(n);
   for (size_t i = 0; i < n; ++i) config.paths[i] = options.prefix + options.works[i];
 
   // Stat in parallel: millions of files on a network filesystem take minutes
@@ -177,10 +200,14 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   auto stat_one = [&](size_t i) {
     const std::string& path = config.paths[i];
     std::string where = "work file " + Quote(path) + " (works[" + std::to_string(i) + "])";
+    if (path.find('\0') != std::string::npos) {
+      fail(i, ErrorKind::kInvalidArgument, where + " contains a NUL byte; no file has such a name");
+      return;
+    }
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
       int err = errno;
-      fail(i, err == ENOENT || err == ENOTDIR ? ErrorKind::kNotFound : ErrorKind::kPermission,
+      fail(i, ErrorKindOfErrno(err),
            where + ": " + std::strerror(err) +
                (err == ENOENT ? "; check the path and the prefix" : ""));
       return;
@@ -194,7 +221,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
       return;
     }
     if (::access(path.c_str(), R_OK) != 0) {
-      fail(i, ErrorKind::kPermission,
+      fail(i, ErrorKindOfErrno(errno),
            where + " is not readable: " + std::strerror(errno) + "; fix its permissions");
       return;
     }
@@ -206,6 +233,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
       return;
     }
     config.sizes[i] = static_cast<uint64_t>(st.st_size);
+    config.identities[i] = IdentityOf(st);
   };
   if (n < kParallelStatThreshold) {
     for (size_t i = 0; i < n; ++i) stat_one(i);
@@ -227,3 +255,34 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
 }
 
 }  // namespace tailcut::detail
+
+namespace tailcut {
+
+FileIdentity IdentityOf(const struct ::stat& st) noexcept {
+  return {static_cast<uint64_t>(st.st_size),
+          static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull +
+              static_cast<uint64_t>(st.st_mtim.tv_nsec),
+          static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+}
+
+std::string DescribeFileChange(const FileIdentity& then, const FileIdentity& now) {
+  std::string out;
+  auto add = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a == b) return;
+    out += (out.empty() ? "" : ", ") + std::string(what) + " " + a + " -> " + b;
+  };
+  auto time = [](uint64_t ns) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%llu.%09llu", static_cast<unsigned long long>(ns / 1000000000),
+                  static_cast<unsigned long long>(ns % 1000000000));
+    return std::string(buf);
+  };
+  add("size", std::to_string(then.size), std::to_string(now.size));
+  add("inode", std::to_string(then.inode), std::to_string(now.inode));
+  add("device", std::to_string(then.device), std::to_string(now.device));
+  add("mtime", time(then.mtime_ns), time(now.mtime_ns));
+  return out;
+}
+
+
+}  // namespace tailcut

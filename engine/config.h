@@ -3,6 +3,7 @@
 #ifndef TAILCUT_ENGINE_CONFIG_H_
 #define TAILCUT_ENGINE_CONFIG_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,11 +22,14 @@ inline constexpr uint64_t kMaxLeases = (uint64_t{1} << 14) - 2;
 // Offsets are kept in 48 bits of a lease's progress word (segment_layout.h).
 inline constexpr uint64_t kMaxFileBytes = (uint64_t{1} << 48) - 1;
 inline constexpr size_t kMaxNameLength = 200;
+// Longest attach_timeout and lease_timeout.
+inline constexpr std::chrono::milliseconds kMaxDuration{7LL * 24 * 3600 * 1000};
 inline constexpr size_t kFormatTagBytes = 64;
 
 struct QueueConfig {
   std::vector<std::string> paths;   // prefix applied
   std::vector<uint64_t> sizes;
+  std::vector<FileIdentity> identities;  // sizes included
   std::vector<WorkQueue::Item> items;
   uint64_t num_epochs = 1;
   bool shuffle = true;

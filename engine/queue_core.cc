@@ -326,6 +326,62 @@ void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
   WakeWaiters();
 }
 
+int QueueCore::RepairLeases(uint64_t self, bool admin_held, bool just_registered,
+                            std::vector<std::string>* repaired) noexcept {
+  static const char* const kStateNames[] = {"FREE",   "TAKING",    "OPEN",    "ORPHAN",
+                                            "ACKING", "DONE_WAIT", "state 6", "state 7"};
+  const uint64_t max_clients = seg_->geometry().max_clients;
+  if (self >= max_clients) return 0;
+  int count = 0;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    uint64_t w = ls.word.load(std::memory_order_acquire);
+    uint64_t state = LeaseStateOf(w);
+    uint64_t owner = LeaseOwnerOf(w);
+    bool valid_state = state <= kLeaseDoneWait;
+    if (valid_state && state != kLeaseTaking && state != kLeaseOpen && state != kLeaseAcking)
+      continue;  // FREE, ORPHAN and DONE_WAIT have no owner to wait for
+    if (valid_state && owner == self && !just_registered) continue;
+    std::string why;
+    if (!valid_state) {
+      why = "its state field is not a lease state";
+    } else if (owner == self) {
+      why = "its owner, client slot " + std::to_string(owner) + ", was free until now";
+    } else if (owner >= max_clients) {
+      why = "its owner field names client slot " + std::to_string(owner) + ", past the " +
+            std::to_string(max_clients) + " slots";
+    } else if (seg_->client(owner).state.load(std::memory_order_acquire) != kClientActive) {
+      why = "its owner, client slot " + std::to_string(owner) + ", is not registered";
+    } else {
+      int rc = TryLockRobust(&seg_->client(owner).life);
+      if (rc == EBUSY) continue;  // a live client's
+      // Owner-dead: an ordinary recovery. Not held at all: no client leaves
+      // a slot ACTIVE and unlocked (Register locks before it marks the slot,
+      // Close and recovery free it before they unlock), so it is damage,
+      // recovered the same way. Either frees the slot and recovers this lease.
+      if (rc == EOWNERDEAD || rc == 0) {
+        RecoverClient(owner, admin_held);
+        continue;
+      }
+      why = "its owner, client slot " + std::to_string(owner) + ", has a damaged lock";
+    }
+    uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
+    // Take it over first, so that nobody else writes it any more, then
+    // recover it as a dead owner's; a word in no valid state as TAKING.
+    uint64_t taken = NextLeaseWord(w, valid_state ? state : kLeaseTaking, self);
+    if (!ls.word.compare_exchange_strong(w, taken, std::memory_order_acq_rel)) continue;
+    RecoverLease(l, taken);
+    ++count;
+    if (repaired != nullptr)
+      repaired->push_back("lease " + std::to_string(l) + " (" + kStateNames[state] +
+                          ", owner slot " + std::to_string(owner) + ", ticket " +
+                          (ticket == kNoTicket ? std::string("none") : std::to_string(ticket)) +
+                          "): " + why);
+  }
+  if (count > 0) WakeWaiters();
+  return count;
+}
+
 int QueueCore::CheckClients(uint64_t self, bool admin_held) noexcept {
   int recovered = 0;
   for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
@@ -533,6 +589,7 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   s.recovered_items = c.recovered_items.load(std::memory_order_relaxed);
   s.stale_acks = c.stale_acks.load(std::memory_order_relaxed);
   s.splits = c.splits.load(std::memory_order_relaxed);
+  s.lease_timeout_ms = h.lease_timeout_ms;
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
   s.handed_out = cursor;
   s.epoch = cursor / items_.size();
@@ -636,7 +693,8 @@ void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g)
   for (uint64_t f = 0; f < g.num_files; ++f) {
     const std::string& p = config.paths[f];
     std::memcpy(segment->path_bytes() + offset, p.data(), p.size());
-    segment->file(f) = FileEntry{offset, p.size(), config.sizes[f]};
+    const FileIdentity& id = config.identities[f];
+    segment->file(f) = FileEntry{offset, p.size(), id.size, id.mtime_ns, id.inode, id.device};
     offset += p.size();
   }
   for (uint64_t i = 0; i < g.num_items; ++i) {
@@ -674,17 +732,28 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     for (uint64_t f = 0; f < h.num_files; ++f) {
       std::string theirs = SegmentPathString(s, f);
       if (theirs != config.paths[f])
-        throw mismatch("works[" + std::to_string(f) + "] differs: '" + config.paths[f] +
-                       "' here, '" + theirs + "' in segment");
+        throw mismatch("works[" + std::to_string(f) + "] differs: '" + Printable(config.paths[f]) +
+                       "' here, '" + Printable(theirs) + "' in segment");
     }
   }
   if (h.sizes_hash != config.SizesHash()) {
     for (uint64_t f = 0; f < h.num_files; ++f)
       if (s.file(f).size != config.sizes[f])
-        throw mismatch("size of '" + config.paths[f] +
+        throw mismatch("size of '" + Printable(config.paths[f]) +
                        "' differs: " + std::to_string(config.sizes[f]) + " bytes here, " +
                        std::to_string(s.file(f).size) +
                        " in segment (the file changed after the queue was created)");
+  }
+  // Same size is not the same file: one renamed over it, or rewritten in
+  // place, is another data set for the items already done.
+  for (uint64_t f = 0; f < h.num_files; ++f) {
+    const FileEntry& e = s.file(f);
+    std::string change =
+        DescribeFileChange({e.size, e.mtime_ns, e.inode, e.device}, config.identities[f]);
+    if (!change.empty())
+      throw mismatch("file '" + Printable(config.paths[f]) +
+                     "' changed since the queue was created: " + change +
+                     " (recreate the queue, or restore the file)");
   }
   if (h.num_slices != config.num_slices)
     throw mismatch("num_slices differs: " + Opt(config.num_slices) + " here, " + Opt(h.num_slices) +

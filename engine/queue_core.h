@@ -70,6 +70,18 @@ class QueueCore {
   // Reassigns open items of live clients (other than self) whose last
   // progress is older than timeout_ns. Returns how many.
   int ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept;
+  // Recovers leases that no registered client can ever finish, as if their
+  // owner had died: a lease TAKING, OPEN or ACKING whose owner slot is out of
+  // range, not ACTIVE, or ACTIVE without its life mutex held (a slot in that
+  // state is freed), and a lease word in no valid state. Only damage to a
+  // segment makes such leases; left alone they would keep Take waiting for
+  // ever. Each is first taken over by CAS, so a late write by anyone else
+  // fails; self must be a registered slot (the taker-over). With
+  // just_registered, leases owned by self are damage too (a process that has
+  // only just joined holds none). Appends a line per lease to *repaired if
+  // given. Returns how many.
+  int RepairLeases(uint64_t self, bool admin_held, bool just_registered = false,
+                   std::vector<std::string>* repaired = nullptr) noexcept;
   // Frees DONE_WAIT anchors whose pending split was settled.
   void ReleaseSettledAnchors() noexcept;
   // Re-issues tickets lost by processes that died between fetch_add and

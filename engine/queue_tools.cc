@@ -97,9 +97,11 @@ void RemoveQueue(const std::string& name, bool force) {
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kNotFound || !force) throw;
     // A segment we cannot validate: --force removes the name anyway.
-    if (::unlink(Segment::PathOf(name).c_str()) != 0)
-      throw Error(ErrorKind::kIo, "queue '" + name + "': cannot remove " + Segment::PathOf(name) +
-                                      ": " + std::strerror(errno));
+    if (::unlink(Segment::PathOf(name).c_str()) != 0) {
+      int err = errno;
+      throw Error(ErrorKindOfErrno(err), "queue '" + name + "': cannot remove " +
+                                             Segment::PathOf(name) + ": " + std::strerror(err));
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -26,14 +27,27 @@ namespace {
 
 size_t AlignUp(size_t v) { return (v + kCacheLine - 1) / kCacheLine * kCacheLine; }
 
-std::string MiB(uint64_t bytes) {
-  return std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB";
+}  // namespace
+
+std::string ByteSize(uint64_t bytes) {
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + (bytes == 1 ? " byte" : " bytes");
+  int u = 0;
+  while (u + 1 < 6 && bytes >> (10 * (u + 2)) != 0) ++u;
+  uint64_t unit = uint64_t{1} << (10 * (u + 1));
+  if (bytes % unit == 0) return std::to_string(bytes / unit) + " " + kUnits[u];
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f %s (%llu bytes)", static_cast<double>(bytes) / unit,
+                kUnits[u], static_cast<unsigned long long>(bytes));
+  return buf;
 }
+
+namespace {
 
 std::string ShmFree() {
   struct statvfs vfs;
   if (statvfs("/dev/shm", &vfs) != 0) return "unknown";
-  return MiB(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+  return ByteSize(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
 }
 
 }  // namespace
@@ -103,9 +117,11 @@ Segment::~Segment() {
 
 void Segment::Map(size_t size) {
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (p == MAP_FAILED)
-    throw Error(ErrorKind::kIo, "queue '" + queue_name_ + "': cannot map segment " + path_ + ": " +
-                                    std::strerror(errno));
+  if (p == MAP_FAILED) {
+    int err = errno;
+    throw Error(ErrorKindOfErrno(err), "queue '" + queue_name_ + "': cannot map segment " + path_ +
+                                           ": " + std::strerror(err));
+  }
   base_ = static_cast<char*>(p);
   size_ = size;
 }
@@ -122,12 +138,14 @@ std::unique_ptr<Segment> Segment::CreateExclusive(const std::string& queue_name,
   } catch (const bip::interprocess_exception& e) {
     if (e.get_error_code() == bip::already_exists_error) return nullptr;
     int err = e.get_native_error();
-    throw Error(err == EACCES || err == EPERM ? ErrorKind::kPermission : ErrorKind::kIo,
+    throw Error(ErrorKindOfErrno(err),
                 "queue '" + queue_name + "': cannot create segment " + PathOf(queue_name) + ": " +
                     e.what());
   }
-  if (fd < 0)
-    throw Error(ErrorKind::kIo, "queue '" + queue_name + "': dup failed: " + std::strerror(errno));
+  if (fd < 0) {
+    int err = errno;
+    throw Error(ErrorKindOfErrno(err), "queue '" + queue_name + "': dup failed: " + std::strerror(err));
+  }
   std::unique_ptr<Segment> seg(new Segment(queue_name, fd, true));
   // Reserve every page now: a full /dev/shm must fail here with a message,
   // not with SIGBUS on first touch in the middle of training.
@@ -135,8 +153,8 @@ std::unique_ptr<Segment> Segment::CreateExclusive(const std::string& queue_name,
   if (err != 0) {
     std::string free = ShmFree();
     seg->UnlinkIfSame();
-    throw Error(err == ENOSPC ? ErrorKind::kNoSpace : ErrorKind::kIo,
-                "queue '" + queue_name + "': cannot reserve " + MiB(size) + " for segment " +
+    throw Error(ErrorKindOfErrno(err),
+                "queue '" + queue_name + "': cannot reserve " + ByteSize(size) + " for segment " +
                     seg->path() + ": " + std::strerror(err) + " (/dev/shm has " + free +
                     " free); free space in /dev/shm (see `tailcut ls`, `tailcut rm NAME`) "
                     "or use fewer items or epochs");
@@ -158,7 +176,7 @@ std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
     int err = e.get_native_error();
     if (e.get_error_code() == bip::not_found_error || err == ENOENT)
       throw Error(ErrorKind::kNotFound, "queue '" + queue_name + "' does not exist (no " + path + ")");
-    throw Error(err == EACCES || err == EPERM ? ErrorKind::kPermission : ErrorKind::kIo,
+    throw Error(ErrorKindOfErrno(err),
                 "queue '" + queue_name + "': cannot open segment " + path + ": " + e.what() +
                     (err == EACCES ? "; it belongs to another user: remove it or pick another name"
                                    : ""));

@@ -98,6 +98,10 @@ class Segment {
   Geometry geometry_;
 };
 
+// A byte count for messages, exact and in the largest binary unit it
+// reaches: "900 bytes", "256 KiB", "12.3 MiB (12897484 bytes)".
+TAILCUT_EXPORT std::string ByteSize(uint64_t bytes);
+
 // The size of the largest header a segment can start with; objects smaller
 // than this cannot be queues.
 inline constexpr size_t kMinSegmentSize = sizeof(Header);

@@ -51,7 +51,9 @@
 namespace tailcut::detail {
 
 inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
-inline constexpr uint32_t kLayoutVersion = 2;
+// 3: FileEntry holds each file's identity (mtime, inode, device); the header
+// the queue's lease timeout, its lifetime and why it is kept.
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr size_t kCacheLine = 64;
 
 enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
@@ -178,6 +180,9 @@ struct alignas(kCacheLine) Header {
   uint64_t path_bytes;
   char format[kFormatTagBytes];
   uint64_t restore_hash;  // hash of the checkpoint it started from, or 0
+  // The queue's lease timeout (0: never), set by its creator, or by the
+  // process that resumes it when all others are gone; every process uses it.
+  uint64_t lease_timeout_ms;
 
   // Serialises joins, leaves, removal and creation. Robust: a holder that
   // dies hands the next locker EOWNERDEAD.
@@ -248,6 +253,9 @@ struct FileEntry {
   uint64_t path_offset;  // into the path bytes
   uint64_t path_length;
   uint64_t size;
+  uint64_t mtime_ns;  // with size, inode and device: the file's FileIdentity
+  uint64_t inode;
+  uint64_t device;
 };
 
 struct ItemEntry {

@@ -294,11 +294,6 @@ class WorkQueue::Impl {
 
 void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
-  timeout_ns_ = static_cast<uint64_t>(options_.lease_timeout.count()) * 1000000ull;
-  if (timeout_ns_ > 0) {
-    housekeeping_ns_ = std::clamp<uint64_t>(timeout_ns_ / 2, 1'000'000, kHousekeepingNs);
-    wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
-  }
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
     restore_ = Deserialize(options_.name, options_.restore_state);
@@ -328,6 +323,12 @@ void WorkQueue::Impl::Open() {
                 "queue '" + options_.name + "': configuration too large");
   for (int attempt = 0; attempt < 16; ++attempt) {
     if (TryCreate(g) || TryAttach()) {
+      // The queue's lease timeout, as the segment holds it.
+      timeout_ns_ = segment_->header().lease_timeout_ms * 1000000ull;
+      if (timeout_ns_ > 0) {
+        housekeeping_ns_ = std::clamp<uint64_t>(timeout_ns_ / 2, 1'000'000, kHousekeepingNs);
+        wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
+      }
       closed_ = false;
       return;
     }
@@ -363,6 +364,7 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
     config_.seed = seed;
   }
   WriteLayout(segment_.get(), config_, g);
+  h.lease_timeout_ms = static_cast<uint64_t>(options_.lease_timeout.count());
   core_ = std::make_unique<QueueCore>(segment_.get(), config_.items, config_.num_epochs,
                                       config_.seed, config_.shuffle);
   if (restoring) {
@@ -515,8 +517,22 @@ bool WorkQueue::Impl::TryAttach() {
       Notice("queue '" + options_.name +
              "': resuming a stale queue (all its processes are gone): " + std::to_string(st.done) +
              " of " + std::to_string(st.total) + " items done");
+    // Nobody else is here to disagree: the first process of the new job
+    // sets the lease timeout, as a creator would.
+    if (options_.lease_timeout.count() != 0)
+      h.lease_timeout_ms = static_cast<uint64_t>(options_.lease_timeout.count());
   } else {
     CompareConfig(*segment_, config_);
+    const uint64_t mine = static_cast<uint64_t>(options_.lease_timeout.count());
+    if (mine != 0 && mine != h.lease_timeout_ms)
+      throw Error(ErrorKind::kConfigMismatch,
+                  "queue '" + options_.name + "' exists with a different configuration: " +
+                      "lease_timeout differs: " + std::to_string(mine) + " ms here, " +
+                      (h.lease_timeout_ms == 0 ? std::string("0 (never)")
+                                               : std::to_string(h.lease_timeout_ms) + " ms") +
+                      " in segment. The lease timeout decides what processes do to each other's "
+                      "items, so it is the queue's: pass the same value in every process, or 0 "
+                      "to use the queue's");
     if (!options_.restore_state.empty() &&
         h.restore_hash !=
             (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
@@ -528,6 +544,15 @@ bool WorkQueue::Impl::TryAttach() {
   }
   config_.seed = h.seed;  // after CompareConfig: with seed=None we adopt the creator's
   Register();
+  // Never trust a segment: a lease no client can finish would keep every
+  // Take waiting at the end of the data.
+  std::vector<std::string> repaired;
+  if (core_->RepairLeases(slot_, /*admin_held=*/true, /*just_registered=*/true, &repaired) > 0) {
+    std::string list;
+    for (const std::string& r : repaired) list += (list.empty() ? "" : "; ") + r;
+    Notice("queue '" + options_.name + "': segment " + segment_->path() + " was damaged; handed out again the items of " +
+           std::to_string(repaired.size()) + " lease(s) no process could finish: " + list);
+  }
   return true;
 }
 
@@ -909,6 +934,7 @@ StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t st
 
 void WorkQueue::Impl::Housekeep() noexcept {
   core_->CheckClients(slot_);
+  core_->RepairLeases(slot_, /*admin_held=*/false);
   core_->ReleaseSettledAnchors();
   if (timeout_ns_ > 0) core_->ReassignHung(slot_, timeout_ns_);
   core_->TrySweep(slot_);
@@ -1016,10 +1042,14 @@ AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
   LeaseSlot& ls = segment_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
   if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  // An offset past the end would make a checkpoint skip the rest of the
+  // item. The lease's own range, not the caller's copy of it, is the item.
+  if (offset < ls.begin.load(std::memory_order_relaxed) ||
+      offset > ls.end.load(std::memory_order_relaxed))
+    return AckStatus::kOutOfRange;
   // Tagged: should the lease be reassigned and taken again before this
   // store lands, SaveState ignores it.
-  ls.progress.store(ProgressWord(std::clamp(offset, item.begin, item.end), ours),
-                    std::memory_order_relaxed);
+  ls.progress.store(ProgressWord(offset, ours), std::memory_order_relaxed);
   if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;
@@ -1215,6 +1245,9 @@ uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.si
 uint64_t WorkQueue::num_epochs() const noexcept { return impl_->config().num_epochs; }
 uint64_t WorkQueue::seed() const noexcept { return impl_->config().seed; }
 const std::vector<std::string>& WorkQueue::paths() const noexcept { return impl_->config().paths; }
+const std::vector<FileIdentity>& WorkQueue::files() const noexcept {
+  return impl_->config().identities;
+}
 const std::vector<WorkQueue::Item>& WorkQueue::items() const noexcept {
   return impl_->config().items;
 }

@@ -421,7 +421,9 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
   const char* p = path.c_str();
   it.direct = options_.direct;
   it.align = 1;
-  int fd = open(p, O_RDONLY | O_CLOEXEC | (it.direct ? O_DIRECT : 0));
+  // O_NONBLOCK: a FIFO put in the file's place must not block open();
+  // cleared below once the file is known to be the queue's regular file.
+  int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (it.direct ? O_DIRECT : 0));
   if (fd < 0 && it.direct && errno == EINVAL) {
     struct stat st {};
     if (stat(p, &st) == 0 && direct_fallback_devices_.insert(st.st_dev).second) {
@@ -429,7 +431,7 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
              "' (open: Invalid argument); reading files on its filesystem buffered");
     }
     it.direct = false;
-    fd = open(p, O_RDONLY | O_CLOEXEC);
+    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   }
   if (fd < 0) {
     int err = errno;
@@ -440,9 +442,7 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
             : err == EACCES ? " (made unreadable after the queue was created? fix its "
                               "permissions)"
                             : "");
-    it.error_kind = err == ENOENT                   ? ErrorKind::kNotFound
-                    : err == EACCES || err == EPERM ? ErrorKind::kPermission
-                                                    : ErrorKind::kIo;
+    it.error_kind = ErrorKindOfErrno(err);
     return false;
   }
   it.fd = fd;
@@ -451,12 +451,33 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
     SetText(&it.error, "file '%s': cannot stat: %s", p, strerror(errno));
     return false;
   }
+  if (!S_ISREG(st.st_mode)) {  // e.g. a FIFO renamed over it
+    it.error_kind = ErrorKind::kInvalidArgument;
+    SetText(&it.error,
+            "file '%s' changed since the queue was created: it is no longer a regular file; "
+            "recreate the queue or restore the file",
+            Printable(path).c_str());
+    return false;
+  }
   if (static_cast<uint64_t>(st.st_size) < it.file_size) {
     it.error_kind = ErrorKind::kIo;  // the file changed under the queue, like a short read
     SetText(&it.error,
             "file '%s' at offset %" PRIu64 ": the file is %" PRIu64 " bytes, %" PRIu64
             " when the queue was created (truncated? restore it or recreate the queue)",
             p, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_size), it.file_size);
+    return false;
+  }
+  // The very file the queue was made of, not another put in its place. Its
+  // mtime may move: bytes appended are not read, and a file restored in
+  // place after an error is read again (docs/reliability.md).
+  const FileIdentity& then = queue_.files()[it.item.file];
+  const FileIdentity now = IdentityOf(st);
+  if (now.inode != then.inode || now.device != then.device) {
+    it.error_kind = ErrorKind::kConfigMismatch;
+    SetText(&it.error,
+            "file '%s' changed since the queue was created: %s; recreate the queue or restore the "
+            "file",
+            Printable(path).c_str(), DescribeFileChange(then, now).c_str());
     return false;
   }
   if (it.direct) {
@@ -475,9 +496,13 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
                            : "' (alignment " + std::to_string(align) + ")") +
                "; reading files on its filesystem buffered");
       }
-      int buffered = open(p, O_RDONLY | O_CLOEXEC);
-      if (buffered < 0) {
-        SetText(&it.error, "file '%s': cannot open: %s", p, strerror(errno));
+      int buffered = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+      struct stat again {};
+      if (buffered < 0 || fstat(buffered, &again) != 0 || again.st_ino != st.st_ino ||
+          again.st_dev != st.st_dev) {
+        SetText(&it.error, "file '%s': cannot open again: %s", p,
+                buffered < 0 ? strerror(errno) : "it changed since the first open");
+        if (buffered >= 0) close(buffered);
         return false;
       }
       close(fd);
@@ -487,6 +512,8 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
       it.align = align;
     }
   }
+  // io_uring would answer -EAGAIN rather than wait on a non-blocking file.
+  fcntl(it.fd, F_SETFL, fcntl(it.fd, F_GETFL) & ~O_NONBLOCK);
   if (!it.direct) posix_fadvise(it.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return true;
 }

@@ -219,7 +219,7 @@ inline std::string ErrorText(const tailcut::Error& e) {
 // Succeeds if f throws a tailcut::Error of `kind` whose message contains every
 // needle; the failure message shows what happened instead.
 inline ::testing::AssertionResult FailsWith(const std::function<void()>& f, ErrorKind kind,
-                                            std::initializer_list<std::string> needles = {}) {
+                                            const std::vector<std::string>& needles = {}) {
   try {
     f();
   } catch (const tailcut::Error& e) {
@@ -253,6 +253,7 @@ inline const char* StatusName(AckStatus s) {
     case AckStatus::kOk: return "kOk";
     case AckStatus::kStale: return "kStale";
     case AckStatus::kInvalid: return "kInvalid";
+    case AckStatus::kOutOfRange: return "kOutOfRange";
   }
   return "?";
 }

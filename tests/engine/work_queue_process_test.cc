@@ -348,6 +348,81 @@ TEST_F(WorkQueueProcessTest, HungProcessLosesItsItemAfterTheLeaseTimeoutAndItsAc
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
 }
 
+// The lease timeout decides what processes do to each other's items: a
+// process that opened with 0 ("never") once had its item reassigned by a
+// peer that set 200 ms. It is the queue's now: the creator's, stored in the
+// segment; another non-zero value is refused, 0 adopts the queue's.
+TEST_F(WorkQueueProcessTest, TheLeaseTimeoutIsTheQueuesAndAPeerCannotImposeAnother) {
+  auto o = BaseOptions(NewName("lease_shared"), dir_.Files("f", 4, {1000}));
+  Children kids(3, 64);
+  // A creates with 0 (never), takes an item and then makes no progress.
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    WorkItem it;
+    if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    c.SetValue(0, 1);
+    if (!c.WaitFlag(0, milliseconds(20000))) return c.Fail("no go from the parent");
+    c.SetValue(2, 1 + static_cast<uint64_t>(q->Ack(it)));
+    return 0;
+  });
+  ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
+  // B asks for 200 ms: refused, naming both values.
+  kids.Spawn([&](ChildContext& c) {
+    auto mine = o;
+    mine.lease_timeout = milliseconds(200);
+    auto r = FailsWith([&] { WorkQueue::Open(mine); }, ErrorKind::kConfigMismatch,
+                       {"lease_timeout differs: 200 ms here, 0 (never) in segment"});
+    return r ? 0 : c.Fail(r.message());
+  });
+  EXPECT_TRUE(kids.Wait(1, milliseconds(20000)).Ok()) << kids.Error(1);
+  // C leaves it at 0: joins, uses the queue's (never), and A's item stays A's
+  // however long C waits at the end.
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    if (q->Stats().lease_timeout_ms != 0) return c.Fail("lease_timeout_ms is not the queue's 0");
+    WorkItem it;
+    while (q->TryTake(&it) == TakeStatus::kOk) q->Ack(it);
+    if (q->Take(&it, Clock::now() + milliseconds(600)) != TakeStatus::kEmpty)
+      return c.Fail("A's item was handed out though the queue never reassigns");
+    return 0;
+  });
+  EXPECT_TRUE(kids.Wait(2, milliseconds(20000)).Ok()) << kids.Error(2);
+  kids.SetFlag(0, 0);
+  ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Ok()) << kids.Error(0);
+  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(AckStatus::kOk)) << "A's own ack";
+}
+
+// An attacher that leaves lease_timeout at 0 adopts the creator's value, and
+// with it the creator can reassign the attacher's item.
+TEST_F(WorkQueueProcessTest, AnAttacherWithoutALeaseTimeoutAdoptsTheCreatorsValue) {
+  auto o = BaseOptions(NewName("lease_adopt"), dir_.Files("f", 4, {1000}));
+  auto creator = o;
+  creator.lease_timeout = milliseconds(200);
+  auto q = WorkQueue::Open(creator);
+  EXPECT_EQ(q->Stats().lease_timeout_ms, 200u);
+  Children kids(1, 64);
+  kids.Spawn([&](ChildContext& c) {
+    auto mine = WorkQueue::Open(o);  // lease_timeout 0: the queue's
+    if (mine->Stats().lease_timeout_ms != 200) return c.Fail("did not adopt 200 ms");
+    WorkItem it;
+    if (mine->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    c.SetValue(0, 1);
+    std::this_thread::sleep_for(milliseconds(1500));  // no progress
+    c.SetValue(1, 1 + static_cast<uint64_t>(mine->Ack(it)));
+    return 0;
+  });
+  ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
+  WorkItem it;
+  int taken = 0;
+  while (q->Take(&it, Clock::now() + milliseconds(5000)) == TakeStatus::kOk) {
+    ++taken;
+    q->Ack(it);
+  }
+  EXPECT_EQ(taken, 4) << "the child's item was reassigned to the creator";
+  EXPECT_TRUE(kids.Wait(0, milliseconds(20000)).Ok()) << kids.Error(0);
+  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale));
+}
+
 TEST_F(WorkQueueProcessTest, ProgressKeepsALeaseAlive) {
   auto o = BaseOptions(NewName("lease_alive"), dir_.Files("f", 20, {1000}));
   o.lease_timeout = milliseconds(500);  // 10x the progress interval: safe on a loaded machine

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "engine/segment_layout.h"
 #include "tests/engine/queue_test_util.h"
 
 namespace tailcut::test {
@@ -531,6 +532,54 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// Only sizes were compared: a file replaced by another of the same size was
+// accepted silently by every process that attached.
+TEST_F(WorkQueueTest, FilesAreIdentifiedByMoreThanTheirSize) {
+  const auto works = dir_.Files("f", 2, {100});
+  auto o = Options("identity", works);
+  auto q = WorkQueue::Open(o);
+  ASSERT_EQ(q->files().size(), 2u);
+  for (size_t i = 0; i < works.size(); ++i) {
+    struct stat st;
+    ASSERT_EQ(::stat(works[i].c_str(), &st), 0);
+    EXPECT_EQ(q->files()[i], IdentityOf(st)) << works[i];
+    EXPECT_EQ(q->files()[i].size, 100u);
+    EXPECT_NE(q->files()[i].inode, 0u);
+  }
+  EXPECT_EQ(DescribeFileChange(q->files()[0], q->files()[0]), "");
+  // Replaced (renamed over) by a file of the same size.
+  const std::string other = dir_.File("other", 100);
+  struct stat ost;
+  ASSERT_EQ(::stat(other.c_str(), &ost), 0);
+  ASSERT_EQ(::rename(other.c_str(), works[0].c_str()), 0);
+  const std::string change = "inode " + std::to_string(q->files()[0].inode) + " -> " +
+                             std::to_string(ost.st_ino);
+  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kConfigMismatch,
+                        {"file '" + works[0] + "' changed since the queue was created: " + change,
+                         "(recreate the queue, or restore the file)"}));
+  // A stale queue (its process was killed) over a changed file is replaced,
+  // with a notice.
+  const std::string stale = NewName("identity-stale");
+  {
+    Children kids(1, 1);
+    kids.Spawn([&](ChildContext&) {
+      auto k = WorkQueue::Open(BaseOptions(stale, works));
+      ::raise(SIGKILL);
+      return 0;
+    });
+    ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Killed());
+  }
+  ASSERT_TRUE(PathExists(SegmentPath(stale)));
+  std::vector<std::string> notices;
+  ASSERT_EQ(::utimensat(AT_FDCWD, works[1].c_str(), nullptr, 0), 0);  // touched: a new mtime
+  auto again = BaseOptions(stale, works);
+  again.on_notice = [&](const std::string& n) { notices.push_back(n); };
+  auto q2 = WorkQueue::Open(again);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_TRUE(Contains(notices[0], "replacing a stale queue")) << notices[0];
+  EXPECT_TRUE(Contains(notices[0], "file '" + works[1] + "' changed since the queue was created: mtime ")) << notices[0];
+}
+
 TEST_F(WorkQueueTest, GarbageSegmentIsCorruptAndNamedNeverACrash) {
   const auto works = dir_.Files("f", 2, {kMiB});
   std::mt19937_64 rng(TestSeed());
@@ -645,6 +694,104 @@ TEST_F(WorkQueueTest, HostileHeaderFieldsNeverCrashOrHang) {
   EXPECT_TRUE(Contains(cut.message, seg)) << cut.message;
 }
 
+// A FREE lease word rewritten as ACKING, owned by a client slot never used,
+// passed attach; the resumed queue had every item done and "1 in flight",
+// and Take waited for ever. So too a lease in no valid state, or owned by a
+// slot past max_clients: each is repaired at attach (its item handed out
+// again if it had one) with a notice naming it, never a hang.
+TEST_F(WorkQueueTest, ADamagedLeaseOfAStaleSegmentIsRepairedNotWaitedFor) {
+  const auto works = dir_.Files("f", 3, {1000});
+  struct Damage {
+    const char* what;
+    uint64_t word;
+    const char* needle;
+  };
+  const uint32_t kMaxClients = 4, kLeases = 2;
+  const uint64_t never_used = 3;  // client slot 3: the one child uses slot 0
+  const std::vector<Damage> damages = {
+      {"ACKING, owner never registered", tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, never_used, 7),
+       "(ACKING, owner slot 3, ticket none): its owner, client slot 3, is not registered"},
+      {"OPEN, owner past max_clients", tailcut::detail::LeaseWord(tailcut::detail::kLeaseOpen, 4000, 7),
+       "(OPEN, owner slot 4000, ticket none): its owner field names client slot 4000, past the 4 "
+       "slots"},
+      {"state 7", tailcut::detail::LeaseWord(7, 0, 7), "(state 7, owner slot 0, ticket none): its state field"},
+      {"TAKING, owner never registered", tailcut::detail::LeaseWord(tailcut::detail::kLeaseTaking, never_used, 7),
+       "(TAKING, owner slot 3, ticket none)"},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.what);
+    auto o = Options("damaged", works);
+    o.max_clients = kMaxClients;
+    o.leases_per_client = kLeases;
+    o.num_epochs = 2;
+    {  // Every item done, then killed: a stale, finished segment.
+      Children kids(1, 1);
+      kids.Spawn([&](ChildContext& c) {
+        auto q = WorkQueue::Open(o);
+        WorkItem it;
+        while (q->TryTake(&it) == TakeStatus::kOk) q->Ack(it);
+        if (q->Stats().done != 6) return c.Fail("not all done");
+        ::raise(SIGKILL);
+        return 0;
+      });
+      ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Killed());
+    }
+    const std::string seg = SegmentPath(o.name);
+    std::string bytes = ReadFile(seg);
+    uint64_t path_bytes = 0;
+    for (const auto& w : works) path_bytes += w.size();
+    const tailcut::detail::Geometry g =
+        tailcut::detail::ComputeGeometry(works.size(), 3, 6, path_bytes, kMaxClients, kLeases);
+    ASSERT_EQ(g.total, bytes.size());
+    const size_t lease = never_used * kLeases;  // a FREE lease of the unused slot
+    const size_t off = g.leases + lease * sizeof(tailcut::detail::LeaseSlot) + offsetof(tailcut::detail::LeaseSlot, word);
+    std::memcpy(bytes.data() + off, &d.word, sizeof d.word);
+    WriteSegment(seg, bytes);
+
+    std::vector<std::string> notices;
+    auto attach = o;
+    attach.on_notice = [&](const std::string& n) { notices.push_back(n); };
+    auto q = WorkQueue::Open(attach);
+    WorkItem it;
+    const auto t0 = Clock::now();
+    EXPECT_EQ(q->Take(&it, std::chrono::steady_clock::now() + milliseconds(5000)), TakeStatus::kEnd)
+        << "Take must end, not wait for a lease nobody holds";
+    EXPECT_LT(MillisSince(t0), 1000.0);
+    EXPECT_EQ(q->Stats().in_flight, 0u);
+    std::string all;
+    for (const auto& n : notices) all += n + "\n";
+    EXPECT_TRUE(Contains(all, "segment " + seg + " was damaged; handed out again the items of 1 "
+                              "lease(s) no process could finish: lease " +
+                                  std::to_string(lease) + " " + d.needle))
+        << all;
+  }
+}
+
+// The same damage in a live queue: found by the next housekeeping.
+TEST_F(WorkQueueTest, ADamagedLeaseOfALiveQueueIsRepairedByHousekeeping) {
+  const auto works = dir_.Files("f", 2, {1000});
+  auto o = Options("damaged-live", works);
+  o.max_clients = 4;
+  o.leases_per_client = 2;
+  auto q = WorkQueue::Open(o);
+  uint64_t path_bytes = 0;
+  for (const auto& w : works) path_bytes += w.size();
+  const tailcut::detail::Geometry g = tailcut::detail::ComputeGeometry(2, 2, 2, path_bytes, 4, 2);
+  const int fd = ::open(SegmentPath(o.name).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const uint64_t word = tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, 3, 9);
+  ASSERT_EQ(::pwrite(fd, &word, sizeof word,
+                     static_cast<off_t>(g.leases + 6 * sizeof(tailcut::detail::LeaseSlot))),
+            static_cast<ssize_t>(sizeof word));
+  ::close(fd);
+  WorkItem it;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
+    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+  }
+  EXPECT_EQ(q->Take(&it, std::chrono::steady_clock::now() + milliseconds(5000)), TakeStatus::kEnd);
+}
+
 TEST_F(WorkQueueTest, SegmentOwnedByAnotherUserIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a segment owned by another user";
   auto o = Options("foreign", dir_.Files("f", 1, {100}));
@@ -675,7 +822,9 @@ TEST_F(WorkQueueTest, FullDevShmIsNoSpaceAndLeavesNothing) {
     }
     auto o = BaseOptions(name, {big});
     o.num_slices = 200000;
-    auto r = FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kNoSpace, {"/dev/shm"});
+    // The exact free space, not rounded up to "1 MiB".
+    auto r = FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kNoSpace,
+                       {"/dev/shm", "(/dev/shm has 256 KiB free)"});
     if (!r) return c.Fail(std::string("a queue larger than /dev/shm: ") + r.message());
     if (PathExists(SegmentPath(name))) return c.Fail("the failed Open left its partial segment in /dev/shm");
     // The name is usable again for a queue that fits.

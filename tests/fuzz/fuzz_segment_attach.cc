@@ -3,7 +3,10 @@
 // patches a valid segment image (so that fuzzing gets past the magic number)
 // as records of [u32 offset][u8 length][length bytes]; an input starting
 // with 0xFF is written raw instead. Anything may fail with tailcut::Error;
-// nothing may crash, hang or touch memory outside the segment.
+// nothing may crash, hang or touch memory outside the segment. A queue that
+// opens is drained to its end under a bound: a Take that finds nothing while
+// no other client is registered is a hang (a damaged lease nobody can finish
+// once made every Take wait for ever), and aborts.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -68,6 +71,39 @@ void Init() {
   }
 }
 
+// Takes and acks until the end, as a job would; aborts on a hang.
+void Drain(tailcut::WorkQueue& q) {
+  tailcut::WorkItem item;
+  for (int i = 0; i < 1000; ++i) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+    switch (q.Take(&item, deadline)) {
+      case tailcut::TakeStatus::kOk:
+        q.Ack(item);
+        continue;
+      case tailcut::TakeStatus::kEnd:
+        return;
+      case tailcut::TakeStatus::kLimit:
+        break;
+      case tailcut::TakeStatus::kEmpty: {
+        // Waiting for items of a registered (live-looking) client is the
+        // documented wait, not a hang.
+        tailcut::QueueStats st = q.Stats();
+        int others = 0;
+        for (const auto& c : st.clients) others += c.alive && c.pid != ::getpid();
+        if (others > 0) return;
+        std::fprintf(stderr, "hang: Take found nothing for 1 s with no other client (done %llu of %llu, %llu in flight)\n",
+                     static_cast<unsigned long long>(st.done), static_cast<unsigned long long>(st.total),
+                     static_cast<unsigned long long>(st.in_flight));
+        std::abort();
+      }
+    }
+    std::fprintf(stderr, "hang: Take says this process holds every lease, yet it acked all it took\n");
+    std::abort();
+  }
+  std::fprintf(stderr, "hang: 1000 takes did not reach the end of 14 tickets\n");
+  std::abort();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -108,6 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     q->SaveState();
     q->Stats();
+    Drain(*q);
   } catch (const tailcut::Error&) {
   }
   ::unlink(path.c_str());

@@ -117,6 +117,13 @@ def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
         with pytest.raises(tailcut.InvalidArgumentError,
                            match=exact("offset must be a non-negative int, got -1")):
             item.progress(-1)
+        for past_end in (item.end + 500, 10**15, 2**64 - 1):
+            with pytest.raises(tailcut.InvalidArgumentError, match=exact(
+                    f"progress of item 0 (epoch 0, '{files[0]}' [0, {item.end})) of queue "
+                    f"'{qname}' refused: the offset is outside the item's byte range "
+                    f"(begin <= offset <= end); nothing was recorded")):
+                item.progress(past_end)
+        item.progress(item.end)
         item.ack()
         with pytest.raises(tailcut.InvalidArgumentError, match=exact(
                 f"cannot report progress of item 0 (epoch 0, '{files[0]}' [0, {item.end})) of "
@@ -204,3 +211,20 @@ def test_a_take_that_waits_too_long_raises_empty_naming_the_queue(files, qname, 
         assert time.monotonic() - start < 5
         for item in held:
             item.ack()
+
+
+def test_names_and_paths_with_unprintable_bytes_are_escaped_in_messages(files, tmp_path):
+    # A non-ASCII name once gave an empty message, a NUL cut it short.
+    suffix = "; use only ASCII letters, digits, '.', '_' and '-'"
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=exact("queue name 'café' contains 'é'" + suffix)):
+        tailcut.WorkQueue(files, name="café")
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=exact("queue name 'a\\x00b' contains '\\x00'" + suffix)):
+        tailcut.WorkQueue(files, name="a\0b")
+    # ELOOP is a bad path, not a permission problem.
+    a, b = tmp_path / "loop-a", tmp_path / "loop-b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    with pytest.raises(tailcut.InvalidArgumentError, match="Too many levels of symbolic links"):
+        tailcut.WorkQueue([str(a)], name="loop")

@@ -227,7 +227,7 @@ path, name, pid1, pid2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.arg
 stats = json.load(open(path))
 queue_keys = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
               "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
-              "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
+              "recovered_items", "stale_acks", "splits", "lease_timeout_ms", "now_ns", "clients"}
 client_keys = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",
                "items_recovered", "bytes_acked", "records", "stale_acks", "splits", "open_items",
                "busy_ns", "idle_ns", "last_progress_ns", "joined_ns"}

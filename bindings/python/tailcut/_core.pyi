@@ -78,6 +78,7 @@ class _QueueStats(TypedDict):
     recovered_items: int
     stale_acks: int
     splits: int
+    lease_timeout_ms: int
     now_ns: int
     clients: list[_ClientStats]
 

@@ -9,6 +9,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "tailcut/export.h"
 
@@ -37,6 +38,18 @@ class TAILCUT_EXPORT Error : public std::runtime_error {
 
 // A short lowercase name of the kind, e.g. "config mismatch".
 TAILCUT_EXPORT const char* ErrorKindName(ErrorKind kind) noexcept;
+
+// The kind of a failed system call's errno, the one mapping every control
+// path uses: ENOENT, ENOTDIR -> kNotFound; EACCES, EPERM, EROFS ->
+// kPermission; ENOSPC, EDQUOT, ENOMEM -> kNoSpace; ELOOP, ENAMETOOLONG,
+// EINVAL -> kInvalidArgument (the path or value given is unusable); else kIo.
+TAILCUT_EXPORT ErrorKind ErrorKindOfErrno(int err) noexcept;
+
+// `bytes` fit for a message: valid UTF-8 is kept, control characters, DEL
+// and bytes that are not UTF-8 become \xNN, so that a name or path with a NUL
+// or in another encoding neither cuts a message short nor makes it
+// undecodable (Python decodes messages as UTF-8).
+TAILCUT_EXPORT std::string Printable(std::string_view bytes);
 
 }  // namespace tailcut
 

@@ -34,6 +34,8 @@
 #ifndef TAILCUT_WORK_QUEUE_H_
 #define TAILCUT_WORK_QUEUE_H_
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -67,8 +69,13 @@ struct WorkQueueOptions {
   // How long an attacher waits for the creator to publish the queue.
   std::chrono::milliseconds attach_timeout{10000};
   // A live client that makes no progress (take, ack, Progress) for longer than
-  // this has its open items reassigned; its later acks are refused. 0: never.
-  // Others check every 100 ms, or every half timeout if that is shorter.
+  // this has its open items reassigned; its later acks are refused. It decides
+  // what processes do to each other, so it is the queue's, not a process's:
+  // the creator's value is stored in the segment (0 there: never), and every
+  // process uses it. 0 here: use the queue's. Another non-zero value is a
+  // kConfigMismatch, except when resuming a stale queue (no live process),
+  // which sets it anew. At most 7 days. Others check every 100 ms, or every
+  // half timeout if that is shorter.
   std::chrono::milliseconds lease_timeout{0};
   // Tail splitting: a process with nothing left to take splits the unread
   // tail of the open item (or piece) with the most left, and takes it as a
@@ -82,6 +89,23 @@ struct WorkQueueOptions {
   // Where one-line notices go (resume, replace, waiting). Default: stderr.
   std::function<void(const std::string&)> on_notice;
 };
+
+// What identifies a work file on this host: taken (stat) by the process that
+// created the queue, stored in the segment, and compared by every process
+// that attaches and by every Reader that opens the file. A file replaced
+// (renamed over), rewritten or resized since differs in one of them.
+struct FileIdentity {
+  uint64_t size = 0;
+  uint64_t mtime_ns = 0;  // last modification, ns since the epoch
+  uint64_t inode = 0;
+  uint64_t device = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+// The identity of a stat result.
+TAILCUT_EXPORT FileIdentity IdentityOf(const struct ::stat& st) noexcept;
+// What changed from `then` to `now`, e.g. "inode 123 -> 456, mtime
+// 1700000000.000000001 -> 1700000001.000000000"; "" when they are equal.
+TAILCUT_EXPORT std::string DescribeFileChange(const FileIdentity& then, const FileIdentity& now);
 
 // An item one process holds (a lease). Plain data; copy it freely. path points
 // into the queue's own table and lives as long as the WorkQueue.
@@ -116,6 +140,7 @@ enum class AckStatus {
   kOk,
   kStale,    // the item was reassigned (lease timeout); the ack was refused
   kInvalid,  // not an item of this queue and process
+  kOutOfRange,  // Progress: the offset is outside the item's [begin, end]; nothing changed
 };
 
 // Per-client counters, kept in the segment.
@@ -155,6 +180,7 @@ struct QueueStats {
   uint64_t recovered_items = 0;   // items taken back from dead or hung clients
   uint64_t stale_acks = 0;
   uint64_t splits = 0;            // tails split off slow items
+  uint64_t lease_timeout_ms = 0;  // the queue's (0: never); see WorkQueueOptions
   uint64_t now_ns = 0;            // CLOCK_MONOTONIC when read
   std::vector<ClientStats> clients;  // registered clients (alive or dead)
 };
@@ -185,11 +211,14 @@ class TAILCUT_EXPORT WorkQueue {
   AckStatus GiveBack(const WorkItem& item) noexcept;
   // Reports progress: the item's bytes before `offset` are consumed (a
   // checkpoint resumes there) and `records` more records were read. Refreshes
-  // the lease timeout. kStale if the item was reassigned.
+  // the lease timeout. kStale if the item was reassigned. kOutOfRange, and
+  // nothing recorded, unless begin <= offset <= end (the item as handed out:
+  // a record that starts before a split's lower end may end past it).
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
-  // before `up_to`, claim them. Sets *end to the item's current end: records
+  // before `up_to`, claim them (any up_to: below begin claims nothing, past
+  // the end claims up to the end). Sets *end to the item's current end: records
   // starting at or after it belong to a process that split the tail off, so
   // stop there (RecordParser::SetEnd). The first Claim makes the item
   // splittable; an item never claimed is never split. kStale if the item was
@@ -226,6 +255,9 @@ class TAILCUT_EXPORT WorkQueue {
   uint64_t seed() const noexcept;
   // The paths (prefix applied) in works order.
   const std::vector<std::string>& paths() const noexcept;
+  // Each path's identity when the queue was created, in works order. A
+  // reader of a file checks it at every open (see FileIdentity).
+  const std::vector<FileIdentity>& files() const noexcept;
   // The item table: item i covers [begin, end) of paths()[file].
   struct Item {
     uint32_t file;
