@@ -441,17 +441,26 @@ void DefineBatchRing(py::module_& m) {
              if (::getpid() == h->pid) h->closed.store(true, std::memory_order_release);
              return false;
            })
-      .def_property_readonly("name", [](const RingHandle& h) { return h.name; })
+      .def_property_readonly(
+          "name", [](const RingHandle& h) { return h.name; }, "The ring's name.")
       .def_property_readonly(
           "role",
           [](const RingHandle& h) {
             return std::string(h.role == tc::RingRole::kLoader ? "loader" : "trainer");
-          })
-      .def_property_readonly("slot_bytes", [](const RingHandle& h) { return h.ring->slot_bytes(); })
-      .def_property_readonly("num_slots", [](const RingHandle& h) { return h.ring->num_slots(); })
-      .def_property_readonly("client_slot",
-                             [](const RingHandle& h) { return h.ring->client_slot(); })
-      .def_property_readonly("closed", [](const RingHandle& h) { return h.closed.load(); });
+          },
+          "'loader' or 'trainer'.")
+      .def_property_readonly(
+          "slot_bytes", [](const RingHandle& h) { return h.ring->slot_bytes(); },
+          "Bytes of one batch slot.")
+      .def_property_readonly(
+          "num_slots", [](const RingHandle& h) { return h.ring->num_slots(); },
+          "Batches in flight at most.")
+      .def_property_readonly(
+          "client_slot", [](const RingHandle& h) { return h.ring->client_slot(); },
+          "This process's client slot in the ring (Batch.loader names a loader's).")
+      .def_property_readonly(
+          "closed", [](const RingHandle& h) { return h.closed.load(); },
+          "Whether close() was called.");
 
   m.def(
       "inspect_batch_ring",
