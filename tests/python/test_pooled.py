@@ -305,3 +305,39 @@ def test_pooled_loader_gives_forked_ranks_equal_steps(rname, tmp_path):
         leftover = rows[0][2] + rows[1][2]
         assert len(set(ids)) == len(ids)  # each record once ...
         assert len(ids) + leftover == n  # ... or left over
+
+
+def test_close_from_another_thread_ends_a_waiting_pop(rname):
+    import threading
+    ring = tailcut.BatchRing(rname, 1024, 2, "trainer")
+    got = []
+
+    def wait():
+        try:
+            ring.pop()
+        except tailcut.InvalidArgumentError as e:
+            got.append((time.monotonic(), str(e)))
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.2)
+    closed = time.monotonic()
+    ring.close()
+    t.join(5)
+    assert got and got[0][0] - closed < 1.0 and "closed" in got[0][1]
+
+
+def test_the_batch_ring_example_of_the_doc_runs(tmp_path):
+    import pathlib
+    import re
+    import subprocess
+    import sys
+    doc = pathlib.Path(__file__).resolve().parents[2] / "docs" / "pooled.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", doc.read_text(), re.S | re.M)
+    example = [b for b in blocks if "tailcut.BatchRing(" in b]
+    assert example
+    name = f"pytest-doc-{os.getpid()}"
+    script = tmp_path / "example.py"
+    script.write_text(example[0].replace('"r"', repr(name)))
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(tailcut.__file__).resolve().parents[1]))
+    subprocess.run([sys.executable, str(script)], check=True, cwd=tmp_path, env=env, timeout=60)
