@@ -416,14 +416,20 @@ class PooledLoader:
 
     def close(self):
         """Releases what this rank holds, leaves the ring, and (local rank 0)
-        waits for its loader processes to finish."""
+        waits for its loader processes, which finish after the queue's last
+        epoch. Loaders still running 10 s later (training stopped early) are
+        killed: the items they hold go back to the queue."""
         self._release_current()
         if self._stash is not None:
             self.ring.release(self._stash)
             self._stash = None
         self.ring.close()
+        deadline = time.monotonic() + 10.0
         for p in self.loaders:
-            p.join()
+            p.join(max(deadline - time.monotonic(), 0.0))
+            if p.is_alive():
+                p.kill()
+                p.join()
 
     def __enter__(self):
         return self
