@@ -23,6 +23,7 @@
 // input_producer), reader_state and readers (records, batches). This file
 // only registers them.
 #include "module.h"
+#include "batch_ring.h"
 
 #include <pybind11/pybind11.h>
 
@@ -48,4 +49,5 @@ PYBIND11_MODULE(_core, m) {
   tp::DefineProducerMethods(queue);
   tp::DefineReaderMethods(queue);
   tp::DefineQueueFunctions(m);
+  tp::DefineBatchRing(m);
 }

@@ -81,6 +81,9 @@ __all__ = [
     "__version__",
 ]
 
+from tailcut._core import Batch, BatchRing, Slot, inspect_batch_ring, remove_batch_ring  # noqa: E402
+__all__ += ["BatchRing", "Slot", "Batch", "inspect_batch_ring", "remove_batch_ring"]
+
 # Queues still open at exit are closed (their open items given back, the
 # segment removed when the job is done) rather than left to the destructor
 # order of interpreter shutdown. A forked child skips its parent's queues.

@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 
-__all__ = ["QueueDataset", "EqualSteps"]
+__all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
 
 _log = logging.getLogger(__name__)
 
@@ -563,3 +563,6 @@ class EqualSteps:
     def __repr__(self):
         return (f"EqualSteps(rank={self.rank}, world_size={self.world_size}, epoch={self.epoch}, "
                 f"carry_over={self.carry_over})")
+
+
+from .pool import PooledLoader  # noqa: E402  (docs/pooled.md)
