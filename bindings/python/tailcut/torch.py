@@ -95,8 +95,8 @@ def _prepare(name, resume, restarted):
     stale = _stale(name)
     if stale is None:
         return
-    what = (f"queue '{name}' was left unfinished by an earlier run: epoch {stale['epoch']}, "
-            f"{stale['done']} of {stale['total']} items done")
+    what = (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
+            f"{stale['done']} of {stale['total']} items done)")
     if resume:
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
                       f"(pass resume=False or set TAILCUT_RESUME=0 to start over)",
