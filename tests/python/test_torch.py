@@ -318,9 +318,10 @@ def test_equal_steps_counts_records_of_text_batches_from_dataloader_workers(tmp_
     dropped = []
     steps.on_leftover = dropped.append
     # Rank 1 has no batch at step 0, so rank 0's whole epoch is left over;
-    # then both agree that they read their loaders to the end (step 1).
+    # then both agree that they read their loaders to the end (step 1) and
+    # that they took the queue's state (step 2).
     def rank1():
-        for step in (0, 1):
+        for step in (0, 1, 2):
             ds.queue.agree_step(1, 2, step, False, timeout=30)
 
     other = threading.Thread(target=rank1, daemon=True)

@@ -109,11 +109,10 @@ def test_torchrun_job_equal_steps_every_record_prompt_exit(data, tmp_path):
     for epoch in (0, 1):
         steps = check_epoch(by_epoch[epoch])
         results = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
-        # len(EqualSteps): the even split, which the real count reaches or
-        # misses by a few steps.
+        # len(EqualSteps): the even split, within a few steps of the real count.
         estimate = results[0]["len"]
         assert estimate == RECORDS // (RANKS * 16)
-        assert estimate - 4 <= steps <= estimate, (steps, estimate)
+        assert abs(steps - estimate) <= 4, (steps, estimate)
     results = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
     assert len({r["queue"] for r in results}) == 1
     assert len(exits) == RANKS

@@ -597,8 +597,9 @@ class EqualSteps:
         """Steps per epoch on every rank, as an estimate for LR schedulers and
         progress bars: floor(records per epoch / (world_size * batch size)), the
         steps every rank can run when the host's ranks split the epoch evenly.
-        The group ends the epoch when the first rank runs out, so the real
-        count is this or a few less. The batch size is the QueueDataset's, else
+        The group ends the epoch when the first rank runs out (fewer steps)
+        and DataLoader workers each end on a short batch (more): the real
+        count is within a few steps of it. The batch size is the QueueDataset's, else
         the DataLoader's; records come from QueueDataset.records_per_epoch()."""
         dataset = getattr(self.loader, "dataset", self.loader)
         if not isinstance(dataset, QueueDataset):
@@ -700,9 +701,11 @@ class EqualSteps:
                     self._leftover(batch, report, last_epoch)
             break
         # Once every rank read its loader to the end, no item of this epoch is
-        # open: the queue's state here resumes the job at the next epoch.
+        # open, and until every rank took the state no item of the next one
+        # is taken: the state resumes the job at the start of the next epoch.
         self._agree(epoch, step + 1, False)
         self._epoch_end_state = self.queue.state_dict()
+        self._agree(epoch, step + 2, False)
         if report["dropped_records"] and self.on_leftover is None:
             why = ("the queue has no later epoch to carry them into" if self.carry_over else
                    "pass carry_over=True to use them in the next epoch")
