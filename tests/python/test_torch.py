@@ -317,8 +317,14 @@ def test_equal_steps_counts_records_of_text_batches_from_dataloader_workers(tmp_
     steps = tt.EqualSteps(loader, rank=0, world_size=2, timeout=30)
     dropped = []
     steps.on_leftover = dropped.append
-    # Rank 1 has no batch at step 0, so rank 0's whole epoch is left over.
-    other = threading.Thread(target=ds.queue.agree_step, args=(1, 2, 0, False), daemon=True)
+    # Rank 1 has no batch at step 0, so rank 0's whole epoch is left over;
+    # then both agree that they read their loaders to the end (step 1) and
+    # that they took the queue's state (step 2).
+    def rank1():
+        for step in (0, 1, 2):
+            ds.queue.agree_step(1, 2, step, False, timeout=30)
+
+    other = threading.Thread(target=rank1, daemon=True)
     other.start()
     assert list(steps) == []
     other.join(30)
@@ -327,3 +333,91 @@ def test_equal_steps_counts_records_of_text_batches_from_dataloader_workers(tmp_
     assert report["dropped_records"] == sum(len(b[1]) - 1 for b in dropped) == 1000
     assert report["dropped_batches"] == len(dropped) < 1000
     ds.close()
+
+
+# ---- Queue names, len(), reruns ----------------------------------------------------------------
+
+
+def test_default_queue_name_is_per_torchrun_job_and_attempt(tmp_path, monkeypatch):
+    works = [write_records(tmp_path / "a.bin", range(10))]
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert tt._default_name() == "work_queue"
+    run = f"job/{os.getpid()}"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with tt.QueueDataset(works, 4, format="fixed", record_bytes=RECORD_BYTES) as ds:
+        assert ds.queue.name == f"torchrun-job_{os.getpid()}-0"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert tt._default_name() == f"torchrun-job_{os.getpid()}-2"
+    explicit = f"mine-{os.getpid()}"
+    with tt.QueueDataset(works, 4, format="fixed", record_bytes=RECORD_BYTES, name=explicit) as ds:
+        assert ds.queue.name == explicit  # a given name is kept
+    for name in (f"torchrun-job_{os.getpid()}-0", explicit):
+        try:
+            tailcut.remove_queue(name, force=True)
+        except tailcut.NotFoundError:
+            pass
+
+
+def test_len_is_exact_for_fixed_records_and_estimated_for_lines(tmp_path, qname):
+    from conftest import write_lines
+    works = [write_records(tmp_path / "a.bin", range(1000)),
+             write_records(tmp_path / "b.bin", range(1000, 1250))]
+    ds = tt.QueueDataset(works, 16, name=qname, format="fixed", record_bytes=RECORD_BYTES,
+                         num_clients=1)
+    assert ds.records_per_epoch() == (1250, True)
+    assert len(ds) == -(-1250 // 16) == sum(1 for _ in ds)  # one reader: exact
+    assert len(tt.EqualSteps(ds, rank=0, world_size=1)) == 1250 // 16
+    ds.close()
+    four = tt.QueueDataset(works, 16, name=qname + "-4", format="fixed",
+                           record_bytes=RECORD_BYTES, num_clients=4)
+    assert len(four) == -(-(-(-1250 // 4)) // 16)  # a rank's even share
+    assert len(tt.EqualSteps(four, rank=0, world_size=4)) == 1250 // (4 * 16)
+    four.close()
+    tailcut.remove_queue(qname + "-4", force=True)
+    lines = [write_lines(tmp_path / f"{i}.txt", [b"x" * (i % 7) for i in range(3000)])
+             for i in range(2)]
+    text = tt.QueueDataset(lines, name=qname + "-t", format="lines", num_clients=1)
+    records, exact = text.records_per_epoch()
+    assert not exact and abs(records - 6000) <= 60
+    assert len(DataLoader(text, batch_size=100)) == -(-records // 100)
+    text.close()
+    tailcut.remove_queue(qname + "-t", force=True)
+
+
+def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qname, monkeypatch):
+    works = [write_records(tmp_path / "a.bin", range(800))]
+    opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, name=qname,
+                num_clients=1, on_notice=quiet)
+    crashed = tt.QueueDataset(works, 100, **opts)
+    it = iter(crashed)
+    first = [ids_of(next(it)) for _ in range(2)]
+    del it
+    crashed.queue.close()  # the "crash": the queue stays, unfinished
+    with pytest.warns(RuntimeWarning, match=r"resuming queue .*left unfinished by an earlier "
+                      r"run \(epoch 0, [12] of 8 items done\).*resume=False"):
+        resumed = tt.QueueDataset(works, 100, **opts)
+    got = [i for b in resumed for i in ids_of(b)]
+    before = {i for b in first for i in b}
+    # The rest; records of the item open at the crash come again (from its
+    # last reported progress), a finished item's do not.
+    assert len(set(got)) == len(got) and set(got) | before == set(range(800))
+    assert len(got) < 800
+    resumed.close()
+    crashed = tt.QueueDataset(works, 100, **opts)
+    next(iter(crashed))
+    crashed.queue.close()
+    monkeypatch.setenv("TAILCUT_RESUME", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh = tt.QueueDataset(works, 100, **opts)
+    assert len([i for b in fresh for i in ids_of(b)]) == 800
+    fresh.close()
+    monkeypatch.delenv("TAILCUT_RESUME")
+    crashed = tt.QueueDataset(works, 100, **opts)
+    next(iter(crashed))
+    crashed.queue.close()
+    fresh = tt.QueueDataset(works, 100, resume=False, **opts)
+    assert len([i for b in fresh for i in ids_of(b)]) == 800
+    fresh.close()

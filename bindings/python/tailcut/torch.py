@@ -53,6 +53,66 @@ def _env_int(name, default):
     return default if value in (None, "") else int(value)
 
 
+def _default_name():
+    """The queue name when none is given: 'work_queue', or under torchrun one
+    per job and attempt, 'torchrun-<run id>-<restart count>', so that jobs of
+    one host never share a queue and an elastic restart starts a fresh one."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not run_id:
+        return "work_queue"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:80]
+    return f"torchrun-{safe}-{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
+
+
+def _remove_earlier_attempts(name):
+    """After an elastic restart, removes the queues of the job's earlier
+    attempts: torchrun stopped all their processes (DataLoader workers of a
+    killed rank may linger a few seconds; they only hold a mapping)."""
+    head, _, count = name.rpartition("-")
+    for attempt in range(int(count)):
+        try:
+            tailcut.remove_queue(f"{head}-{attempt}", force=True)
+        except tailcut.NotFoundError:
+            pass
+
+
+def _stale(name):
+    """inspect_queue() of a queue left by an earlier run: unfinished, no process alive; else None."""
+    try:
+        summary = tailcut.inspect_queue(name)
+    except tailcut.NotFoundError:
+        return None
+    if any(c["alive"] for c in summary["clients"]) or summary["done"] >= summary["total"]:
+        return None
+    return summary
+
+
+def _prepare(name, resume, restarted):
+    """What local rank 0 does before a job opens its queue: remove the queues of
+    earlier attempts, and say plainly what it resumes or discard it (resume=False)."""
+    if restarted:
+        _remove_earlier_attempts(name)
+    stale = _stale(name)
+    if stale is None:
+        return
+    what = (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
+            f"{stale['done']} of {stale['total']} items done)")
+    if resume:
+        warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
+                      f"(pass resume=False or set TAILCUT_RESUME=0 to start over)",
+                      RuntimeWarning, stacklevel=4)
+    else:
+        tailcut.remove_queue(name, force=True)
+        _log.warning("tailcut.torch: discarded %s (resume=False)", what)
+
+
+def _resume_default(resume):
+    if resume is not None:
+        return bool(resume)
+    value = os.environ.get("TAILCUT_RESUME", "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
 # ---- Reading without waiting for other processes at the end of the data -------------------
 
 
@@ -177,6 +237,21 @@ def _records(piece):
             yield raw[offsets[i]:offsets[i + 1]]
 
 
+def _count_head(head, fmt):
+    """(records, bytes they span) at the start of a file, for an estimate."""
+    if fmt == "tfrecord":
+        pos = n = 0
+        while pos + 12 <= len(head):
+            length = int.from_bytes(head[pos:pos + 8], "little")
+            if pos + 16 + length > len(head):
+                break
+            pos += 16 + length
+            n += 1
+        return n, pos
+    end = head.rfind(b"\n") + 1  # lines: whole lines only
+    return head.count(b"\n", 0, end), end
+
+
 # ---- The dataset --------------------------------------------------------------------------------
 
 
@@ -225,11 +300,12 @@ class QueueDataset(IterableDataset):
     """
 
     def __init__(self, works, batch_size=None, *, transform=None, copy=False, drop_last=False,
-                 reader_options=None, **queue_options):
+                 reader_options=None, resume=None, **queue_options):
         super().__init__()
         if isinstance(works, (str, bytes, os.PathLike)):
             works = [works]
         queue_options.setdefault("num_clients", _env_int("LOCAL_WORLD_SIZE", 1))
+        queue_options.setdefault("name", _default_name())
         self._queue_args = dict(works=list(works), **queue_options)
         if batch_size is not None and (isinstance(batch_size, bool)
                                        or not isinstance(batch_size, int) or batch_size < 1):
@@ -254,7 +330,25 @@ class QueueDataset(IterableDataset):
         self._queue = None
         self._queue_pid = None
         self._closed = False
+        self.resume = _resume_default(resume)
+        if multiprocessing.parent_process() is None and get_worker_info() is None:
+            self._before_open()
         self.queue  # opens it: joins this process to the queue, checks the options
+
+    def _before_open(self):
+        name = self._queue_args["name"]
+        restarted = (name == _default_name() and "TORCHELASTIC_RUN_ID" in os.environ
+                     and _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0)
+        if self._queue_args.get("restore_state") is None:
+            self._queue_args.pop("restore_state", None)
+        if _env_int("LOCAL_RANK", 0) == 0:
+            _prepare(name, self.resume, restarted)
+        # The other ranks of the host open the queue after local rank 0
+        # prepared it, when they can wait for it (the process group is up).
+        dist = torch.distributed
+        if ((restarted or not self.resume) and _env_int("LOCAL_WORLD_SIZE", 1) > 1
+                and dist.is_available() and dist.is_initialized()):
+            dist.barrier()
 
     @property
     def queue(self):
@@ -273,6 +367,42 @@ class QueueDataset(IterableDataset):
             multiprocessing.util.Finalize(None, q.close, exitpriority=100)
         self._queue, self._queue_pid, self._closed = q, os.getpid(), False
         return q
+
+    def records_per_epoch(self):
+        """(records, exact): the records of one epoch of the queue. Exact for
+        fixed-size records (file sizes // record_bytes) and format="file" (one
+        per file); otherwise estimated from the first MiB of up to 8 files
+        (the mean record size there, applied to every file's size)."""
+        args = self._queue_args
+        prefix = args.get("prefix")
+        paths = [os.path.join(os.fsdecode(prefix), os.fsdecode(w)) if prefix else os.fsdecode(w)
+                 for w in args["works"]]
+        sizes = [os.path.getsize(p) for p in paths]
+        fmt = args.get("format") or "lines"
+        if fmt == "fixed":
+            return sum(size // args["record_bytes"] for size in sizes), True
+        if fmt == "file":
+            return len(paths), True
+        sample_bytes = sample_records = 0
+        for path in paths[:8]:
+            with open(path, "rb") as f:
+                head = f.read(1 << 20)
+            n, used = _count_head(head, fmt)
+            sample_bytes += used
+            sample_records += n
+        if sample_records == 0:
+            return (0, True) if sum(sizes) == 0 else (len(paths), False)
+        return round(sum(sizes) * sample_records / sample_bytes), False
+
+    def __len__(self):
+        """What one process yields per epoch when the host's num_clients ranks
+        split the epoch evenly: ceil(records / num_clients) records
+        (batch_size=None), or that many records in batches of batch_size. Exact
+        for one reader of fixed-size records; otherwise see records_per_epoch()
+        and docs/pytorch.md (DataLoader workers each end on a short batch)."""
+        records, _ = self.records_per_epoch()
+        share = -(-records // max(self._queue_args["num_clients"], 1))
+        return share if self.batch_size is None else -(-share // self.batch_size)
 
     def set_epoch(self, epoch):
         """The epoch the next iteration reads (like DistributedSampler.set_epoch).
@@ -345,7 +475,7 @@ class QueueDataset(IterableDataset):
         return state
 
     def __repr__(self):
-        return (f"QueueDataset(name={self._queue_args.get('name', 'work_queue')!r}, "
+        return (f"QueueDataset(name={self._queue_args['name']!r}, "
                 f"batch_size={self.batch_size!r})")
 
 
@@ -455,12 +585,42 @@ class EqualSteps:
         self.epoch = 0
         self.reports = []
         self._carried = []
+        self._epoch_end_state = None
 
     def set_epoch(self, epoch):
         """The epoch the next iteration runs (0 at first, then one more each time)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < (1 << 30):
             raise ValueError(f"epoch must be an int in [0, 2**30), got {epoch!r}")
         self.epoch = epoch
+
+    def __len__(self):
+        """Steps per epoch on every rank, as an estimate for LR schedulers and
+        progress bars: floor(records per epoch / (world_size * batch size)), the
+        steps every rank can run when the host's ranks split the epoch evenly.
+        The group ends the epoch when the first rank runs out (fewer steps)
+        and DataLoader workers each end on a short batch (more): the real
+        count is within a few steps of it. The batch size is the QueueDataset's, else
+        the DataLoader's; records come from QueueDataset.records_per_epoch()."""
+        dataset = getattr(self.loader, "dataset", self.loader)
+        if not isinstance(dataset, QueueDataset):
+            raise TypeError("len(EqualSteps) needs a loader over a QueueDataset")
+        batch = dataset.batch_size or getattr(self.loader, "batch_size", None) or 1
+        records, _ = dataset.records_per_epoch()
+        return records // (self.world_size * batch)
+
+    def state_dict(self):
+        """What a checkpoint needs to resume this trainer's data at the start of
+        the next epoch: {'epoch': the next epoch, 'queue': the queue's state
+        taken when every rank of the host had finished the last epoch (None
+        before the first epoch ends)}. Restore it by passing 'queue' to the
+        restarted job's QueueDataset(restore_state=...) and this dict to
+        load_state_dict()."""
+        return {"epoch": self.epoch, "queue": self._epoch_end_state}
+
+    def load_state_dict(self, state):
+        """Resumes at state['epoch'] (see state_dict())."""
+        self.set_epoch(int(state["epoch"]))
+        self._epoch_end_state = state.get("queue")
 
     @property
     def leftover(self):
@@ -540,6 +700,12 @@ class EqualSteps:
                 for batch in it:
                     self._leftover(batch, report, last_epoch)
             break
+        # Once every rank read its loader to the end, no item of this epoch is
+        # open, and until every rank took the state no item of the next one
+        # is taken: the state resumes the job at the start of the next epoch.
+        self._agree(epoch, step + 1, False)
+        self._epoch_end_state = self.queue.state_dict()
+        self._agree(epoch, step + 2, False)
         if report["dropped_records"] and self.on_leftover is None:
             why = ("the queue has no later epoch to carry them into" if self.carry_over else
                    "pass carry_over=True to use them in the next epoch")
