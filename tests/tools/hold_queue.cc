@@ -34,8 +34,8 @@ namespace {
 constexpr uint64_t kFileSizes[] = {3000, 5000, 8000};
 
 // Writes DIR/part-K with kFileSizes[K] bytes unless it exists with that size.
-// Through a temporary name and a rename, so a second holder never sees a
-// half-written file.
+// Through a temporary name and a link, so a second holder never sees a
+// half-written file nor replaces one.
 std::vector<std::string> MakeWorks(const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   std::vector<std::string> works;
@@ -50,7 +50,11 @@ std::vector<std::string> MakeWorks(const std::filesystem::path& dir) {
         for (uint64_t i = 0; i < kFileSizes[k]; ++i) out.put(static_cast<char>('a' + i % 26));
         if (!out) throw std::runtime_error("cannot write " + temporary.string());
       }
-      std::filesystem::rename(temporary, path);
+      // link, not rename: the first holder's file stays. Replacing it would
+      // change the file's identity under a queue another holder made.
+      if (::link(temporary.c_str(), path.c_str()) != 0 && errno != EEXIST)
+        throw std::runtime_error("cannot link " + path.string() + ": " + std::strerror(errno));
+      std::filesystem::remove(temporary);
     }
     works.push_back(path.string());
   }
