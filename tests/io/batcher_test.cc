@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/queue_test_util.h"
 #include "item_holder.h"
 #include "tailcut/work_queue.h"
 
@@ -25,38 +26,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/tailcut_batcher_XXXXXX";
-    if (!mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp(" << pattern << ")";
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string UniqueQueueName() {
-  static int counter = 0;
-  return "bt_" + std::to_string(getpid()) + "_" + std::to_string(counter++);
-}
-
-struct QueueCleanup {
-  std::string name;
-  ~QueueCleanup() {
-    try {
-      RemoveQueue(name, true);
-    } catch (...) {
-    }
-  }
-};
+using test::QueueGuard;
+using test::TempDir;
+using test::UniqueQueueName;
 
 struct Data {
   RecordFormat format;
@@ -136,8 +108,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 TEST(BatcherTest, BatchesAreFullAcrossItemsAndHandOutEveryRecordOnce) {
   TempDir dir;
   Data data = MakeData(dir.path(), 3, 500);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 17));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 64});
@@ -163,8 +135,8 @@ TEST(BatcherTest, BatchesAreFullAcrossItemsAndHandOutEveryRecordOnce) {
 TEST(BatcherTest, ALimitPerCallCapsTheBatchAndHeldBackRecordsComeFirst) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 300);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 4, 2));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 50});
@@ -187,8 +159,8 @@ TEST(BatcherTest, ALimitPerCallCapsTheBatchAndHeldBackRecordsComeFirst) {
 TEST(BatcherTest, ABatchNeverMixesEpochs) {
   TempDir dir;
   Data data = MakeData(dir.path(), 3, 211);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 7, 3));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 100});
@@ -216,8 +188,8 @@ TEST(BatcherTest, ABatchNeverMixesEpochs) {
 TEST(BatcherTest, ABatchEndsBeforeARecordThatWouldExceedTheByteBudget) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 400);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 5));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 1000, .max_bytes = 1500});
@@ -242,8 +214,8 @@ TEST(BatcherTest, ABatchEndsBeforeARecordThatWouldExceedTheByteBudget) {
 TEST(BatcherTest, ARecordLargerThanTheByteBudgetIsABatchOfItsOwn) {
   TempDir dir;
   Data data = MakeData(dir.path(), 1, 300);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 8, .max_bytes = 10});
@@ -261,8 +233,8 @@ TEST(BatcherTest, ARecordLargerThanTheByteBudgetIsABatchOfItsOwn) {
 TEST(BatcherTest, ZeroCopyHandsOutWholeBackToBackBatchesInPlace) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 1000, /*fixed=*/true);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 3));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 8, .zero_copy = true});
@@ -292,8 +264,8 @@ TEST(BatcherTest, ZeroCopyHandsOutWholeBackToBackBatchesInPlace) {
 TEST(BatcherTest, MaxEpochStopsAtTheNextEpochAndItsItemGoesBackWhole) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 300);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 6, 2));
   std::vector<std::string> first, second;
   {
@@ -325,8 +297,8 @@ TEST(BatcherTest, MaxEpochStopsAtTheNextEpochAndItsItemGoesBackWhole) {
 TEST(BatcherTest, DropLastDropsOnlyTheShortLastBatch) {
   TempDir dir;
   Data data = MakeData(dir.path(), 1, 250);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 2));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   Batcher batcher(*reader, {.max_records = 100, .drop_last = true});
@@ -346,8 +318,8 @@ TEST(BatcherTest, DropLastDropsOnlyTheShortLastBatch) {
 TEST(BatcherTest, AtTheEndTheDeadlineGivesAShortBatchThenEmptyThenTheRest) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 300);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   WorkQueueOptions qo = QueueOptions(data, name, 6, 1, 2);
   auto queue = WorkQueue::Open(qo);
   ItemHolder holder(qo);
@@ -378,8 +350,8 @@ TEST(BatcherTest, AtTheEndTheDeadlineGivesAShortBatchThenEmptyThenTheRest) {
 TEST(BatcherTest, ShortAtEndHandsOutWhatItHasInsteadOfWaitingForOthers) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 300);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   WorkQueueOptions qo = QueueOptions(data, name, 6, 1, 2);
   auto queue = WorkQueue::Open(qo);
   ItemHolder holder(qo);
@@ -403,8 +375,8 @@ TEST(BatcherTest, ShortAtEndHandsOutWhatItHasInsteadOfWaitingForOthers) {
 TEST(BatcherTest, AReaderErrorComesAfterTheRecordsReadBeforeIt) {
   TempDir dir;
   Data data = MakeData(dir.path(), 2, 300);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   WorkQueueOptions qo = QueueOptions(data, name, 2);
   qo.shuffle = false;
   auto queue = WorkQueue::Open(qo);
@@ -425,8 +397,8 @@ TEST(BatcherTest, AReaderErrorComesAfterTheRecordsReadBeforeIt) {
 TEST(BatcherTest, ZeroMaxRecordsIsAnInvalidArgument) {
   TempDir dir;
   Data data = MakeData(dir.path(), 1, 10);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
   auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
   try {

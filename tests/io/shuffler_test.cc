@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/queue_test_util.h"
 #include "item_holder.h"
 #include "tailcut/work_queue.h"
 
@@ -29,38 +30,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/tailcut_shuffle_XXXXXX";
-    if (!mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp(" << pattern << ")";
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-std::string UniqueQueueName() {
-  static int counter = 0;
-  return "st_" + std::to_string(getpid()) + "_" + std::to_string(counter++);
-}
-
-struct QueueCleanup {
-  std::string name;
-  ~QueueCleanup() {
-    try {
-      RemoveQueue(name, true);
-    } catch (...) {
-    }
-  }
-};
+using test::QueueGuard;
+using test::TempDir;
+using test::UniqueQueueName;
 
 // Files of lines "<id>:<padding>", ids 0..files*per_file-1 in file order.
 std::vector<std::string> MakeFiles(const std::string& dir, int files, int per_file) {
@@ -171,8 +143,8 @@ TEST(ShufflerTest, EveryRecordOnceInAnOrderThatDependsOnTheSeedOnly) {
   auto paths = MakeFiles(dir.path(), kFiles, kPerFile);
   std::vector<std::vector<int64_t>> runs;
   for (uint64_t seed : {5, 5, 6}) {
-    std::string name = UniqueQueueName();
-    QueueCleanup cleanup{name};
+    std::string name = UniqueQueueName("shuffler");
+    QueueGuard cleanup{name};
     auto queue = WorkQueue::Open(QueueOptions(paths, name, 40));
     Readers readers = OpenReaders(*queue, 4);
     Shuffler shuffler(readers.Pointers(), {.buffer_records = 512, .seed = seed});
@@ -191,8 +163,8 @@ TEST(ShufflerTest, ARestoredStateContinuesTheSameOrder) {
   auto paths = MakeFiles(dir.path(), 2, 3000);
   std::vector<int64_t> straight, resumed;
   for (bool restore : {false, true}) {
-    std::string name = UniqueQueueName();
-    QueueCleanup cleanup{name};
+    std::string name = UniqueQueueName("shuffler");
+    QueueGuard cleanup{name};
     auto queue = WorkQueue::Open(QueueOptions(paths, name, 12));
     Readers readers = OpenReaders(*queue, 3);
     auto shuffler = std::make_unique<Shuffler>(readers.Pointers(),
@@ -218,8 +190,8 @@ TEST(ShufflerTest, ARestoredStateContinuesTheSameOrder) {
 TEST(ShufflerTest, AtTheEndTheBufferDrainsThenEmptyThenTheHeldItemsRecords) {
   TempDir dir;
   auto paths = MakeFiles(dir.path(), 2, 1000);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
   WorkQueueOptions qo = QueueOptions(paths, name, 8, 2);
   auto queue = WorkQueue::Open(qo);
   ItemHolder holder(qo);
@@ -245,8 +217,8 @@ TEST(ShufflerTest, AtTheEndTheBufferDrainsThenEmptyThenTheHeldItemsRecords) {
 TEST(ShufflerTest, BadStatesAndOptionsAreErrorsThatSayWhat) {
   TempDir dir;
   auto paths = MakeFiles(dir.path(), 1, 10);
-  std::string name = UniqueQueueName();
-  QueueCleanup cleanup{name};
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(paths, name, 1));
   Readers readers = OpenReaders(*queue, 1);
   auto expect_error = [&](ShufflerOptions options, std::string_view state, ErrorKind kind,
@@ -287,8 +259,8 @@ TEST(ShufflerTest, MixingAndCostAgainstAFullShuffleAndFileOrder) {
   auto paths = MakeFiles(dir.path(), kFilesHere, kPer);
   // Best of three runs: other work on the machine only ever slows a run down.
   auto timed_once = [&](int readers_n, size_t buffer, std::vector<int64_t>* ids) {
-    std::string name = UniqueQueueName();
-    QueueCleanup cleanup{name};
+    std::string name = UniqueQueueName("shuffler");
+    QueueGuard cleanup{name};
     WorkQueueOptions qo = QueueOptions(paths, name, 64);
     qo.shuffle = false;  // items in file order: what mixing there is comes from the Shuffler
     qo.leases_per_client = 32;
