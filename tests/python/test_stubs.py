@@ -141,11 +141,11 @@ def test_records_docstring_lists_the_reader_options_in_table_order():
     assert "Reader options: " + ", ".join(_core._reader_options) + " " in doc
 
 
-def test_every_reader_option_is_accepted(tmp_path):
+def test_every_reader_option_is_accepted(tmp_path, qname):
     # Each name of the table reaches the reader: a wrong type is refused with
     # the option's name, never as an unknown keyword.
     (tmp_path / "a.txt").write_text("x\n")
-    with tailcut.WorkQueue([str(tmp_path / "a.txt")], name=f"stub-opts-{os.getpid()}") as q:
+    with tailcut.WorkQueue([str(tmp_path / "a.txt")], name=qname) as q:
         for name in _core._reader_options:
             with pytest.raises((TypeError, ValueError, RuntimeError)) as e:
                 q.records(**{name: object()})
