@@ -38,6 +38,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   if (!num_slices.is_none()) o.num_slices = ToU64(num_slices, "num_slices");
   o.num_clients = ToU32(num_clients, "num_clients");
   o.name = name;
+  o.keep_unfinished = true;  // Python's lifetime until WorkQueue(keep=...) is exposed
   open_args["num_epochs"] = num_epochs;
   open_args["shuffle"] = shuffle;
   open_args["seed"] = seed;

@@ -303,6 +303,9 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
 
 void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
   ClientSlot& cs = seg_->client(slot);
+  // Before anything else: should this recovery be cut short, the segment is
+  // kept for the next run all the same.
+  seg_->counters().keep_reasons.fetch_or(kKeepCrashed, std::memory_order_relaxed);
   CrashPoint("recover.after_claim");
   bool first = true;
   for (uint64_t l = 0; l < num_leases_; ++l) {
@@ -589,7 +592,6 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   s.recovered_items = c.recovered_items.load(std::memory_order_relaxed);
   s.stale_acks = c.stale_acks.load(std::memory_order_relaxed);
   s.splits = c.splits.load(std::memory_order_relaxed);
-  s.lease_timeout_ms = h.lease_timeout_ms;
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
   s.handed_out = cursor;
   s.epoch = cursor / items_.size();
@@ -792,6 +794,17 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     if (e.file != it.file || e.begin != it.begin || e.end != it.end)
       throw mismatch("item " + std::to_string(i) + " differs (a different tailcut version?)");
   }
+}
+
+std::string KeepReasonText(uint32_t reasons, uint64_t joined, uint32_t num_clients) {
+  std::string out;
+  auto add = [&](const std::string& r) { out += (out.empty() ? "" : "; ") + r; };
+  if (reasons & kKeepRequested) add("keep_unfinished was set");
+  if (reasons & kKeepCrashed) add("a process of it died, so a rerun resumes it");
+  if (joined < num_clients)
+    add(std::to_string(joined) + " of num_clients=" + std::to_string(num_clients) +
+        " processes have joined");
+  return out;
 }
 
 std::vector<WorkQueue::Item> ReadItems(const Segment& s) {

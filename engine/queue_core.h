@@ -136,6 +136,9 @@ class QueueCore {
 void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& geometry);
 // Attacher side: throws kConfigMismatch naming the first field that differs.
 void CompareConfig(const Segment& segment, const QueueConfig& config);
+// Why a queue is kept when unfinished, in words ("" when it is not):
+// KeepReason bits, and fewer than num_clients processes joined so far.
+std::string KeepReasonText(uint32_t reasons, uint64_t joined, uint32_t num_clients);
 // Reads the item table of a validated segment.
 std::vector<WorkQueue::Item> ReadItems(const Segment& segment);
 

@@ -59,8 +59,17 @@ std::vector<QueueListing> ListQueues() {
     q.name = file.substr(prefix.size());
     q.segment_path = "/dev/shm/" + file;
     try {
-      OpenForTools(q.name);
+      Opened o = OpenForTools(q.name);
       q.valid = true;
+      const Header& h = o.segment->header();
+      q.created_unix_ns = h.created_unix_ns;
+      q.lease_timeout_ms = h.lease_timeout_ms;
+      q.live_clients = o.core->LiveClients(kNoOwner);
+      q.finished = o.core->AllDone();
+      // A finished queue is kept only for processes that have yet to join.
+      q.kept_reason = KeepReasonText(
+          q.finished ? 0 : o.segment->counters().keep_reasons.load(std::memory_order_relaxed),
+          o.segment->counters().clients_joined.load(std::memory_order_relaxed), h.num_clients);
     } catch (const Error& err) {
       q.problem = err.what();
     }

@@ -209,7 +209,14 @@ struct alignas(kCacheLine) Counters {
   SharedAtomic<uint64_t> splits;
   SharedAtomic<uint64_t> split_seq;  // bumped before and after every split CAS (SaveState rescans)
   SharedAtomic<uint32_t> step_seq;   // futex word: bumped when a rank publishes a step
+  // Why the segment outlives its last Close while unfinished: KeepReason bits.
+  SharedAtomic<uint32_t> keep_reasons;
 };
+
+// Why an unfinished queue is kept when its last process closes it (else it
+// is removed): a process asked (keep_unfinished), or one died (the next run
+// resumes what it left).
+enum KeepReason : uint32_t { kKeepRequested = 1, kKeepCrashed = 2 };
 
 struct alignas(kCacheLine) ClientSlot {
   pthread_mutex_t life;         // held by the client's holder thread (I5)

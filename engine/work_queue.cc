@@ -242,6 +242,9 @@ class WorkQueue::Impl {
   void Close() noexcept;
 
   const std::string& name() const { return options_.name; }
+  std::chrono::milliseconds lease_timeout() const {
+    return std::chrono::milliseconds(timeout_ns_ / 1000000);
+  }
   const QueueConfig& config() const { return config_; }
   const QueueCore& core() const { return *core_; }
 
@@ -376,6 +379,8 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
     }
     h.restore_hash = HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1;
   }
+  if (options_.keep_unfinished)
+    segment_->counters().keep_reasons.store(kKeepRequested, std::memory_order_relaxed);
   CrashPoint("create.before_ready");
   h.state.store(kReady, std::memory_order_release);
   Register();
@@ -518,9 +523,11 @@ bool WorkQueue::Impl::TryAttach() {
              "': resuming a stale queue (all its processes are gone): " + std::to_string(st.done) +
              " of " + std::to_string(st.total) + " items done");
     // Nobody else is here to disagree: the first process of the new job
-    // sets the lease timeout, as a creator would.
+    // sets the lease timeout, as a creator would, and the new job says
+    // afresh whether the queue is kept (the old job's reasons are spent).
     if (options_.lease_timeout.count() != 0)
       h.lease_timeout_ms = static_cast<uint64_t>(options_.lease_timeout.count());
+    segment_->counters().keep_reasons.store(0, std::memory_order_relaxed);
   } else {
     CompareConfig(*segment_, config_);
     const uint64_t mine = static_cast<uint64_t>(options_.lease_timeout.count());
@@ -544,6 +551,8 @@ bool WorkQueue::Impl::TryAttach() {
   }
   config_.seed = h.seed;  // after CompareConfig: with seed=None we adopt the creator's
   Register();
+  if (options_.keep_unfinished)
+    segment_->counters().keep_reasons.fetch_or(kKeepRequested, std::memory_order_relaxed);
   // Never trust a segment: a lease no client can finish would keep every
   // Take waiting at the end of the data.
   std::vector<std::string> repaired;
@@ -1197,11 +1206,23 @@ void WorkQueue::Impl::Close() noexcept {
       seg.header().state.store(kRemoved, std::memory_order_release);
     } else if (!done) {
       QueueStats st = core_->Stats(options_.name);
-      Notice("queue '" + options_.name + "' left unfinished (" + std::to_string(st.done) + " of " +
-             std::to_string(st.total) +
-             " items done); the next job with the same configuration "
-             "resumes it, `tailcut rm " +
-             options_.name + "` discards it");
+      std::string kept = KeepReasonText(
+          seg.counters().keep_reasons.load(std::memory_order_relaxed), joined,
+          seg.header().num_clients);
+      std::string progress = std::to_string(st.done) + " of " + std::to_string(st.total) +
+                             " items done";
+      if (kept.empty()) {
+        // Everyone left cleanly: nobody will come back for it, and queues
+        // with per-run names would pile up in /dev/shm.
+        seg.UnlinkIfSame();
+        seg.header().state.store(kRemoved, std::memory_order_release);
+        Notice("queue '" + options_.name + "' removed unfinished (" + progress +
+               "): every process closed it; open it with keep_unfinished to resume it later");
+      } else {
+        Notice("queue '" + options_.name + "' left unfinished (" + progress + ") because " + kept +
+               "; the next job with the same configuration resumes it, `tailcut rm " +
+               options_.name + "` discards it");
+      }
     }
   }
   admin.Unlock();
@@ -1244,6 +1265,9 @@ const std::string& WorkQueue::name() const noexcept { return impl_->name(); }
 uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.size(); }
 uint64_t WorkQueue::num_epochs() const noexcept { return impl_->config().num_epochs; }
 uint64_t WorkQueue::seed() const noexcept { return impl_->config().seed; }
+std::chrono::milliseconds WorkQueue::lease_timeout() const noexcept {
+  return impl_->lease_timeout();
+}
 const std::vector<std::string>& WorkQueue::paths() const noexcept { return impl_->config().paths; }
 const std::vector<FileIdentity>& WorkQueue::files() const noexcept {
   return impl_->config().identities;

@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -79,6 +80,27 @@ std::string Percent(uint64_t part, uint64_t whole) {
 std::string EpochText(const tailcut::QueueStats& stats) {
   const uint64_t current = std::min(stats.epoch + 1, stats.num_epochs);
   return std::to_string(current) + "/" + std::to_string(stats.num_epochs);
+}
+
+// How long ago a queue was made, e.g. "42s", "7m", "3h05m", "2d04h"; "-" if unknown.
+std::string AgeText(uint64_t created_unix_ns) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
+  if (created_unix_ns == 0 || static_cast<int64_t>(created_unix_ns) > now_ns) return "-";
+  const uint64_t s = (static_cast<uint64_t>(now_ns) - created_unix_ns) / 1000000000;
+  char text[32];
+  if (s < 60) {
+    std::snprintf(text, sizeof text, "%llus", static_cast<unsigned long long>(s));
+  } else if (s < 3600) {
+    std::snprintf(text, sizeof text, "%llum", static_cast<unsigned long long>(s / 60));
+  } else if (s < 86400) {
+    std::snprintf(text, sizeof text, "%lluh%02llum", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s / 60 % 60));
+  } else {
+    std::snprintf(text, sizeof text, "%llud%02lluh", static_cast<unsigned long long>(s / 86400),
+                  static_cast<unsigned long long>(s / 3600 % 24));
+  }
+  return text;
 }
 
 uint32_t AliveClients(const tailcut::QueueStats& stats) {
@@ -187,7 +209,7 @@ int RunLs() {
   std::sort(listings.begin(), listings.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
 
-  Table table({{"NAME"}, {"CLIENTS", true}, {"EPOCH", true}, {"DONE", true}});
+  Table table({{"NAME"}, {"CLIENTS", true}, {"EPOCH", true}, {"DONE", true}, {"AGE", true}, {"KEPT"}});
   size_t shown = 0;
   for (const tailcut::QueueListing& listing : listings) {
     if (!listing.valid) {
@@ -209,7 +231,9 @@ int RunLs() {
                   std::to_string(AliveClients(stats)) + "/" + std::to_string(stats.clients_joined),
                   EpochText(stats),
                   std::to_string(stats.done) + "/" + std::to_string(stats.total) + " (" +
-                      Percent(stats.done, stats.total) + ")"});
+                      Percent(stats.done, stats.total) + ")",
+                  AgeText(listing.created_unix_ns),
+                  listing.kept_reason.empty() ? "-" : listing.kept_reason});
     ++shown;
   }
   if (shown == 0) {
@@ -377,13 +401,16 @@ int Main(int argc, char** argv) {
       app.add_subcommand("ls", "list this user's queues with clients, epoch and progress");
   ls->footer(
       "Lists every queue of this user: its name, live/joined clients, the epoch\n"
-      "now handed out (x/N) and the acked items out of all items of all epochs.\n"
+      "now handed out (x/N), the acked items out of all items of all epochs, its\n"
+      "age, and why it stays in /dev/shm when its last process closes it\n"
+      "unfinished (a process died, keep was asked, clients still to join; '-':\n"
+      "it is removed).\n"
       "A segment that cannot be read is listed with the reason.\n"
       "\n"
       "Example:\n"
       "  $ tailcut ls\n"
-      "  NAME        CLIENTS  EPOCH                  DONE\n"
-      "  imagenet        8/8    2/4  612034/1281167 (47.8%)");
+      "  NAME      CLIENTS  EPOCH                  DONE    AGE  KEPT\n"
+      "  imagenet      8/8    2/4  612034/1281167 (47.8%)  3h05m  -");
 
   CLI::App* stat = app.add_subcommand("stat", "show the counters of one queue and of each client");
   stat->add_option("NAME", name, "the queue")->required();

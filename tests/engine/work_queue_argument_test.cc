@@ -28,6 +28,7 @@ class ArgumentTest : public QueueTest {
 // the restored queue never handed it out again.
 TEST_F(ArgumentTest, ProgressPastTheEndIsRefusedAndTheItemIsNotLost) {
   auto o = Options("progress", dir_.Files("f", 2, {1000}));
+  o.keep_unfinished = true;  // closed unfinished, then removed by hand: kept until then
   o.shuffle = false;
   auto q = WorkQueue::Open(o);
   WorkItem it;

@@ -254,6 +254,7 @@ TEST_F(WorkQueueProcessTest, ProcessKilledWhileOthersOpenTheQueueStrandsNobody) 
   int killed = 0;
   for (int round = 0; round < kRounds; ++round) {
     auto o = BaseOptions(NewName("open_kill"), works);
+    o.keep_unfinished = true;  // a survivor that closes first must not remove it under the others
     o.num_slices = 100;
     o.attach_timeout = milliseconds(2000);
     Children kids(5, 4);
@@ -379,7 +380,7 @@ TEST_F(WorkQueueProcessTest, TheLeaseTimeoutIsTheQueuesAndAPeerCannotImposeAnoth
   // however long C waits at the end.
   kids.Spawn([&](ChildContext& c) {
     auto q = WorkQueue::Open(o);
-    if (q->Stats().lease_timeout_ms != 0) return c.Fail("lease_timeout_ms is not the queue's 0");
+    if (q->lease_timeout() != milliseconds(0)) return c.Fail("lease_timeout_ms is not the queue's 0");
     WorkItem it;
     while (q->TryTake(&it) == TakeStatus::kOk) q->Ack(it);
     if (q->Take(&it, Clock::now() + milliseconds(600)) != TakeStatus::kEmpty)
@@ -399,11 +400,11 @@ TEST_F(WorkQueueProcessTest, AnAttacherWithoutALeaseTimeoutAdoptsTheCreatorsValu
   auto creator = o;
   creator.lease_timeout = milliseconds(200);
   auto q = WorkQueue::Open(creator);
-  EXPECT_EQ(q->Stats().lease_timeout_ms, 200u);
+  EXPECT_EQ(q->lease_timeout(), milliseconds(200));
   Children kids(1, 64);
   kids.Spawn([&](ChildContext& c) {
     auto mine = WorkQueue::Open(o);  // lease_timeout 0: the queue's
-    if (mine->Stats().lease_timeout_ms != 200) return c.Fail("did not adopt 200 ms");
+    if (mine->lease_timeout() != milliseconds(200)) return c.Fail("did not adopt 200 ms");
     WorkItem it;
     if (mine->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
     c.SetValue(0, 1);
@@ -421,6 +422,117 @@ TEST_F(WorkQueueProcessTest, AnAttacherWithoutALeaseTimeoutAdoptsTheCreatorsValu
   EXPECT_EQ(taken, 4) << "the child's item was reassigned to the creator";
   EXPECT_TRUE(kids.Wait(0, milliseconds(20000)).Ok()) << kids.Error(0);
   EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale));
+}
+
+// Lifetime of an unfinished queue (work_queue.h): removed when every process
+// closed it cleanly, kept when one of them died (a rerun resumes it) or when
+// one asked with keep_unfinished. Clean closes once left per-run queues in
+// /dev/shm for good.
+class LifetimeTest : public QueueTest {
+ protected:
+  // Two processes share the queue and take an item each; then `first`
+  // happens to process 0 (closes, or is killed), and process 1 closes.
+  // Returns the notices process 1 wrote.
+  std::string RunTwo(const WorkQueueOptions& o, bool kill_first, bool first_keeps) {
+    Children kids(2, 64);
+    SharedBlob notices(1 << 14);
+    for (int n = 0; n < 2; ++n) {
+      kids.Spawn([&, n](ChildContext& c) {
+        auto mine = o;
+        mine.keep_unfinished = n == 0 && first_keeps;
+        std::string said;
+        mine.on_notice = [&](const std::string& s) {
+          said += s + "\n";
+          if (n == 1) notices.Put(said);
+        };
+        auto q = WorkQueue::Open(mine);
+        WorkItem it;
+        if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+        c.SetValue(0, 1);
+        if (!c.WaitFlag(0, milliseconds(20000))) return c.Fail("no go");
+        if (n == 0 && kill_first) ::raise(SIGKILL);
+        q->Close();
+        return 0;
+      });
+      EXPECT_EQ(kids.WaitValue(n, 0, milliseconds(20000)), 1u) << kids.Error(n);
+    }
+    kids.SetFlag(0, 0);
+    const ChildResult first = kids.Wait(0, milliseconds(20000));
+    EXPECT_TRUE(kill_first ? first.Killed() : first.Ok()) << first.Describe();
+    kids.SetFlag(1, 0);
+    EXPECT_TRUE(kids.Wait(1, milliseconds(20000)).Ok()) << kids.Error(1);
+    return notices.Get().value_or("");
+  }
+  std::optional<QueueListing> Listed(const std::string& name) {
+    for (QueueListing& l : ListQueues())
+      if (l.name == name) return l;
+    return std::nullopt;
+  }
+};
+
+TEST_F(LifetimeTest, AnUnfinishedQueueEveryProcessClosedCleanlyIsRemoved) {
+  auto o = BaseOptions(NewName("life_clean"), dir_.Files("f", 6, {100}));
+  const std::string said = RunTwo(o, /*kill_first=*/false, /*first_keeps=*/false);
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+  EXPECT_TRUE(Contains(said, "queue '" + o.name + "' removed unfinished (0 of 6 items done): every "
+                             "process closed it; open it with keep_unfinished to resume it later"))
+      << said;
+}
+
+TEST_F(LifetimeTest, AnUnfinishedQueueOneOfWhoseProcessesDiedIsKeptAndResumed) {
+  auto o = BaseOptions(NewName("life_crash"), dir_.Files("f", 6, {100}));
+  const auto before = std::chrono::system_clock::now();
+  const std::string said = RunTwo(o, /*kill_first=*/true, /*first_keeps=*/false);
+  ASSERT_TRUE(PathExists(SegmentPath(o.name)));
+  EXPECT_TRUE(Contains(said, "left unfinished (0 of 6 items done) because a process of it died, "
+                             "so a rerun resumes it"))
+      << said;
+  const auto listed = Listed(o.name);
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_TRUE(listed->valid) << listed->problem;
+  EXPECT_EQ(listed->kept_reason, "a process of it died, so a rerun resumes it");
+  EXPECT_FALSE(listed->finished);
+  EXPECT_EQ(listed->live_clients, 0);
+  const auto created = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(
+          std::chrono::nanoseconds(listed->created_unix_ns)));
+  EXPECT_GE(created, before - std::chrono::seconds(1));
+  EXPECT_LE(created, std::chrono::system_clock::now());
+  // A rerun resumes it and, finishing, removes it.
+  auto q = WorkQueue::Open(o);
+  EXPECT_EQ(Drain(*q).size(), 6u);
+  q->Close();
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
+TEST_F(LifetimeTest, KeepUnfinishedKeepsAQueueClosedCleanly) {
+  auto o = BaseOptions(NewName("life_keep"), dir_.Files("f", 6, {100}));
+  const std::string said = RunTwo(o, /*kill_first=*/false, /*first_keeps=*/true);
+  ASSERT_TRUE(PathExists(SegmentPath(o.name)));
+  EXPECT_TRUE(Contains(said, "left unfinished (0 of 6 items done) because keep_unfinished was set"))
+      << said;
+  const auto listed = Listed(o.name);
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_EQ(listed->kept_reason, "keep_unfinished was set");
+  // The next job resumes it; if it too closes unfinished without the
+  // option, the queue goes (the old job's reasons are spent).
+  {
+    auto q = WorkQueue::Open(o);
+    WorkItem it;
+    ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
+    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+  }
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
+TEST_F(LifetimeTest, AQueueWaitingForNumClientsIsKept) {
+  auto o = BaseOptions(NewName("life_wait"), dir_.Files("f", 6, {100}));
+  o.num_clients = 3;
+  RunTwo(o, /*kill_first=*/false, /*first_keeps=*/false);
+  ASSERT_TRUE(PathExists(SegmentPath(o.name)));
+  const auto listed = Listed(o.name);
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_EQ(listed->kept_reason, "2 of num_clients=3 processes have joined");
 }
 
 TEST_F(WorkQueueProcessTest, ProgressKeepsALeaseAlive) {

@@ -232,6 +232,7 @@ TEST_F(SplitTest, ACheckpointWithSplitsRestoresEveryUnreadByteOnce) {
   auto o = Options(works);
   o.num_slices = 1;
   o.num_epochs = 1;
+  o.keep_unfinished = true;  // closed unfinished, then removed by hand: kept until then
   std::string state;
   uint64_t split_at = 0, owner_at = 0, thief_at = 0, thief_end = 0;
   {

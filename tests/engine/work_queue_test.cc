@@ -1091,6 +1091,7 @@ void CheckRestoredRun(const Partial& p, const std::vector<WorkItem>& second, uin
 TEST_F(WorkQueueTest, RestoredQueueContinuesWhereTheCheckpointStopped) {
   const auto works = dir_.Files("f", 3, {kMiB, 2 * kMiB});
   auto o = Options("ckpt", works);
+  o.keep_unfinished = true;  // closed unfinished, then removed by hand: kept until then
   o.leases_per_client = 16;
   o.num_slices = 40;
   o.num_epochs = 2;
@@ -1251,6 +1252,7 @@ TEST_F(WorkQueueTest, StateAtTheStartAndAtTheEndRestore) {
 TEST_F(WorkQueueTest, GarbageStateIsCorrupt) {
   const auto works = dir_.Files("f", 2, {kMiB});
   auto o = Options("ckpt_garbage", works);
+  o.keep_unfinished = true;  // closed unfinished, then removed by hand: kept until then
   o.num_slices = 10;
   std::string good;
   {
@@ -1280,6 +1282,7 @@ TEST_F(WorkQueueTest, GarbageStateIsCorrupt) {
 TEST_F(WorkQueueTest, RestoreIntoAnotherConfigurationIsAMismatch) {
   const auto works = dir_.Files("f", 3, {kMiB});
   auto o = Options("ckpt_mismatch", works);
+  o.keep_unfinished = true;  // closed unfinished, then removed by hand: kept until then
   o.num_slices = 12;
   o.seed = 9;
   std::string state;
@@ -1344,6 +1347,7 @@ TEST_F(WorkQueueTest, SegmentStaysUntilNumClientsHaveJoined) {
 TEST_F(WorkQueueTest, UnfinishedQueueSurvivesCloseAndContinues) {
   auto o = Options("continue", dir_.Files("f", 20, {100}));
   o.num_epochs = 2;
+  o.keep_unfinished = true;  // else the last clean Close removes it
   std::vector<uint32_t> counts(40);
   std::set<std::pair<uint64_t, uint64_t>> given_back;
   {

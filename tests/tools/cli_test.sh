@@ -206,8 +206,8 @@ pid2=${holder_pids[2]}
 
 run "$TAILCUT" ls
 check_rc 0 "ls" &&
-  check_match "$out" '^NAME +CLIENTS +EPOCH +DONE' "ls: header" &&
-  check_match "$out" "^$qa +2/2 +1/2 +2/[0-9]+ \([0-9.]+%\)\$" "ls: two live clients, epoch 1/2, 2 done"
+  check_match "$out" '^NAME +CLIENTS +EPOCH +DONE +AGE +KEPT$' "ls: header" &&
+  check_match "$out" "^$qa +2/2 +1/2 +2/[0-9]+ \([0-9.]+%\) +[0-9]+s +- *\$" "ls: two live clients, epoch 1/2, 2 done, seconds old, not kept"
 
 run "$TAILCUT" stat "$qa"
 check_rc 0 "stat" &&
@@ -227,7 +227,7 @@ path, name, pid1, pid2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.arg
 stats = json.load(open(path))
 queue_keys = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
               "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
-              "recovered_items", "stale_acks", "splits", "lease_timeout_ms", "now_ns", "clients"}
+              "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
 client_keys = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",
                "items_recovered", "bytes_acked", "records", "stale_acks", "splits", "open_items",
                "busy_ns", "idle_ns", "last_progress_ns", "joined_ns"}

@@ -78,7 +78,6 @@ class _QueueStats(TypedDict):
     recovered_items: int
     stale_acks: int
     splits: int
-    lease_timeout_ms: int
     now_ns: int
     clients: list[_ClientStats]
 

@@ -72,7 +72,6 @@ enum class StatsSeries {
   X(uint64_t, recovered_items, kValue, "items taken back from dead or hung clients") \
   X(uint64_t, stale_acks, kValue, "acks refused after a lease timeout")              \
   X(uint64_t, splits, kValue, "tails split off slow items")                          \
-  X(uint64_t, lease_timeout_ms, kNone, "the queue's lease timeout in ms (0: never)")   \
   X(uint64_t, now_ns, kNone, "CLOCK_MONOTONIC when the stats were read")
 
 namespace detail {

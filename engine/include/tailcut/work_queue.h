@@ -26,9 +26,11 @@
 //    comes back, all are acked, or its deadline passes (kEmpty).
 //  * Lifetime: the segment is created by the first process and removed by the
 //    last one to close once every epoch is done and at least num_clients
-//    processes have joined. A queue whose processes all died is stale: the
-//    next open with the same configuration resumes it, with a different one
-//    replaces it; both say so through Options::on_notice.
+//    processes have joined, or, unfinished, once every process closed it
+//    cleanly (unless Options::keep_unfinished). A queue one of whose
+//    processes died is kept: the next open with the same configuration
+//    resumes it, with a different one replaces it; both say so through
+//    Options::on_notice.
 //  * Errors: Open/SaveState throw tailcut::Error with a message that names the
 //    queue, segment, file or field and what to do.
 #ifndef TAILCUT_WORK_QUEUE_H_
@@ -86,6 +88,12 @@ struct WorkQueueOptions {
   // A state from WorkQueue::SaveState(): a newly created queue continues from
   // it. Every process of the job may pass the same state.
   std::string restore_state;
+  // Lifetime of an unfinished queue. When its last process closes it cleanly,
+  // it is removed, unless some process of it set keep_unfinished (then the
+  // next job with the same configuration resumes it), or a process of it
+  // died (kept so that a rerun resumes), or fewer than num_clients have
+  // joined yet. A finished queue is removed once num_clients have joined.
+  bool keep_unfinished = false;
   // Where one-line notices go (resume, replace, waiting). Default: stderr.
   std::function<void(const std::string&)> on_notice;
 };
@@ -180,7 +188,6 @@ struct QueueStats {
   uint64_t recovered_items = 0;   // items taken back from dead or hung clients
   uint64_t stale_acks = 0;
   uint64_t splits = 0;            // tails split off slow items
-  uint64_t lease_timeout_ms = 0;  // the queue's (0: never); see WorkQueueOptions
   uint64_t now_ns = 0;            // CLOCK_MONOTONIC when read
   std::vector<ClientStats> clients;  // registered clients (alive or dead)
 };
@@ -253,6 +260,9 @@ class TAILCUT_EXPORT WorkQueue {
   uint64_t num_items() const noexcept;
   uint64_t num_epochs() const noexcept;
   uint64_t seed() const noexcept;
+  // The queue's lease timeout, as its segment holds it (0: never); see
+  // WorkQueueOptions::lease_timeout.
+  std::chrono::milliseconds lease_timeout() const noexcept;
   // The paths (prefix applied) in works order.
   const std::vector<std::string>& paths() const noexcept;
   // Each path's identity when the queue was created, in works order. A
@@ -281,6 +291,14 @@ struct QueueListing {
   std::string segment_path;
   bool valid = false;       // false: not a tailcut segment we can read
   std::string problem;      // why not valid
+  // Of a valid queue only:
+  uint64_t created_unix_ns = 0;  // CLOCK_REALTIME when its creator made it
+  bool finished = false;         // every item of every epoch done
+  int live_clients = 0;          // processes using it now
+  uint64_t lease_timeout_ms = 0; // the queue's (0: never)
+  // Why it stays when its last process closes it unfinished, e.g. "a process
+  // of it died, so a rerun resumes it"; "" when it would be removed.
+  std::string kept_reason;
 };
 TAILCUT_EXPORT std::vector<QueueListing> ListQueues();
 // Stats of an existing queue without joining it. Dead clients found on the way
