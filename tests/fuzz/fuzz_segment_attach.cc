@@ -88,9 +88,10 @@ void Drain(tailcut::WorkQueue& q) {
         // Waiting for items of a registered (live-looking) client is the
         // documented wait, not a hang.
         tailcut::QueueStats st = q.Stats();
-        int others = 0;
-        for (const auto& c : st.clients) others += c.alive && c.pid != ::getpid();
-        if (others > 0) return;
+        // Counted by slot, not pid: the template's client has our pid.
+        int alive = 0;
+        for (const auto& c : st.clients) alive += c.alive;
+        if (alive > 1) return;
         std::fprintf(stderr, "hang: Take found nothing for 1 s with no other client (done %llu of %llu, %llu in flight)\n",
                      static_cast<unsigned long long>(st.done), static_cast<unsigned long long>(st.total),
                      static_cast<unsigned long long>(st.in_flight));
