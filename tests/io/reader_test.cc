@@ -340,23 +340,71 @@ std::vector<std::string> ReadInChildren(int children, const std::string& dir,
 }
 
 // Runs fn in one forked child; returns its exit code (77: skipped).
-int RunInChild(const std::function<int()>& fn) {
-  fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int code = 3;
-    try {
-      code = fn();
-    } catch (const std::exception& e) {
-      fprintf(stderr, "child: %s\n", e.what());
-    }
-    fflush(nullptr);
-    _exit(code);
+// The child of a fork gets one thread and every lock as it was. Fork only
+// while this process has no other threads (no queue, no reader open): a lock
+// held by another thread at the fork, the sanitizer allocator's among them,
+// stays held in the child forever. The alarm turns such a hang into a failure.
+[[noreturn]] void RunChildBody(const std::function<int()>& fn) {
+  alarm(120);
+  int code = 3;
+  try {
+    code = fn();
+  } catch (const std::exception& e) {
+    fprintf(stderr, "child: %s\n", e.what());
   }
+  fflush(nullptr);
+  _exit(code);
+}
+
+int WaitForChild(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+int RunInChild(const std::function<int()>& fn) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) RunChildBody(fn);
+  return WaitForChild(pid);
+}
+
+// A child forked now, while this process has one thread, that runs `fn` when
+// Start() is called, so a test can have another process act later, once this
+// one has threads of its own.
+class ChildOnCue {
+ public:
+  explicit ChildOnCue(std::function<int()> fn) {
+    if (pipe(cue_) != 0) ADD_FAILURE() << "pipe: " << strerror(errno);
+    fflush(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(cue_[1]);
+      char go = 0;
+      if (read(cue_[0], &go, 1) != 1) _exit(0);  // the test ended without a cue
+      RunChildBody(fn);
+    }
+    close(cue_[0]);
+  }
+  ~ChildOnCue() {
+    if (cue_[1] >= 0) close(cue_[1]);
+    if (pid_ > 0 && !waited_) WaitForChild(pid_);
+  }
+  // Cues the child and returns its exit code (128 + signal if it was killed).
+  int RunAndWait() {
+    char go = 1;
+    if (write(cue_[1], &go, 1) != 1) return -1;
+    close(cue_[1]);
+    cue_[1] = -1;
+    waited_ = true;
+    return WaitForChild(pid_);
+  }
+
+ private:
+  int cue_[2] = {-1, -1};
+  pid_t pid_ = -1;
+  bool waited_ = false;
+};
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;  // mlock is a no-op and RSS includes shadow memory
@@ -1880,18 +1928,8 @@ TEST(ReaderTest, ItemsReassignedAfterALeaseTimeoutAreCountedAsStale) {
   QueueCleanup cleanup{name};
   WorkQueueOptions qo = QueueOptions(data, name, 8, 2);
   qo.lease_timeout = std::chrono::milliseconds(200);
-  auto queue = WorkQueue::Open(qo);
-  std::vector<std::string> notices;
-  ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kPread, false);
-  options.on_notice = [&](const std::string& line) { notices.push_back(line); };
-  auto reader = Reader::Open(*queue, options);
-  Outcome before = ReadRecords(*reader, 1, 10);
-  ASSERT_EQ(before.records.size(), 10u);
-  size_t held = reader->items_held();
-  ASSERT_GE(held, 1u);
-
   // Stalled: another process finds our leases expired and takes everything.
-  int taken = RunInChild([&] {
+  ChildOnCue other_process([&] {
     auto other = WorkQueue::Open(qo);
     int n = 0;
     WorkItem item;
@@ -1904,6 +1942,17 @@ TEST(ReaderTest, ItemsReassignedAfterALeaseTimeoutAreCountedAsStale) {
     other->Close();
     return status == TakeStatus::kEnd ? n : 100;
   });
+  auto queue = WorkQueue::Open(qo);
+  std::vector<std::string> notices;
+  ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kPread, false);
+  options.on_notice = [&](const std::string& line) { notices.push_back(line); };
+  auto reader = Reader::Open(*queue, options);
+  Outcome before = ReadRecords(*reader, 1, 10);
+  ASSERT_EQ(before.records.size(), 10u);
+  size_t held = reader->items_held();
+  ASSERT_GE(held, 1u);
+
+  int taken = other_process.RunAndWait();
   ASSERT_EQ(taken, 8) << "the other process took every item, ours included";
 
   Outcome after = ReadRecords(*reader);
