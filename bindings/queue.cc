@@ -38,7 +38,6 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   if (!num_slices.is_none()) o.num_slices = ToU64(num_slices, "num_slices");
   o.num_clients = ToU32(num_clients, "num_clients");
   o.name = name;
-  o.keep_unfinished = true;  // Python's lifetime until WorkQueue(keep=...) is exposed
   open_args["num_epochs"] = num_epochs;
   open_args["shuffle"] = shuffle;
   open_args["seed"] = seed;
@@ -59,6 +58,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
       record_bytes = v;
     } else if (key == "max_clients") {
       o.max_clients = ToU32(v, "max_clients");
+    } else if (key == "keep") {
+      o.keep_unfinished = py::cast<bool>(v);
     } else if (key == "auto_ack") {
       h->auto_ack = py::cast<bool>(v);
     } else if (key == "leases_per_client") {
@@ -292,11 +293,20 @@ void DefineQueueFunctions(py::module_& m) {
           d["segment_path"] = q.segment_path;
           d["valid"] = q.valid;
           d["problem"] = q.problem;
+          d["created_unix_ns"] = q.created_unix_ns;
+          d["finished"] = q.finished;
+          d["live_clients"] = q.live_clients;
+          d["lease_timeout"] =
+              q.lease_timeout_ms == 0 ? py::object(py::none()) : py::float_(q.lease_timeout_ms / 1e3);
+          d["kept_reason"] = q.kept_reason;
           out.append(d);
         }
         return out;
       },
-      "Queues of this user: a list of dicts (name, segment_path, valid, problem).");
+      "Queues of this user: a list of dicts (name, segment_path, valid, problem; of a valid "
+      "queue also created_unix_ns, finished, live_clients, lease_timeout in seconds or None, and "
+      "kept_reason: why it stays when its last process closes it unfinished, '' if it would be "
+      "removed).");
   m.def(
       "inspect_queue",
       [](const py::object& queue_name) {

@@ -123,7 +123,7 @@ def test_a_restored_checkpoint_continues_exactly(files, qname, notices):
     # Work after the checkpoint is lost with the job.
     q.take().ack()
     q.close()
-    tailcut.remove_queue(qname, force=True)
+    assert not os.path.exists(tailcut.segment_path(qname))
 
     with tailcut.WorkQueue(files, name=qname, restore_state=state["state"], **kwargs) as again:
         again.load_state_dict(state)  # the state it was opened with: accepted, a no-op
@@ -142,7 +142,7 @@ def test_a_checkpoint_hands_out_open_items_again(files, qname, notices):
     held.progress(held.begin)
     state = q.state_dict()
     q.close()
-    tailcut.remove_queue(qname, force=True)
+    assert not os.path.exists(tailcut.segment_path(qname))
     with tailcut.WorkQueue(files, name=qname + "-r", restore_state=state, **kwargs) as again:
         rest = [i for _, i in drain(again)]
     assert sorted(done + rest) == list(range(10))
@@ -181,7 +181,7 @@ def test_records_progress_survives_a_checkpoint(tmp_path, qname, notices):
     state = q.state_dict()
     it.close()
     q.close()
-    tailcut.remove_queue(qname, force=True)
+    assert not os.path.exists(tailcut.segment_path(qname))
     with tailcut.WorkQueue([path], name=qname + "-r", restore_state=state,
                            on_notice=notices.append) as again:
         rest = [bytes(r) for r in again.records(**SMALL_READER)]

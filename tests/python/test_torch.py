@@ -383,14 +383,16 @@ def test_len_is_exact_for_fixed_records_and_estimated_for_lines(tmp_path, qname)
     assert not exact and abs(records - 6000) <= 60
     assert len(DataLoader(text, batch_size=100)) == -(-records // 100)
     text.close()
-    tailcut.remove_queue(qname + "-t", force=True)
+    assert not os.path.exists(tailcut.segment_path(qname + "-t"))
 
 
 def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qname, monkeypatch):
     works = [write_records(tmp_path / "a.bin", range(800))]
     opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, name=qname,
                 num_clients=1, on_notice=quiet)
-    crashed = tt.QueueDataset(works, 100, **opts)
+    # keep=True keeps the unfinished queue at close, as a process that died
+    # would (a clean close of every process removes it).
+    crashed = tt.QueueDataset(works, 100, keep=True, **opts)
     it = iter(crashed)
     first = [ids_of(next(it)) for _ in range(2)]
     del it
@@ -405,7 +407,7 @@ def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qna
     assert len(set(got)) == len(got) and set(got) | before == set(range(800))
     assert len(got) < 800
     resumed.close()
-    crashed = tt.QueueDataset(works, 100, **opts)
+    crashed = tt.QueueDataset(works, 100, keep=True, **opts)
     next(iter(crashed))
     crashed.queue.close()
     monkeypatch.setenv("TAILCUT_RESUME", "0")
@@ -415,7 +417,7 @@ def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qna
     assert len([i for b in fresh for i in ids_of(b)]) == 800
     fresh.close()
     monkeypatch.delenv("TAILCUT_RESUME")
-    crashed = tt.QueueDataset(works, 100, **opts)
+    crashed = tt.QueueDataset(works, 100, keep=True, **opts)
     next(iter(crashed))
     crashed.queue.close()
     fresh = tt.QueueDataset(works, 100, resume=False, **opts)

@@ -365,3 +365,26 @@ def test_a_forked_child_may_not_use_its_parents_queue(files, qname, notices):
         os.waitpid(pid, 0)
         assert "a forked child must open its own WorkQueue" in msg
         assert q.take() is not None  # the parent's queue is untouched
+
+
+def test_an_unfinished_queue_closed_cleanly_is_removed_unless_keep(files, qname, notices):
+    q = open_queue(files, qname, notices, num_slices=4)
+    q.take().ack()
+    q.close()
+    assert not os.path.exists(tailcut.segment_path(qname)), "nobody comes back for it"
+    assert any(f"queue '{qname}' removed unfinished (1 of 4 items done)" in line
+               and "keep=True" in line for line in notices), notices
+
+    q = open_queue(files, qname, notices, num_slices=4, keep=True)
+    q.take().ack()
+    q.close()
+    listed = {x["name"]: x for x in tailcut.list_queues()}
+    assert listed[qname]["kept_reason"] == "keep_unfinished was set"
+    resumed = open_queue(files, qname, notices, num_slices=4)  # resumes; keeps it no longer
+    got = []
+    while (item := resumed.take()) is not None:
+        got.append(item.index)
+        item.ack()
+    assert len(got) == 3
+    resumed.close()
+    assert not os.path.exists(tailcut.segment_path(qname))

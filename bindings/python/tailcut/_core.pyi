@@ -107,6 +107,11 @@ class _QueueListing(TypedDict):
     segment_path: str
     valid: bool
     problem: str
+    created_unix_ns: int
+    finished: bool
+    live_clients: int
+    lease_timeout: Optional[float]
+    kept_reason: str
 
 class WorkItem:
     """One work item (a byte range of one file) this process holds."""
@@ -244,6 +249,7 @@ class WorkQueue:
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
         auto_ack: bool = ...,
+        keep: bool = ...,
     ) -> None: ...
     def take(self, timeout: Optional[float] = None) -> Optional[WorkItem]: ...
     def agree_step(
