@@ -58,7 +58,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
       record_bytes = v;
     } else if (key == "max_clients") {
       o.max_clients = ToU32(v, "max_clients");
-    } else if (key == "keep") {
+    } else if (key == "keep_unfinished") {
       o.keep_unfinished = py::cast<bool>(v);
     } else if (key == "auto_ack") {
       h->auto_ack = py::cast<bool>(v);

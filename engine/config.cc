@@ -131,7 +131,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
                 "queue '" + options.name + "': num_epochs is 0; it must be at least 1");
   if (options.num_slices && *options.num_slices == 0)
     throw Error(ErrorKind::kInvalidArgument,
-                "queue '" + options.name + "': num_slices is 0; pass None (one item per file) or >= 1");
+                "queue '" + options.name + "': num_slices is 0; leave it unset (one item per file) or give 1 or more");
   if (options.num_clients == 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name + "': num_clients is 0; it must be at least 1");

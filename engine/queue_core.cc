@@ -714,7 +714,7 @@ std::string SegmentPathString(const Segment& s, uint64_t f) {
   return std::string(s.path_bytes() + e.path_offset, e.path_length);
 }
 
-std::string Opt(uint64_t v) { return v == 0 ? "None" : std::to_string(v); }
+std::string Opt(uint64_t v) { return v == 0 ? "unset" : std::to_string(v); }
 
 }  // namespace
 
@@ -767,16 +767,16 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     throw mismatch("num_epochs differs: " + std::to_string(config.num_epochs) + " here, " +
                    std::to_string(h.num_epochs) + " in segment");
   if ((h.shuffle != 0) != config.shuffle)
-    throw mismatch(std::string("shuffle differs: ") + (config.shuffle ? "True" : "False") +
-                   " here, " + (h.shuffle ? "True" : "False") + " in segment");
+    throw mismatch(std::string("shuffle differs: ") + (config.shuffle ? "on" : "off") +
+                   " here, " + (h.shuffle ? "on" : "off") + " in segment");
   if (config.seed_explicit && (h.seed_explicit == 0 || h.seed != config.seed))
     throw mismatch("seed differs: " + std::to_string(config.seed) + " here, " +
                    (h.seed_explicit
                         ? std::to_string(h.seed)
-                        : "None (drawn by the creator: " + std::to_string(h.seed) + ")") +
+                        : "unset (drawn by the creator: " + std::to_string(h.seed) + ")") +
                    " in segment");
   if (!config.seed_explicit && h.seed_explicit != 0)
-    throw mismatch("seed differs: None here, " + std::to_string(h.seed) + " in segment");
+    throw mismatch("seed differs: unset here, " + std::to_string(h.seed) + " in segment");
   if (std::string(h.format) != config.format)
     throw mismatch("format differs: '" + config.format + "' here, '" + std::string(h.format) +
                    "' in segment");

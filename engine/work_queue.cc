@@ -1217,8 +1217,7 @@ void WorkQueue::Impl::Close() noexcept {
         seg.UnlinkIfSame();
         seg.header().state.store(kRemoved, std::memory_order_release);
         Notice("queue '" + options_.name + "' removed unfinished (" + progress +
-               "): every process closed it; open it with keep_unfinished (Python: keep=True) "
-               "to resume it later");
+               "): every process closed it; open it with keep_unfinished to resume it later");
       } else {
         Notice("queue '" + options_.name + "' left unfinished (" + progress + ") because " + kept +
                "; the next job with the same configuration resumes it, `tailcut rm " +

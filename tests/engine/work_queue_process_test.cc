@@ -475,7 +475,7 @@ TEST_F(LifetimeTest, AnUnfinishedQueueEveryProcessClosedCleanlyIsRemoved) {
   const std::string said = RunTwo(o, /*kill_first=*/false, /*first_keeps=*/false);
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
   EXPECT_TRUE(Contains(said, "queue '" + o.name + "' removed unfinished (0 of 6 items done): every "
-                             "process closed it; open it with keep_unfinished (Python: keep=True) to resume it later"))
+                             "process closed it; open it with keep_unfinished to resume it later"))
       << said;
 }
 

@@ -69,7 +69,7 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
         (dict(num_epochs=-1), "num_epochs must be a non-negative int, got -1"),
         (dict(num_clients=0), f"queue '{qname}': num_clients is 0; it must be at least 1"),
         (dict(num_slices=0),
-         f"queue '{qname}': num_slices is 0; pass None (one item per file) or >= 1"),
+         f"queue '{qname}': num_slices is 0; leave it unset (one item per file) or give 1 or more"),
         (dict(max_clients=0), f"queue '{qname}': max_clients must be 1..4096"),
         (dict(attach_timeout=-1), "attach_timeout must be a finite number of seconds >= 0, got -1"),
         (dict(lease_timeout=float("nan")),

@@ -390,9 +390,9 @@ def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qna
     works = [write_records(tmp_path / "a.bin", range(800))]
     opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, name=qname,
                 num_clients=1, on_notice=quiet)
-    # keep=True keeps the unfinished queue at close, as a process that died
+    # keep_unfinished=True keeps the unfinished queue at close, as a process that died
     # would (a clean close of every process removes it).
-    crashed = tt.QueueDataset(works, 100, keep=True, **opts)
+    crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
     it = iter(crashed)
     first = [ids_of(next(it)) for _ in range(2)]
     del it
@@ -407,7 +407,7 @@ def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qna
     assert len(set(got)) == len(got) and set(got) | before == set(range(800))
     assert len(got) < 800
     resumed.close()
-    crashed = tt.QueueDataset(works, 100, keep=True, **opts)
+    crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
     next(iter(crashed))
     crashed.queue.close()
     monkeypatch.setenv("TAILCUT_RESUME", "0")
@@ -417,7 +417,7 @@ def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qna
     assert len([i for b in fresh for i in ids_of(b)]) == 800
     fresh.close()
     monkeypatch.delenv("TAILCUT_RESUME")
-    crashed = tt.QueueDataset(works, 100, keep=True, **opts)
+    crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
     next(iter(crashed))
     crashed.queue.close()
     fresh = tt.QueueDataset(works, 100, resume=False, **opts)

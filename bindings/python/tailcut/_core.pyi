@@ -249,7 +249,7 @@ class WorkQueue:
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
         auto_ack: bool = ...,
-        keep: bool = ...,
+        keep_unfinished: bool = ...,
     ) -> None: ...
     def take(self, timeout: Optional[float] = None) -> Optional[WorkItem]: ...
     def agree_step(
