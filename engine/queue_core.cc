@@ -1,98 +1,21 @@
 #include "engine/queue_core.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <thread>
 
+#include "engine/clock.h"
 #include "engine/crash_point.h"
+#include "engine/futex.h"
 #include "engine/permutation.h"
+#include "engine/robust_mutex.h"
 
 namespace tailcut::detail {
-
-uint64_t MonotonicNs() noexcept {
-#ifdef TAILCUT_DETERMINISTIC_SCHEDULE
-  return ScheduleClockNs();
-#else
-  struct timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // vDSO: no system call
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-#endif
-}
-
-void InitRobustMutex(pthread_mutex_t* mu) {
-  pthread_mutexattr_t attr;
-  pthread_mutexattr_init(&attr);
-  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  pthread_mutex_init(mu, &attr);
-  pthread_mutexattr_destroy(&attr);
-}
-
-namespace {
-
-int RobustMutexKind() {
-  static const int kind = [] {
-    pthread_mutex_t mu;
-    InitRobustMutex(&mu);
-    int k = mu.__data.__kind;
-    pthread_mutex_destroy(&mu);
-    return k;
-  }();
-  return kind;
-}
-
-}  // namespace
-
-bool IsRobustMutex(const pthread_mutex_t* mu) noexcept {
-  return __atomic_load_n(&mu->__data.__kind, __ATOMIC_RELAXED) == RobustMutexKind();
-}
-
-int TryLockRobust(pthread_mutex_t* mu) noexcept {
-  if (!IsRobustMutex(mu)) return EINVAL;
-  return pthread_mutex_trylock(mu);
-}
-
-int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died) {
-  *died = false;
-  if (!IsRobustMutex(mu)) return EINVAL;
-  // Wait in short slices: when a holder dies while others wait, glibc may
-  // wake none of them (glibc bug 19402), so each slice tries again.
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    struct timespec ts;
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 5'000'000;
-    if (ts.tv_nsec >= 1'000'000'000) {
-      ts.tv_sec += 1;
-      ts.tv_nsec -= 1'000'000'000;
-    }
-    int rc = pthread_mutex_timedlock(mu, &ts);
-    if (rc == EOWNERDEAD) {
-      *died = true;
-      pthread_mutex_consistent(mu);
-      return 0;
-    }
-    if (rc != ETIMEDOUT || std::chrono::steady_clock::now() >= deadline) return rc;
-  }
-}
-
-uint64_t CoarseNs() noexcept {
-#ifdef TAILCUT_DETERMINISTIC_SCHEDULE
-  return ScheduleClockNs();
-#else
-  struct timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-#endif
-}
 
 QueueCore::QueueCore(Segment* segment, std::vector<WorkQueue::Item> items, uint64_t num_epochs,
                      uint64_t seed, bool shuffle)
@@ -126,8 +49,7 @@ void QueueCore::WakeWaiters() noexcept {
   // the queue (Dekker): either it sees our change or we see it waiting.
   if (c.waiters.load(std::memory_order_seq_cst) == 0) return;
   c.wake_seq.fetch_add(1, std::memory_order_seq_cst);
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.wake_seq), FUTEX_WAKE, INT_MAX, nullptr,
-            nullptr, 0);
+  FutexWake(c.wake_seq, INT_MAX);
 }
 
 bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_word) noexcept {
@@ -667,9 +589,7 @@ void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g)
   h.total_size = g.total;
   h.creator_uid = ::geteuid();
   h.creator_pid = ::getpid();
-  struct timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  h.created_unix_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+  h.created_unix_ns = RealtimeNs();
   h.fingerprint = config.Fingerprint();
   h.num_files = config.paths.size();
   h.num_items = config.items.size();

@@ -31,24 +31,6 @@ inline bool ReadTicketAndFlags(const LeaseSlot& ls, uint64_t* ticket, uint32_t* 
   return *flags == before;
 }
 
-uint64_t MonotonicNs() noexcept;
-// CLOCK_MONOTONIC_COARSE: the same clock at tick resolution (a few ms), at a
-// fraction of the cost. For progress stamps and timeouts on the hot path.
-uint64_t CoarseNs() noexcept;
-
-// Locks a robust mutex with a deadline. Returns 0 (locked), ETIMEDOUT or
-// another errno (a garbage mutex); sets *died if the previous holder died.
-// Every lock of a mutex in the segment is bounded: a hostile segment can
-// claim a holder that never lets go.
-int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* died);
-void InitRobustMutex(pthread_mutex_t* mu);
-// glibc trusts a mutex's kind field (a bad one can select lock elision and
-// die with SIGILL), so every mutex read from a segment is checked to carry
-// exactly the kind InitRobustMutex gives before any pthread call touches it.
-bool IsRobustMutex(const pthread_mutex_t* mu) noexcept;
-// pthread_mutex_trylock behind IsRobustMutex: EINVAL for a damaged mutex.
-int TryLockRobust(pthread_mutex_t* mu) noexcept;
-
 class QueueCore {
  public:
   // items: the trusted local item table (equal to the segment's).

@@ -16,7 +16,7 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 
 #include "engine/crash_point.h"
-#include "engine/queue_core.h"
+#include "engine/robust_mutex.h"
 #include "tailcut/error.h"
 
 namespace bip = boost::interprocess;

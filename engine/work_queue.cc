@@ -1,58 +1,25 @@
 #include "tailcut/work_queue.h"
 
-#include <linux/futex.h>
-#include <signal.h>
 #include <sys/random.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <thread>
 
+#include "engine/clock.h"
 #include "engine/config.h"
 #include "engine/crash_point.h"
+#include "engine/futex.h"
 #include "engine/queue_core.h"
+#include "engine/robust_mutex.h"
 #include "engine/segment.h"
 
 namespace tailcut {
-
-namespace detail {
-
-std::atomic<bool> g_crash_points_armed{false};
-namespace {
-char g_crash_point[64];
-std::atomic<long> g_crash_countdown{1};
-}  // namespace
-
-void LoadCrashPointFromEnvironment() {
-  // Read at every Open, not once per process: a test's child process may
-  // set the variable after its parent (whose memory it copies) opened a queue.
-  const char* spec = std::getenv("TAILCUT_CRASH_AT");
-  if (spec == nullptr || *spec == '\0' || g_crash_points_armed.load()) return;
-  std::string s(spec);
-  size_t colon = s.find(':');
-  std::string point = s.substr(0, colon);
-  if (point.size() >= sizeof(g_crash_point)) return;
-  std::memcpy(g_crash_point, point.c_str(), point.size() + 1);
-  if (colon != std::string::npos) g_crash_countdown = std::max(1L, std::atol(s.c_str() + colon + 1));
-  g_crash_points_armed.store(true);
-}
-
-void CrashPointSlow(const char* point) noexcept {
-  if (std::strcmp(g_crash_point, point) != 0) return;
-  if (g_crash_countdown.fetch_sub(1) == 1) ::kill(::getpid(), SIGKILL);
-}
-
-}  // namespace detail
 
 using namespace detail;
 
@@ -63,73 +30,6 @@ constexpr uint64_t kWaitSliceNs = 50'000'000;      // longest futex sleep: death
 constexpr uint64_t kWaitNoticeNs = 30'000'000'000;
 
 void DefaultNotice(const std::string& line) { std::fprintf(stderr, "tailcut: %s\n", line.c_str()); }
-
-// Holds a client's life mutex on a thread of its own, so the mutex lives as
-// long as the WorkQueue rather than the thread that opened it (robust mutexes
-// belong to threads; Python threads come and go).
-class LifeHolder {
- public:
-  // Returns false if the mutex is held by someone else.
-  bool Start(pthread_mutex_t* life) {
-    life_ = life;
-    started_ = locked_ = release_ = false;
-    thread_ = std::thread([this] {
-      int rc = TryLockRobust(life_);
-      if (rc == EOWNERDEAD) {
-        // A recoverer died after freeing the slot: nothing left to repair.
-        pthread_mutex_consistent(life_);
-        rc = 0;
-      }
-      std::unique_lock<std::mutex> lock(mu_);
-      locked_ = rc == 0;
-      started_ = true;
-      cv_.notify_all();
-      if (!locked_) return;
-      cv_.wait(lock, [this] { return release_; });
-      pthread_mutex_unlock(life_);
-    });
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return started_; });
-    if (!locked_) thread_.join();
-    return locked_;
-  }
-  void Stop() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      release_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  ~LifeHolder() { Stop(); }
-
- private:
-  pthread_mutex_t* life_ = nullptr;
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool started_ = false, locked_ = false, release_ = false;
-};
-
-class AdminLock {
- public:
-  explicit AdminLock(Segment& seg) : mu_(&seg.header().admin_mutex) {}
-  int Lock(std::chrono::milliseconds timeout, bool* died) {
-    int rc = LockRobustFor(mu_, timeout, died);
-    locked_ = rc == 0;
-    return rc;
-  }
-  void Unlock() {
-    if (locked_) pthread_mutex_unlock(mu_);
-    locked_ = false;
-  }
-  ~AdminLock() { Unlock(); }
-
- private:
-  pthread_mutex_t* mu_;
-  bool locked_ = false;
-};
 
 // Checkpoint state, serialised little-endian:
 //   magic, version, data fingerprint, items, epochs, seed, low, cursor,
@@ -348,7 +248,7 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
   if (!segment_) return false;
   Header& h = segment_->header();
   InitRobustMutex(&h.admin_mutex);
-  AdminLock admin(*segment_);
+  RobustLock admin(&segment_->header().admin_mutex);
   bool died;
   admin.Lock(options_.attach_timeout, &died);
   CrashPoint("create.after_mutex");
@@ -448,7 +348,7 @@ bool WorkQueue::Impl::TryAttach() {
   }
   segment_->CheckPreamble();
   Header& h = segment_->header();
-  AdminLock admin(*segment_);
+  RobustLock admin(&segment_->header().admin_mutex);
   bool died = false;
   int rc = admin.Lock(options_.attach_timeout, &died);
   if (rc == ETIMEDOUT)
@@ -909,7 +809,7 @@ StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t st
   mine.store(((step + 1) << 1) | (has_batch ? 1 : 0), std::memory_order_seq_cst);
   Counters& c = segment_->counters();
   c.step_seq.fetch_add(1, std::memory_order_seq_cst);
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.step_seq), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  FutexWake(c.step_seq, INT_MAX);
   for (;;) {
     uint32_t seq = c.step_seq.load(std::memory_order_seq_cst);
     bool arrived = true, all_have = true;
@@ -936,8 +836,7 @@ StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t st
     uint64_t slice = kWaitSliceNs;
     if (left < std::chrono::nanoseconds(slice))
       slice = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
-    struct timespec ts = {static_cast<time_t>(slice / 1000000000ull), static_cast<long>(slice % 1000000000ull)};
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.step_seq), FUTEX_WAIT, seq, &ts, nullptr, 0);
+    FutexWait(c.step_seq, seq, slice);
   }
 }
 
@@ -989,10 +888,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
                     ? static_cast<uint64_t>(
                           std::chrono::duration_cast<std::chrono::nanoseconds>(left).count())
                     : 0;
-      struct timespec ts = {static_cast<time_t>(slice / 1000000000ull),
-                            static_cast<long>(slice % 1000000000ull)};
-      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&c.wake_seq), FUTEX_WAIT, seq, &ts, nullptr,
-                0);
+      FutexWait(c.wake_seq, seq, slice);
     }
     c.waiters.fetch_sub(1, std::memory_order_seq_cst);
     uint64_t t1 = MonotonicNs();
@@ -1187,7 +1083,7 @@ void WorkQueue::Impl::Close() noexcept {
   }
   core_->CheckClients(slot_);
   bool died;
-  AdminLock admin(seg);
+  RobustLock admin(&seg.header().admin_mutex);
   admin.Lock(std::max(options_.attach_timeout, std::chrono::milliseconds(100)), &died);
   me().state.store(kClientFree, std::memory_order_release);
   me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);

@@ -4,8 +4,6 @@
 // Results come back through a lock-free queue; a waiting Reap sleeps on a
 // futex word the workers bump after each result, with a timeout, so that the
 // Reader can tell a stalled device from a slow one (as with io_uring).
-#include <linux/futex.h>
-#include <sys/syscall.h>
 #include <tbb/concurrent_queue.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/futex.h"
 #include "io_backend.h"
 #include "tailcut/error.h"
 
@@ -80,10 +79,7 @@ class PreadBackend final : public IoBackend {
       auto left = deadline - std::chrono::steady_clock::now();
       if (left <= std::chrono::nanoseconds::zero()) return 0;
       auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      struct timespec ts = {static_cast<time_t>(ns / 1000000000),
-                            static_cast<long>(ns % 1000000000)};
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&completions_), FUTEX_WAIT_PRIVATE, seen, &ts,
-              nullptr, 0);
+      detail::FutexWait(completions_, seen, static_cast<uint64_t>(ns), detail::FutexScope::kPrivate);
     }
     n = 1;
     while (n < max && results_.try_pop(out[n])) ++n;
@@ -103,8 +99,7 @@ class PreadBackend final : public IoBackend {
       // Release pairs with Reap's acquire load; the wake is one cheap system
       // call per read of a whole chunk.
       completions_.fetch_add(1, std::memory_order_release);
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&completions_), FUTEX_WAKE_PRIVATE, 1, nullptr,
-              nullptr, 0);
+      detail::FutexWake(completions_, 1, detail::FutexScope::kPrivate);
     }
   }
 

@@ -2,10 +2,7 @@
 // public hot path over RingCore.
 #include "tailcut/batch_ring.h"
 
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,9 +11,10 @@
 #include <cstring>
 #include <thread>
 
+#include "engine/clock.h"
 #include "engine/config.h"
-#include "engine/queue_core.h"
-#include "pool/life_holder.h"
+#include "engine/futex.h"
+#include "engine/robust_mutex.h"
 #include "pool/ring_core.h"
 #include "pool/ring_segment.h"
 
@@ -43,10 +41,7 @@ uint64_t Fingerprint(uint64_t slot_bytes, uint32_t num_slots, uint32_t max_clien
 }
 
 void FutexWait(detail::SharedAtomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
-  struct timespec ts;
-  ts.tv_sec = timeout_ns / 1'000'000'000;
-  ts.tv_nsec = timeout_ns % 1'000'000'000;
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+  detail::FutexWait(*word, expected, static_cast<uint64_t>(timeout_ns));
 }
 
 // Wakes up to `count` sleepers on `seq`, if any sleep.
@@ -58,7 +53,7 @@ void Wake(detail::SharedAtomic<uint32_t>& seq, detail::SharedAtomic<uint32_t>& w
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (waiters.load(std::memory_order_seq_cst) == 0) return;
   seq.fetch_add(1, std::memory_order_seq_cst);
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq), FUTEX_WAKE, count, nullptr, nullptr, 0);
+  detail::FutexWake(seq, count);
 }
 
 RingStatus FromCore(RingCore::Result r) {
@@ -252,7 +247,7 @@ struct BatchRing::Impl {
   RingCore core;
   RingRole role;
   uint64_t self = detail::kNoClient;
-  detail::RingLifeHolder holder;
+  detail::LifeHolder holder;
   std::atomic<int64_t> last_check_ns{0};
 };
 
@@ -398,9 +393,7 @@ std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole r
       detail::LockRobustFor(&h.admin_mutex, std::chrono::milliseconds(5000), &died);
       h.creator_uid = ::geteuid();
       h.creator_pid = ::getpid();
-      struct timespec ts;
-      ::clock_gettime(CLOCK_REALTIME, &ts);
-      h.created_unix_ns = uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+      h.created_unix_ns = detail::RealtimeNs();
       h.fingerprint = fingerprint;
       h.slot_bytes = o.slot_bytes;
       h.num_slots = o.num_slots;
