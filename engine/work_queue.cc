@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/checkpoint.h"
 #include "engine/clock.h"
 #include "engine/config.h"
 #include "engine/crash_point.h"
@@ -18,6 +19,7 @@
 #include "engine/queue_core.h"
 #include "engine/robust_mutex.h"
 #include "engine/segment.h"
+#include "engine/step_barrier.h"
 
 namespace tailcut {
 
@@ -30,88 +32,6 @@ constexpr uint64_t kWaitSliceNs = 50'000'000;      // longest futex sleep: death
 constexpr uint64_t kWaitNoticeNs = 30'000'000'000;
 
 void DefaultNotice(const std::string& line) { std::fprintf(stderr, "tailcut: %s\n", line.c_str()); }
-
-// Checkpoint state, serialised little-endian:
-//   magic, version, data fingerprint, items, epochs, seed, low, cursor,
-//   done words from low/64 up to the cursor, pieces (ticket, begin, end),
-//   and a hash of everything before it.
-constexpr uint64_t kStateMagic = 0x3145544154534354ull;  // "TCSTATE1"
-constexpr uint64_t kStateVersion = 1;
-
-struct Piece {
-  uint64_t ticket, begin, end;
-};
-
-struct SavedState {
-  uint64_t fingerprint = 0, num_items = 0, num_epochs = 0, seed = 0, low = 0, cursor = 0;
-  std::vector<uint64_t> words;  // done bits for tickets [low/64*64, cursor)
-  std::vector<Piece> pieces;
-};
-
-void Put(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
-
-std::string Serialize(const SavedState& s) {
-  std::string out;
-  for (uint64_t v : {kStateMagic, kStateVersion, s.fingerprint, s.num_items, s.num_epochs, s.seed,
-                     s.low, s.cursor, static_cast<uint64_t>(s.words.size())})
-    Put(&out, v);
-  for (uint64_t w : s.words) Put(&out, w);
-  Put(&out, s.pieces.size());
-  for (const Piece& p : s.pieces) {
-    Put(&out, p.ticket);
-    Put(&out, p.begin);
-    Put(&out, p.end);
-  }
-  Put(&out, HashBytes(out.data(), out.size()));
-  return out;
-}
-
-SavedState Deserialize(const std::string& name, const std::string& bytes) {
-  auto corrupt = [&](const std::string& what) {
-    return Error(ErrorKind::kCorrupt, "queue '" + name +
-                                          "': restore_state is not a valid tailcut "
-                                          "checkpoint (" +
-                                          what + "); pass the bytes SaveState() returned");
-  };
-  size_t pos = 0;
-  auto get = [&]() {
-    if (bytes.size() - pos < 8) throw corrupt("truncated at byte " + std::to_string(pos));
-    uint64_t v;
-    std::memcpy(&v, bytes.data() + pos, 8);
-    pos += 8;
-    return v;
-  };
-  if (bytes.size() < 8 * 11 || bytes.size() % 8 != 0)
-    throw corrupt(std::to_string(bytes.size()) + " bytes");
-  uint64_t stored_hash;
-  std::memcpy(&stored_hash, bytes.data() + bytes.size() - 8, 8);
-  if (get() != kStateMagic) throw corrupt("bad magic");
-  if (uint64_t v = get(); v != kStateVersion) throw corrupt("version " + std::to_string(v));
-  if (HashBytes(bytes.data(), bytes.size() - 8) != stored_hash) throw corrupt("checksum mismatch");
-  SavedState s;
-  s.fingerprint = get();
-  s.num_items = get();
-  s.num_epochs = get();
-  s.seed = get();
-  s.low = get();
-  s.cursor = get();
-  uint64_t nwords = get();
-  if (nwords > bytes.size() / 8) throw corrupt("word count out of range");
-  s.words.resize(nwords);
-  for (auto& w : s.words) w = get();
-  uint64_t npieces = get();
-  if (npieces > bytes.size() / 24) throw corrupt("piece count out of range");
-  s.pieces.resize(npieces);
-  for (auto& p : s.pieces) p = {get(), get(), get()};
-  if (pos + 8 != bytes.size()) throw corrupt("trailing bytes");
-  uint64_t total = s.num_items * s.num_epochs;
-  if (s.num_items == 0 || s.num_epochs == 0 || total / s.num_epochs != s.num_items ||
-      s.low > s.cursor || s.cursor > total || nwords != (s.cursor + 63) / 64 - s.low / 64)
-    throw corrupt("inconsistent counts");
-  for (const Piece& p : s.pieces)
-    if (p.ticket >= total || p.begin > p.end) throw corrupt("piece out of range");
-  return s;
-}
 
 uint64_t DataFingerprint(QueueConfig config) {
   config.seed_explicit = false;  // the seed is compared on its own
@@ -199,7 +119,7 @@ void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
-    restore_ = Deserialize(options_.name, options_.restore_state);
+    restore_ = DeserializeState(options_.name, options_.restore_state);
     auto mismatch = [&](const std::string& what) {
       return Error(ErrorKind::kConfigMismatch,
                    "queue '" + options_.name + "': restore_state " +
@@ -799,45 +719,8 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
 
 StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                                       std::chrono::steady_clock::time_point deadline) noexcept {
-  if (closed_ || ranks == 0 || rank >= ranks || ranks > segment_->geometry().max_clients ||
-      step >= (uint64_t{1} << 62))
-    return StepStatus::kInvalid;
-  // Published as (step + 1) << 1 | has_batch, so that 0 means "nothing yet".
-  SharedAtomic<uint64_t>& mine = segment_->step(rank).word;
-  uint64_t published = mine.load(std::memory_order_acquire);
-  if (published != 0 && (published >> 1) - 1 > step) return StepStatus::kInvalid;
-  mine.store(((step + 1) << 1) | (has_batch ? 1 : 0), std::memory_order_seq_cst);
-  Counters& c = segment_->counters();
-  c.step_seq.fetch_add(1, std::memory_order_seq_cst);
-  FutexWake(c.step_seq, INT_MAX);
-  for (;;) {
-    uint32_t seq = c.step_seq.load(std::memory_order_seq_cst);
-    bool arrived = true, all_have = true;
-    for (uint32_t r = 0; r < ranks && arrived; ++r) {
-      uint64_t w = segment_->step(r).word.load(std::memory_order_seq_cst);
-      uint64_t their = w == 0 ? 0 : (w >> 1);  // their step + 1
-      if (their < step + 1) {
-        arrived = false;
-      } else if (their == step + 1) {
-        all_have &= (w & 1) != 0;
-      } else {
-        // Already past `step`: it decided `step` before publishing its next.
-        uint64_t d = segment_->step(r).decided.load(std::memory_order_seq_cst);
-        if ((d >> 1) == step + 1) all_have &= (d & 1) != 0;
-      }
-    }
-    if (arrived) {
-      segment_->step(rank).decided.store(((step + 1) << 1) | (all_have ? 1 : 0),
-                                         std::memory_order_seq_cst);
-      return all_have ? StepStatus::kAllHaveBatch : StepStatus::kEndEpoch;
-    }
-    auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::nanoseconds(0)) return StepStatus::kTimeout;
-    uint64_t slice = kWaitSliceNs;
-    if (left < std::chrono::nanoseconds(slice))
-      slice = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
-    FutexWait(c.step_seq, seq, slice);
-  }
+  if (closed_) return StepStatus::kInvalid;
+  return detail::AgreeStep(*segment_, rank, ranks, step, has_batch, deadline, kWaitSliceNs);
 }
 
 void WorkQueue::Impl::Housekeep() noexcept {
@@ -1066,7 +949,7 @@ std::string WorkQueue::Impl::SaveState() const {
   s.low = 0;
   while (s.low < s.cursor && ((bits[s.low / 64] >> (s.low % 64)) & 1)) ++s.low;
   s.words.assign(bits.begin() + static_cast<long>(s.low / 64), bits.end());
-  return Serialize(s);
+  return SerializeState(s);
 }
 
 void WorkQueue::Impl::Close() noexcept {

@@ -1,0 +1,86 @@
+#include "engine/checkpoint.h"
+
+#include <cstring>
+
+#include "engine/config.h"
+#include "tailcut/error.h"
+
+namespace tailcut::detail {
+
+// Checkpoint state, serialised little-endian:
+//   magic, version, data fingerprint, items, epochs, seed, low, cursor,
+//   done words from low/64 up to the cursor, pieces (ticket, begin, end),
+//   and a hash of everything before it.
+constexpr uint64_t kStateMagic = 0x3145544154534354ull;  // "TCSTATE1"
+constexpr uint64_t kStateVersion = 1;
+
+namespace {
+
+void Put(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+
+}  // namespace
+
+std::string SerializeState(const SavedState& s) {
+  std::string out;
+  for (uint64_t v : {kStateMagic, kStateVersion, s.fingerprint, s.num_items, s.num_epochs, s.seed,
+                     s.low, s.cursor, static_cast<uint64_t>(s.words.size())})
+    Put(&out, v);
+  for (uint64_t w : s.words) Put(&out, w);
+  Put(&out, s.pieces.size());
+  for (const Piece& p : s.pieces) {
+    Put(&out, p.ticket);
+    Put(&out, p.begin);
+    Put(&out, p.end);
+  }
+  Put(&out, HashBytes(out.data(), out.size()));
+  return out;
+}
+
+SavedState DeserializeState(const std::string& name, const std::string& bytes) {
+  auto corrupt = [&](const std::string& what) {
+    return Error(ErrorKind::kCorrupt, "queue '" + name +
+                                          "': restore_state is not a valid tailcut "
+                                          "checkpoint (" +
+                                          what + "); pass the bytes SaveState() returned");
+  };
+  size_t pos = 0;
+  auto get = [&]() {
+    if (bytes.size() - pos < 8) throw corrupt("truncated at byte " + std::to_string(pos));
+    uint64_t v;
+    std::memcpy(&v, bytes.data() + pos, 8);
+    pos += 8;
+    return v;
+  };
+  if (bytes.size() < 8 * 11 || bytes.size() % 8 != 0)
+    throw corrupt(std::to_string(bytes.size()) + " bytes");
+  uint64_t stored_hash;
+  std::memcpy(&stored_hash, bytes.data() + bytes.size() - 8, 8);
+  if (get() != kStateMagic) throw corrupt("bad magic");
+  if (uint64_t v = get(); v != kStateVersion) throw corrupt("version " + std::to_string(v));
+  if (HashBytes(bytes.data(), bytes.size() - 8) != stored_hash) throw corrupt("checksum mismatch");
+  SavedState s;
+  s.fingerprint = get();
+  s.num_items = get();
+  s.num_epochs = get();
+  s.seed = get();
+  s.low = get();
+  s.cursor = get();
+  uint64_t nwords = get();
+  if (nwords > bytes.size() / 8) throw corrupt("word count out of range");
+  s.words.resize(nwords);
+  for (auto& w : s.words) w = get();
+  uint64_t npieces = get();
+  if (npieces > bytes.size() / 24) throw corrupt("piece count out of range");
+  s.pieces.resize(npieces);
+  for (auto& p : s.pieces) p = {get(), get(), get()};
+  if (pos + 8 != bytes.size()) throw corrupt("trailing bytes");
+  uint64_t total = s.num_items * s.num_epochs;
+  if (s.num_items == 0 || s.num_epochs == 0 || total / s.num_epochs != s.num_items ||
+      s.low > s.cursor || s.cursor > total || nwords != (s.cursor + 63) / 64 - s.low / 64)
+    throw corrupt("inconsistent counts");
+  for (const Piece& p : s.pieces)
+    if (p.ticket >= total || p.begin > p.end) throw corrupt("piece out of range");
+  return s;
+}
+
+}  // namespace tailcut::detail

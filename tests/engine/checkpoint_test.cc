@@ -1,0 +1,103 @@
+// Tests of engine/checkpoint.h: the bytes of a checkpoint. A restore trusts
+// nothing it is given: anything but what SerializeState wrote is a kCorrupt
+// error that names the queue and what is wrong, never a crash or a silently
+// different state.
+#include "engine/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "engine/config.h"
+#include "tailcut/error.h"
+
+namespace tailcut::detail {
+namespace {
+
+SavedState Sample() {
+  SavedState s;
+  s.fingerprint = 0x1234;
+  s.num_items = 100;
+  s.num_epochs = 2;
+  s.seed = 7;
+  s.low = 64;
+  s.cursor = 150;
+  s.words = {0xffull, 0x3ull};  // tickets [64, 192): (150 + 63) / 64 - 64 / 64 = 2 words
+  s.pieces = {{65, 10, 20}, {149, 0, 5}};
+  return s;
+}
+
+// The message of the error DeserializeState throws, or "" if it did not.
+std::string Refusal(const std::string& bytes) {
+  try {
+    DeserializeState("q", bytes);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    return e.what();
+  }
+  return "";
+}
+
+// Rewrites the 64-bit word at `index` and fixes the checksum, so that only
+// the checks after it can refuse the state.
+std::string WithWord(std::string bytes, size_t index, uint64_t value);
+
+TEST(CheckpointTest, RoundTripsEveryField) {
+  const SavedState s = Sample();
+  const SavedState back = DeserializeState("q", SerializeState(s));
+  EXPECT_EQ(back.fingerprint, s.fingerprint);
+  EXPECT_EQ(back.num_items, s.num_items);
+  EXPECT_EQ(back.num_epochs, s.num_epochs);
+  EXPECT_EQ(back.seed, s.seed);
+  EXPECT_EQ(back.low, s.low);
+  EXPECT_EQ(back.cursor, s.cursor);
+  EXPECT_EQ(back.words, s.words);
+  ASSERT_EQ(back.pieces.size(), 2u);
+  EXPECT_EQ(back.pieces[1].ticket, 149u);
+  EXPECT_EQ(back.pieces[1].end, 5u);
+}
+
+TEST(CheckpointTest, DamagedBytesAreCorruptErrorsNamingTheQueueAndWhat) {
+  const std::string good = SerializeState(Sample());
+  const std::string prefix = "queue 'q': restore_state is not a valid tailcut checkpoint (";
+  EXPECT_EQ(Refusal(""), prefix + "0 bytes); pass the bytes SaveState() returned");
+  EXPECT_NE(Refusal(good.substr(0, good.size() - 8)).find(prefix), std::string::npos);
+  std::string flipped = good;
+  flipped[8 * 9] ^= 1;  // the first done word
+  EXPECT_NE(Refusal(flipped).find("checksum mismatch"), std::string::npos);
+  std::string magic = good;
+  magic[0] ^= 1;
+  EXPECT_NE(Refusal(magic).find("bad magic"), std::string::npos);
+  EXPECT_NE(Refusal(WithWord(good, 1, 9)).find("version 9"), std::string::npos);
+  EXPECT_NE(Refusal(good + std::string(8, '\0')).find(prefix), std::string::npos);
+}
+
+TEST(CheckpointTest, CountsThatDoNotAddUpAreRefused) {
+  const std::string good = SerializeState(Sample());
+  // Words: 0 magic, 1 version, 2 fingerprint, 3 items, 4 epochs, 5 seed,
+  // 6 low, 7 cursor, 8 word count, 9.. words, then the piece count.
+  EXPECT_NE(Refusal(WithWord(good, 6, 151)).find("inconsistent counts"), std::string::npos)
+      << "low above the cursor";
+  EXPECT_NE(Refusal(WithWord(good, 7, 201)).find("inconsistent counts"), std::string::npos)
+      << "cursor past every ticket";
+  EXPECT_NE(Refusal(WithWord(good, 3, 0)).find("inconsistent counts"), std::string::npos);
+  EXPECT_NE(Refusal(WithWord(good, 8, 1ull << 40)).find("word count out of range"),
+            std::string::npos);
+  EXPECT_NE(Refusal(WithWord(good, 11, 1ull << 40)).find("piece count out of range"),
+            std::string::npos);
+  EXPECT_NE(Refusal(WithWord(good, 12, 200)).find("piece out of range"), std::string::npos)
+      << "a piece's ticket past every ticket";
+  EXPECT_NE(Refusal(WithWord(good, 13, 30)).find("piece out of range"), std::string::npos)
+      << "a piece that begins after its end";
+}
+
+std::string WithWord(std::string bytes, size_t index, uint64_t value) {
+  std::memcpy(bytes.data() + 8 * index, &value, 8);
+  const uint64_t hash = HashBytes(bytes.data(), bytes.size() - 8);  // as SerializeState
+  std::memcpy(bytes.data() + bytes.size() - 8, &hash, 8);
+  return bytes;
+}
+
+}  // namespace
+}  // namespace tailcut::detail
