@@ -585,8 +585,8 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
 
 void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g) {
   Header& h = segment->header();
-  h.layout_version = kLayoutVersion;
-  h.total_size = g.total;
+  // layout_version and total_size are the preamble, written by the creator
+  // before it published the magic.
   h.creator_uid = ::geteuid();
   h.creator_pid = ::getpid();
   h.created_unix_ns = RealtimeNs();
