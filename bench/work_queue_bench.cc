@@ -126,8 +126,8 @@ enum Go : uint32_t { kWait = 0, kRun = 1, kAbort = 2 };
 // created before any fork). Fields the workers write in the timed region sit
 // on their own cache lines.
 struct Control {
-  alignas(kCacheLine) std::atomic<uint32_t> ready;   // workers done preparing
-  alignas(kCacheLine) std::atomic<uint32_t> go;      // Go; release pairs with the workers' acquire
+  alignas(kCacheLine) std::atomic<uint32_t> ready;  // workers done preparing
+  alignas(kCacheLine) std::atomic<uint32_t> go;     // Go; release pairs with the workers' acquire
   alignas(kCacheLine) std::atomic<uint64_t> floor_counter;  // BM_Floor_FetchAdd's one line
   alignas(kCacheLine) std::atomic<uint64_t> finish_ns[kMaxProcs];
   alignas(kCacheLine) std::atomic<uint32_t> failed;  // first failure claims error
@@ -262,7 +262,8 @@ class RoundStats {
   void Finish() {
     const int procs = static_cast<int>(state_.range(0));
     state_.SetItemsProcessed(static_cast<int64_t>(state_.iterations() * ops_));
-    state_.counters["ns_per_op"] = benchmark::Counter(ns_per_op_sum_, benchmark::Counter::kAvgIterations);
+    state_.counters["ns_per_op"] =
+        benchmark::Counter(ns_per_op_sum_, benchmark::Counter::kAvgIterations);
     state_.counters["procs"] = procs;
     state_.counters["ops_per_round"] = static_cast<double>(ops_);
   }
@@ -315,8 +316,8 @@ class WorkFiles {
  public:
   WorkFiles() {
     const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
-                          "/tailcut_bench.XXXXXX";
+    std::string pattern =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/tailcut_bench.XXXXXX";
     if (mkdtemp(pattern.data()) == nullptr) {
       throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
     }
@@ -465,10 +466,10 @@ void TailcutRounds(benchmark::State& state, QueueShape shape) {
       // Untimed check: every op acked exactly one ticket.
       const tailcut::QueueStats after = tailcut::InspectQueue(name);
       if (after.done - before.done != round_ops || after.in_flight != 0) {
-        throw std::runtime_error("queue counters after the round: " +
-                                 std::to_string(after.done - before.done) + " acked, want " +
-                                 std::to_string(round_ops) + "; in flight " +
-                                 std::to_string(after.in_flight));
+        throw std::runtime_error(
+            "queue counters after the round: " + std::to_string(after.done - before.done) +
+            " acked, want " + std::to_string(round_ops) + "; in flight " +
+            std::to_string(after.in_flight));
       }
     } catch (const std::exception& e) {
       state.SkipWithError(e.what());
@@ -581,8 +582,8 @@ BENCHMARK(BM_MessageQueue_ReceiveAck)->Apply(ProcessSweep);
 }  // namespace
 
 int main(int argc, char** argv) {
-  void* block = mmap(nullptr, sizeof(Control), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                     -1, 0);
+  void* block =
+      mmap(nullptr, sizeof(Control), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (block == MAP_FAILED) {
     std::perror("work_queue_bench: mmap");
     return 1;

@@ -23,9 +23,10 @@
 // input_producer), reader_state and readers (records, batches). This file
 // only registers them.
 #include "module.h"
-#include "batch_ring.h"
 
 #include <pybind11/pybind11.h>
+
+#include "batch_ring.h"
 
 namespace py = pybind11;
 namespace tp = tailcut::python;

@@ -296,8 +296,8 @@ void DefineQueueFunctions(py::module_& m) {
           d["created_unix_ns"] = q.created_unix_ns;
           d["finished"] = q.finished;
           d["live_clients"] = q.live_clients;
-          d["lease_timeout"] =
-              q.lease_timeout_ms == 0 ? py::object(py::none()) : py::float_(q.lease_timeout_ms / 1e3);
+          d["lease_timeout"] = q.lease_timeout_ms == 0 ? py::object(py::none())
+                                                       : py::float_(q.lease_timeout_ms / 1e3);
           d["kept_reason"] = q.kept_reason;
           out.append(d);
         }

@@ -1,15 +1,14 @@
 #include "engine/config.h"
 
 #include <sys/stat.h>
+#include <tbb/parallel_for.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <mutex>
-
-#include <tbb/parallel_for.h>
 
 #include "engine/permutation.h"
 
@@ -61,9 +60,9 @@ void ValidateQueueName(const std::string& name) {
   if (name.empty())
     throw Error(ErrorKind::kInvalidArgument, "queue name is empty; pass name='something'");
   if (name.size() > kMaxNameLength)
-    throw Error(ErrorKind::kInvalidArgument,
-                "queue name is " + std::to_string(name.size()) + " characters long; the limit is " +
-                    std::to_string(kMaxNameLength));
+    throw Error(ErrorKind::kInvalidArgument, "queue name is " + std::to_string(name.size()) +
+                                                 " characters long; the limit is " +
+                                                 std::to_string(kMaxNameLength));
   for (size_t i = 0; i < name.size(); ++i) {
     char c = name[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -72,8 +71,10 @@ void ValidateQueueName(const std::string& name) {
     // Name the whole character: all bytes of a UTF-8 sequence (Printable
     // escapes them should they not be one).
     auto lead = static_cast<unsigned char>(c);
-    size_t len = lead >= 0xf0 && lead <= 0xf4 ? 4 : lead >= 0xe0 && lead <= 0xef ? 3
-                 : lead >= 0xc2 && lead <= 0xdf ? 2 : 1;
+    size_t len = lead >= 0xf0 && lead <= 0xf4   ? 4
+                 : lead >= 0xe0 && lead <= 0xef ? 3
+                 : lead >= 0xc2 && lead <= 0xdf ? 2
+                                                : 1;
     throw Error(ErrorKind::kInvalidArgument,
                 "queue name " + Quote(name) + " contains '" + Printable(name.substr(i, len)) +
                     "'; use only ASCII letters, digits, '.', '_' and '-'");
@@ -131,13 +132,15 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
                 "queue '" + options.name + "': num_epochs is 0; it must be at least 1");
   if (options.num_slices && *options.num_slices == 0)
     throw Error(ErrorKind::kInvalidArgument,
-                "queue '" + options.name + "': num_slices is 0; leave it unset (one item per file) or give 1 or more");
+                "queue '" + options.name +
+                    "': num_slices is 0; leave it unset (one item per file) or give 1 or more");
   if (options.num_clients == 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name + "': num_clients is 0; it must be at least 1");
   if (options.max_clients == 0 || options.max_clients > kMaxClients)
-    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': max_clients must be 1.." +
-                                                 std::to_string(kMaxClients));
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "queue '" + options.name + "': max_clients must be 1.." + std::to_string(kMaxClients));
   if (options.leases_per_client == 0 || options.leases_per_client > kMaxLeasesPerClient)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
                                                  "': leases_per_client must be 1.." +
@@ -163,7 +166,8 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
                     std::to_string(options.min_split_bytes) +
                     "; it must be 1..2^48-1 (to turn tail splitting off, set split_tail=false)");
   if (options.format.size() >= kFormatTagBytes)
-    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag longer than " +
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
+                                                 "': format tag longer than " +
                                                  std::to_string(kFormatTagBytes - 1) + " bytes");
 
   QueueConfig config;
@@ -240,12 +244,12 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   } else {
     tbb::parallel_for(size_t{0}, n, stat_one);
   }
-  if (error_index < n)
-    throw Error(error_kind, "queue '" + options.name + "': " + error_message);
+  if (error_index < n) throw Error(error_kind, "queue '" + options.name + "': " + error_message);
 
   for (uint64_t s : config.sizes) config.total_bytes += s;
   config.items = SliceFiles(config.sizes, config.num_slices);
-  unsigned __int128 tickets = static_cast<unsigned __int128>(config.items.size()) * config.num_epochs;
+  unsigned __int128 tickets =
+      static_cast<unsigned __int128>(config.items.size()) * config.num_epochs;
   if (tickets > kMaxTickets)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name + "': " + std::to_string(config.items.size()) +
@@ -283,6 +287,5 @@ std::string DescribeFileChange(const FileIdentity& then, const FileIdentity& now
   add("mtime", time(then.mtime_ns), time(now.mtime_ns));
   return out;
 }
-
 
 }  // namespace tailcut

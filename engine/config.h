@@ -27,7 +27,7 @@ inline constexpr std::chrono::milliseconds kMaxDuration{7LL * 24 * 3600 * 1000};
 inline constexpr size_t kFormatTagBytes = 64;
 
 struct QueueConfig {
-  std::vector<std::string> paths;   // prefix applied
+  std::vector<std::string> paths;  // prefix applied
   std::vector<uint64_t> sizes;
   std::vector<FileIdentity> identities;  // sizes included
   std::vector<WorkQueue::Item> items;
@@ -35,7 +35,7 @@ struct QueueConfig {
   bool shuffle = true;
   bool seed_explicit = false;
   uint64_t seed = 0;
-  uint64_t num_slices = 0;          // 0: one item per file
+  uint64_t num_slices = 0;  // 0: one item per file
   uint32_t num_clients = 1;
   uint32_t max_clients = 0;
   uint32_t leases_per_client = 0;

@@ -27,7 +27,8 @@ void LoadCrashPointFromEnvironment() {
   std::string point = s.substr(0, colon);
   if (point.size() >= sizeof(g_crash_point)) return;
   std::memcpy(g_crash_point, point.c_str(), point.size() + 1);
-  if (colon != std::string::npos) g_crash_countdown = std::max(1L, std::atol(s.c_str() + colon + 1));
+  if (colon != std::string::npos)
+    g_crash_countdown = std::max(1L, std::atol(s.c_str() + colon + 1));
   g_crash_points_armed.store(true);
 }
 

@@ -7,14 +7,22 @@ namespace tailcut {
 
 const char* ErrorKindName(ErrorKind kind) noexcept {
   switch (kind) {
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kNotFound: return "not found";
-    case ErrorKind::kPermission: return "permission";
-    case ErrorKind::kNoSpace: return "no space";
-    case ErrorKind::kConfigMismatch: return "config mismatch";
-    case ErrorKind::kCorrupt: return "corrupt";
-    case ErrorKind::kTimeout: return "timeout";
-    case ErrorKind::kIo: return "io";
+    case ErrorKind::kInvalidArgument:
+      return "invalid argument";
+    case ErrorKind::kNotFound:
+      return "not found";
+    case ErrorKind::kPermission:
+      return "permission";
+    case ErrorKind::kNoSpace:
+      return "no space";
+    case ErrorKind::kConfigMismatch:
+      return "config mismatch";
+    case ErrorKind::kCorrupt:
+      return "corrupt";
+    case ErrorKind::kTimeout:
+      return "timeout";
+    case ErrorKind::kIo:
+      return "io";
   }
   return "unknown";
 }
@@ -63,9 +71,13 @@ std::string Printable(std::string_view bytes) {
     }
     // A UTF-8 sequence: lead byte, then 1-3 continuation bytes; overlong
     // forms and surrogates are not UTF-8 either.
-    size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+               : c >= 0xe0 && c <= 0xef ? 3
+               : c >= 0xf0 && c <= 0xf4 ? 4
+                                        : 0;
     bool ok = n != 0 && i + n <= bytes.size();
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(bytes[i + k]) & 0xc0) == 0x80;
+    for (size_t k = 1; ok && k < n; ++k)
+      ok = (static_cast<unsigned char>(bytes[i + k]) & 0xc0) == 0x80;
     if (ok && n >= 3) {
       auto c1 = static_cast<unsigned char>(bytes[i + 1]);
       ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0) && !(c == 0xf0 && c1 < 0x90) &&

@@ -39,8 +39,8 @@ template <class Word>
 void FutexWake(Word& word, int count, FutexScope scope = FutexScope::kShared) noexcept {
   static_assert(sizeof(Word) == sizeof(uint32_t), "a futex is one 32-bit word");
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word),
-            scope == FutexScope::kShared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, count, nullptr,
-            nullptr, 0);
+            scope == FutexScope::kShared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, count, nullptr, nullptr,
+            0);
 }
 
 }  // namespace tailcut::detail

@@ -31,9 +31,12 @@ Opened OpenForTools(const std::string& name) {
   o.segment->CheckPreamble();
   const Header& h = o.segment->header();
   if (h.state.load(std::memory_order_acquire) != kReady)
-    throw Error(ErrorKind::kCorrupt, "queue '" + name + "': segment " + o.segment->path() +
-                " is not ready (being created, removed, or its creator died); retry, or remove it "
-                "with `tailcut rm --force " + name + "`");
+    throw Error(
+        ErrorKind::kCorrupt,
+        "queue '" + name + "': segment " + o.segment->path() +
+            " is not ready (being created, removed, or its creator died); retry, or remove it "
+            "with `tailcut rm --force " +
+            name + "`");
   o.segment->Validate();
   o.core = std::make_unique<QueueCore>(o.segment.get(), ReadItems(*o.segment), h.num_epochs, h.seed,
                                        h.shuffle != 0);

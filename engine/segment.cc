@@ -7,13 +7,12 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <boost/interprocess/exceptions.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <thread>
-
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 
 #include "engine/crash_point.h"
 #include "engine/robust_mutex.h"
@@ -138,13 +137,13 @@ std::unique_ptr<Segment> Segment::CreateExclusive(const std::string& queue_name,
   } catch (const bip::interprocess_exception& e) {
     if (e.get_error_code() == bip::already_exists_error) return nullptr;
     int err = e.get_native_error();
-    throw Error(ErrorKindOfErrno(err),
-                "queue '" + queue_name + "': cannot create segment " + PathOf(queue_name) + ": " +
-                    e.what());
+    throw Error(ErrorKindOfErrno(err), "queue '" + queue_name + "': cannot create segment " +
+                                           PathOf(queue_name) + ": " + e.what());
   }
   if (fd < 0) {
     int err = errno;
-    throw Error(ErrorKindOfErrno(err), "queue '" + queue_name + "': dup failed: " + std::strerror(err));
+    throw Error(ErrorKindOfErrno(err),
+                "queue '" + queue_name + "': dup failed: " + std::strerror(err));
   }
   std::unique_ptr<Segment> seg(new Segment(queue_name, fd, true));
   // Reserve every page now: a full /dev/shm must fail here with a message,
@@ -175,16 +174,18 @@ std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
   } catch (const bip::interprocess_exception& e) {
     int err = e.get_native_error();
     if (e.get_error_code() == bip::not_found_error || err == ENOENT)
-      throw Error(ErrorKind::kNotFound, "queue '" + queue_name + "' does not exist (no " + path + ")");
-    throw Error(ErrorKindOfErrno(err),
-                "queue '" + queue_name + "': cannot open segment " + path + ": " + e.what() +
-                    (err == EACCES ? "; it belongs to another user: remove it or pick another name"
-                                   : ""));
+      throw Error(ErrorKind::kNotFound,
+                  "queue '" + queue_name + "' does not exist (no " + path + ")");
+    throw Error(
+        ErrorKindOfErrno(err),
+        "queue '" + queue_name + "': cannot open segment " + path + ": " + e.what() +
+            (err == EACCES ? "; it belongs to another user: remove it or pick another name" : ""));
   }
   std::unique_ptr<Segment> seg(new Segment(queue_name, fd, false));
   struct stat st;
   if (::fstat(fd, &st) != 0)
-    throw Error(ErrorKind::kIo, "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
+    throw Error(ErrorKind::kIo,
+                "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
   // Never adopt an object someone else made: it could hold anything.
   if (st.st_uid != ::geteuid())
     throw Error(ErrorKind::kPermission,
@@ -197,12 +198,14 @@ std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
                     std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) +
                     std::to_string(st.st_mode & 7) +
                     ", writable by other users; tailcut makes 0600 segments. Remove it with "
-                    "`tailcut rm --force " + queue_name + "`");
+                    "`tailcut rm --force " +
+                    queue_name + "`");
   // A creator sizes the object in one posix_fallocate, so a size between
   // zero and a header was never made by tailcut.
   if (st.st_size > 0 && static_cast<size_t>(st.st_size) < kMinSegmentSize)
     throw Error(ErrorKind::kCorrupt,
-                "queue '" + queue_name + "': segment " + path + " is " + std::to_string(st.st_size) +
+                "queue '" + queue_name + "': segment " + path + " is " +
+                    std::to_string(st.st_size) +
                     " bytes, smaller than any tailcut queue; remove it with `tailcut rm --force " +
                     queue_name + "`");
   auto deadline = std::chrono::steady_clock::now() + wait;
@@ -212,13 +215,15 @@ std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
       return nullptr;
     }
     if (std::chrono::steady_clock::now() >= deadline)
-      throw Error(ErrorKind::kTimeout,
-                  "queue '" + queue_name + "': segment " + path + " is " + std::to_string(st.st_size) +
-                      " bytes, too small for a queue, and did not grow for " +
-                      std::to_string(wait.count()) + " ms (its creator probably died)");
+      throw Error(ErrorKind::kTimeout, "queue '" + queue_name + "': segment " + path + " is " +
+                                           std::to_string(st.st_size) +
+                                           " bytes, too small for a queue, and did not grow for " +
+                                           std::to_string(wait.count()) +
+                                           " ms (its creator probably died)");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     if (::fstat(fd, &st) != 0)
-      throw Error(ErrorKind::kIo, "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
+      throw Error(ErrorKind::kIo,
+                  "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
   }
   seg->Map(static_cast<size_t>(st.st_size));
   return seg;
@@ -242,14 +247,16 @@ namespace {
 Error Corrupt(const Segment& s, const std::string& what) {
   return Error(ErrorKind::kCorrupt, "queue '" + s.queue_name() + "': segment " + s.path() +
                                         " is not a valid tailcut queue: " + what +
-                                        ". Remove it with `tailcut rm --force " + s.queue_name() + "`");
+                                        ". Remove it with `tailcut rm --force " + s.queue_name() +
+                                        "`");
 }
 
 }  // namespace
 
 void Segment::CheckPreamble() const {
   const Header& h = header();
-  if (h.magic.load(std::memory_order_acquire) != kSegmentMagic) throw Corrupt(*this, "bad magic number");
+  if (h.magic.load(std::memory_order_acquire) != kSegmentMagic)
+    throw Corrupt(*this, "bad magic number");
   if (h.layout_version != kLayoutVersion)
     throw Corrupt(*this, "layout version " + std::to_string(h.layout_version) +
                              ", this tailcut reads " + std::to_string(kLayoutVersion) +
@@ -266,7 +273,8 @@ void Segment::Validate() {
   if (h.num_items == 0 || h.num_epochs == 0 || h.total_tickets / h.num_epochs != h.num_items ||
       h.total_tickets % h.num_epochs != 0)
     throw corrupt("inconsistent counts (items " + std::to_string(h.num_items) + ", epochs " +
-                  std::to_string(h.num_epochs) + ", tickets " + std::to_string(h.total_tickets) + ")");
+                  std::to_string(h.num_epochs) + ", tickets " + std::to_string(h.total_tickets) +
+                  ")");
   Geometry g = ComputeGeometry(h.num_files, h.num_items, h.total_tickets, h.path_bytes,
                                h.max_clients, h.leases_per_client);
   if (g.total == 0) throw corrupt("counts out of range");

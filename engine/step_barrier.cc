@@ -6,9 +6,8 @@
 
 namespace tailcut::detail {
 
-StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t step,
-                     bool has_batch, std::chrono::steady_clock::time_point deadline,
-                     uint64_t slice_ns) noexcept {
+StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
+                     std::chrono::steady_clock::time_point deadline, uint64_t slice_ns) noexcept {
   if (ranks == 0 || rank >= ranks || ranks > segment.geometry().max_clients ||
       step >= (uint64_t{1} << 62))
     return StepStatus::kInvalid;
@@ -43,14 +42,15 @@ StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t s
     }
     if (arrived) {
       segment.step(rank).decided.store(((step + 1) << 1) | (all_have ? 1 : 0),
-                                         std::memory_order_seq_cst);
+                                       std::memory_order_seq_cst);
       return all_have ? StepStatus::kAllHaveBatch : StepStatus::kEndEpoch;
     }
     auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds(0)) return StepStatus::kTimeout;
     uint64_t slice = slice_ns;
     if (left < std::chrono::nanoseconds(slice))
-      slice = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
+      slice =
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count());
     FutexWait(c.step_seq, seq, slice);
   }
 }

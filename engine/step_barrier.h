@@ -23,9 +23,8 @@ namespace tailcut::detail {
 
 // kInvalid for a rank, rank count or step out of range, or a step lower
 // than one this rank already published.
-StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t step,
-                     bool has_batch, std::chrono::steady_clock::time_point deadline,
-                     uint64_t slice_ns) noexcept;
+StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
+                     std::chrono::steady_clock::time_point deadline, uint64_t slice_ns) noexcept;
 
 }  // namespace tailcut::detail
 

@@ -379,8 +379,9 @@ bool WorkQueue::Impl::TryAttach() {
   if (core_->RepairLeases(slot_, /*admin_held=*/true, /*just_registered=*/true, &repaired) > 0) {
     std::string list;
     for (const std::string& r : repaired) list += (list.empty() ? "" : "; ") + r;
-    Notice("queue '" + options_.name + "': segment " + segment_->path() + " was damaged; handed out again the items of " +
-           std::to_string(repaired.size()) + " lease(s) no process could finish: " + list);
+    Notice("queue '" + options_.name + "': segment " + segment_->path() +
+           " was damaged; handed out again the items of " + std::to_string(repaired.size()) +
+           " lease(s) no process could finish: " + list);
   }
   return true;
 }
@@ -627,8 +628,10 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     uint64_t keep = rest / 2;
     double owner_rate = ClientRate(victim_owner), our_rate = ClientRate(slot_);
     if (owner_rate > 0 && our_rate > 0)
-      keep = static_cast<uint64_t>(static_cast<double>(rest) * owner_rate / (owner_rate + our_rate));
-    uint64_t split_units = x.claim == 0 && !victim_piece ? 1 : x.claim + std::max<uint64_t>(keep, 1);
+      keep =
+          static_cast<uint64_t>(static_cast<double>(rest) * owner_rate / (owner_rate + our_rate));
+    uint64_t split_units =
+        x.claim == 0 && !victim_piece ? 1 : x.claim + std::max<uint64_t>(keep, 1);
     uint64_t split = victim_begin + split_units * victim_unit;
     if (split_units <= x.claim || split >= victim_end || victim_end - split < min_part)
       return false;
@@ -761,8 +764,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     // Re-check after announcing ourselves (pairs with WakeWaiters).
     bool changed = c.orphan_seq.load(std::memory_order_seq_cst) !=
                        no_orphans_at_seq_.load(std::memory_order_relaxed) ||
-                   core_->AllDone() ||
-                   c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
+                   core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
     if (!changed) {
       auto left = deadline - std::chrono::steady_clock::now();
       uint64_t slice = wait_slice_ns_;
@@ -985,11 +987,10 @@ void WorkQueue::Impl::Close() noexcept {
       seg.header().state.store(kRemoved, std::memory_order_release);
     } else if (!done) {
       QueueStats st = core_->Stats(options_.name);
-      std::string kept = KeepReasonText(
-          seg.counters().keep_reasons.load(std::memory_order_relaxed), joined,
-          seg.header().num_clients);
-      std::string progress = std::to_string(st.done) + " of " + std::to_string(st.total) +
-                             " items done";
+      std::string kept = KeepReasonText(seg.counters().keep_reasons.load(std::memory_order_relaxed),
+                                        joined, seg.header().num_clients);
+      std::string progress =
+          std::to_string(st.done) + " of " + std::to_string(st.total) + " items done";
       if (kept.empty()) {
         // Everyone left cleanly: nobody will come back for it, and queues
         // with per-run names would pile up in /dev/shm.

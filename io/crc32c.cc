@@ -76,7 +76,7 @@ bool Crc32cHasHardware() noexcept {
 // One dependent chain of 8-byte crc32 instructions: about 8 bytes per 3 cycles,
 // several GB/s, far above what the parsers need.
 __attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const void* data, size_t size,
-                                                           uint32_t crc) noexcept {
+                                                          uint32_t crc) noexcept {
   auto* p = static_cast<const uint8_t*>(data);
   uint64_t c = ~crc;
   for (; size >= 8; p += 8, size -= 8) {

@@ -79,7 +79,8 @@ class PreadBackend final : public IoBackend {
       auto left = deadline - std::chrono::steady_clock::now();
       if (left <= std::chrono::nanoseconds::zero()) return 0;
       auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      detail::FutexWait(completions_, seen, static_cast<uint64_t>(ns), detail::FutexScope::kPrivate);
+      detail::FutexWait(completions_, seen, static_cast<uint64_t>(ns),
+                        detail::FutexScope::kPrivate);
     }
     n = 1;
     while (n < max && results_.try_pop(out[n])) ++n;

@@ -190,8 +190,7 @@ class Reader::Impl {
  private:
   struct Stats {
     std::atomic<uint64_t> bytes_read{0}, records{0}, items_taken{0}, items_acked{0},
-        items_given_back{0}, reads{0}, short_reads{0}, retries{0}, carried_bytes{0},
-        stale_items{0};
+        items_given_back{0}, reads{0}, short_reads{0}, retries{0}, carried_bytes{0}, stale_items{0};
   };
 
   void Notice(const std::string& line) noexcept {
@@ -289,7 +288,7 @@ class Reader::Impl {
   ErrorKind error_kind_ = ErrorKind::kIo;
   bool ended_ = false;
   bool closed_ = false;
-  bool queue_end_ = false;  // TryTake said kEnd
+  bool queue_end_ = false;               // TryTake said kEnd
   Deadline deadline_ = Deadline::max();  // of the Next* call under way
   std::string error_;
   Stats stats_;
@@ -383,16 +382,20 @@ void Reader::Impl::Open() {
                          : err == ENOMEM ? " (RLIMIT_MEMLOCK too low for the ring)"
                                          : "";
       if (forced_by_env) {
-        throw Error(ErrorKind::kIo, "reader: io_uring was asked for (TAILCUT_IO=uring) but is "
-                                    "unavailable: " + problem + hint +
-                                        "; unset TAILCUT_IO to fall back to pread threads, or "
-                                        "set TAILCUT_IO=pread");
+        throw Error(ErrorKind::kIo,
+                    "reader: io_uring was asked for (TAILCUT_IO=uring) but is "
+                    "unavailable: " +
+                        problem + hint +
+                        "; unset TAILCUT_IO to fall back to pread threads, or "
+                        "set TAILCUT_IO=pread");
       }
       if (forced) {
-        throw Error(ErrorKind::kIo, "reader: io_uring was asked for (backend 'uring') but is "
-                                    "unavailable: " + problem + hint +
-                                        "; use backend 'pread', or leave the backend unset to "
-                                        "fall back to pread threads");
+        throw Error(ErrorKind::kIo,
+                    "reader: io_uring was asked for (backend 'uring') but is "
+                    "unavailable: " +
+                        problem + hint +
+                        "; use backend 'pread', or leave the backend unset to "
+                        "fall back to pread threads");
       }
       Notice("tailcut reader: io_uring unavailable: " + problem + hint + "; reading with " +
              std::to_string(threads) + " pread threads (TAILCUT_IO=pread silences this)");

@@ -60,8 +60,7 @@ class ParserBase : public RecordParser {
  public:
   ParserBase(const RecordFormat& format, const char* what) : format_(format), what_(what) {}
 
-  uint64_t Begin(std::string_view path, uint64_t file_size, uint64_t begin,
-                 uint64_t end) final {
+  uint64_t Begin(std::string_view path, uint64_t file_size, uint64_t begin, uint64_t end) final {
     if (begin > end || end > file_size) {
       throw Error(ErrorKind::kInvalidArgument,
                   std::string(what_) + " '" + std::string(path) + "': slice [" +
@@ -169,8 +168,10 @@ class FixedParser final : public ParserBase {
     size_t skip = start - pos_;  // only before the first record of a slice
     if (w.n - std::min(w.n, skip) < size_) {
       if (w.at_end) {
-        return Fail(start, "record of %" PRIu64 " bytes cut off: the file ends at %" PRIu64
-                    " (it changed since it was sliced?)", size_, pos_ + w.n);
+        return Fail(start,
+                    "record of %" PRIu64 " bytes cut off: the file ends at %" PRIu64
+                    " (it changed since it was sliced?)",
+                    size_, pos_ + w.n);
       }
       size_t drop = std::min(w.n, skip);
       pos_ += drop;
@@ -220,8 +221,11 @@ class LinesParser final : public ParserBase {
     const std::byte* newline = FindNewline(w.p + from, w.n - from);
     size_t length = newline ? newline - w.p : w.n;
     if (length > format_.max_record_bytes) {
-      return Fail(pos_, "line longer than max_record_bytes (%" PRIu64 "); raise "
-                  "max_record_bytes, or check that this is a text file", format_.max_record_bytes);
+      return Fail(pos_,
+                  "line longer than max_record_bytes (%" PRIu64
+                  "); raise "
+                  "max_record_bytes, or check that this is a text file",
+                  format_.max_record_bytes);
     }
     if (!newline && !w.at_end) {
       scanned_ = w.n;
@@ -257,9 +261,7 @@ class TfrecordParser final : public ParserBase {
                    : Resync(w, file_end, record, consumed);
   }
 
-  bool HeaderOk(const std::byte* p) const {
-    return MaskCrc32c(Crc32c(p, 8)) == LoadLe32(p + 8);
-  }
+  bool HeaderOk(const std::byte* p) const { return MaskCrc32c(Crc32c(p, 8)) == LoadLe32(p + 8); }
   bool DataOk(const std::byte* p, uint64_t length) const {
     return MaskCrc32c(Crc32c(p + kHeader, length)) == LoadLe32(p + kHeader + length);
   }
@@ -272,21 +274,27 @@ class TfrecordParser final : public ParserBase {
     if (pos_ == file_end) return ParseStatus::kDone;
     if (w.n < kHeader) {
       if (!w.at_end) return ParseStatus::kNeedMore;
-      return Fail(pos_, "truncated record: %zu header bytes, the file ends at %" PRIu64
-                  " (file cut short?)", w.n, file_end);
+      return Fail(pos_,
+                  "truncated record: %zu header bytes, the file ends at %" PRIu64
+                  " (file cut short?)",
+                  w.n, file_end);
     }
     uint64_t length = LoadLe64(w.p);
     if (!HeaderOk(w.p)) {
       return Fail(pos_, "length CRC mismatch (record corrupt or not a TFRecord file)");
     }
     if (length > format_.max_record_bytes) {
-      return Fail(pos_, "record of %" PRIu64 " bytes is longer than max_record_bytes (%" PRIu64
-                  "); raise max_record_bytes if the file is right", length,
-                  format_.max_record_bytes);
+      return Fail(pos_,
+                  "record of %" PRIu64 " bytes is longer than max_record_bytes (%" PRIu64
+                  "); raise max_record_bytes if the file is right",
+                  length, format_.max_record_bytes);
     }
     if (file_end - pos_ < kOverhead || length > file_end - pos_ - kOverhead) {
-      return Fail(pos_, "truncated record: header says %" PRIu64 " data bytes, the file ends "
-                  "at %" PRIu64 " (file cut short?)", length, file_end);
+      return Fail(pos_,
+                  "truncated record: header says %" PRIu64
+                  " data bytes, the file ends "
+                  "at %" PRIu64 " (file cut short?)",
+                  length, file_end);
     }
     if (w.n < length + kOverhead) return ParseStatus::kNeedMore;
     if (!DataOk(w.p, length)) {
@@ -341,14 +349,18 @@ class FileParser final : public ParserBase {
     bool owned = begin_ == 0 && (end_ > 0 || file_size_ == 0);
     if (!owned || records_ > 0) return ParseStatus::kDone;
     if (file_size_ > format_.max_record_bytes) {
-      return Fail(0, "the file is %" PRIu64 " bytes, more than max_record_bytes (%" PRIu64
+      return Fail(0,
+                  "the file is %" PRIu64 " bytes, more than max_record_bytes (%" PRIu64
                   "); raise max_record_bytes or use a format that splits it",
                   file_size_, format_.max_record_bytes);
     }
     if (w.n < file_size_) {
       if (!w.at_end) return ParseStatus::kNeedMore;
-      return Fail(0, "the file ends at %zu, not at %" PRIu64 " (it changed since it was "
-                  "sliced?)", w.n, file_size_);
+      return Fail(0,
+                  "the file ends at %zu, not at %" PRIu64
+                  " (it changed since it was "
+                  "sliced?)",
+                  w.n, file_size_);
     }
     return Emit(w.p, w.n, w.n, record, consumed);
   }
@@ -367,8 +379,8 @@ RecordFormat RecordFormat::Parse(std::string_view name, uint64_t record_bytes) {
     if (kind != RecordFormatKind::kFixed && record_bytes != 0) {
       throw Error(ErrorKind::kInvalidArgument,
                   "record_bytes (" + std::to_string(record_bytes) +
-                      ") is only allowed with record format 'fixed', not '" +
-                      std::string(name) + "'");
+                      ") is only allowed with record format 'fixed', not '" + std::string(name) +
+                      "'");
     }
     RecordFormat format;
     format.kind = kind;
@@ -394,9 +406,9 @@ std::unique_ptr<RecordParser> RecordParser::Create(const RecordFormat& format) {
     case RecordFormatKind::kFixed:
       if (format.record_bytes == 0 || format.record_bytes > format.max_record_bytes) {
         throw Error(ErrorKind::kInvalidArgument,
-                    "record format 'fixed': record_bytes (" +
-                        std::to_string(format.record_bytes) + ") must be in [1, " +
-                        std::to_string(format.max_record_bytes) + "] (max_record_bytes)");
+                    "record format 'fixed': record_bytes (" + std::to_string(format.record_bytes) +
+                        ") must be in [1, " + std::to_string(format.max_record_bytes) +
+                        "] (max_record_bytes)");
       }
       return std::make_unique<detail::FixedParser>(format);
     case RecordFormatKind::kLines:
@@ -406,8 +418,8 @@ std::unique_ptr<RecordParser> RecordParser::Create(const RecordFormat& format) {
     case RecordFormatKind::kFile:
       return std::make_unique<detail::FileParser>(format);
   }
-  throw Error(ErrorKind::kInvalidArgument, "unknown record format kind " +
-                                               std::to_string(static_cast<int>(format.kind)));
+  throw Error(ErrorKind::kInvalidArgument,
+              "unknown record format kind " + std::to_string(static_cast<int>(format.kind)));
 }
 
 }  // namespace tailcut

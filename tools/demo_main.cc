@@ -92,27 +92,40 @@ bool ParseArgs(int argc, char** argv, Args* a) {
     if (k == "--help" || k == "-h") {
       Usage(stdout);
       std::exit(0);
-    } else if (k == "--processes") a->run.processes = static_cast<int>(num());
-    else if (k == "--slow") a->run.slow = static_cast<int>(num());
-    else if (k == "--slowdown") a->run.slowdown = num();
-    else if (k == "--epochs") a->run.epochs = static_cast<uint64_t>(num());
-    else if (k == "--records") a->data.records = static_cast<uint64_t>(num());
-    else if (k == "--record-bytes") a->data.record_bytes = static_cast<uint32_t>(num());
-    else if (k == "--files") a->data.files = static_cast<uint32_t>(num());
-    else if (k == "--format") a->data.format = value();
-    else if (k == "--cost-us") a->run.cost_us = num();
-    else if (k == "--slices") a->run.slices = static_cast<uint64_t>(num());
-    else if (k == "--no-kill") a->kill_one = false;
-    else if (k == "--dir") a->data.dir = value();
-    else if (k == "--plot") a->plot = value();
+    } else if (k == "--processes")
+      a->run.processes = static_cast<int>(num());
+    else if (k == "--slow")
+      a->run.slow = static_cast<int>(num());
+    else if (k == "--slowdown")
+      a->run.slowdown = num();
+    else if (k == "--epochs")
+      a->run.epochs = static_cast<uint64_t>(num());
+    else if (k == "--records")
+      a->data.records = static_cast<uint64_t>(num());
+    else if (k == "--record-bytes")
+      a->data.record_bytes = static_cast<uint32_t>(num());
+    else if (k == "--files")
+      a->data.files = static_cast<uint32_t>(num());
+    else if (k == "--format")
+      a->data.format = value();
+    else if (k == "--cost-us")
+      a->run.cost_us = num();
+    else if (k == "--slices")
+      a->run.slices = static_cast<uint64_t>(num());
+    else if (k == "--no-kill")
+      a->kill_one = false;
+    else if (k == "--dir")
+      a->data.dir = value();
+    else if (k == "--plot")
+      a->plot = value();
     else {
       std::fprintf(stderr, "tailcut-demo: unknown option %s (see --help)\n", k.c_str());
       return false;
     }
   }
-  if (a->run.processes < 1 || a->run.processes > 200 || a->run.slow < 0 || a->run.slow > a->run.processes ||
-      a->run.slowdown < 1 || a->run.epochs < 1 || a->run.cost_us <= 0 ||
-      (a->data.format != "lines" && a->data.format != "tfrecord")) {
+  if (a->run.processes < 1 || a->run.processes > 200 || a->run.slow < 0 ||
+      a->run.slow > a->run.processes || a->run.slowdown < 1 || a->run.epochs < 1 ||
+      a->run.cost_us <= 0 || (a->data.format != "lines" && a->data.format != "tfrecord")) {
     std::fprintf(stderr, "tailcut-demo: bad option value (see --help)\n");
     return false;
   }
@@ -148,8 +161,8 @@ ts::TickFn Progress(const char* label, const Args& a, bool tty, bool kill) {
                     static_cast<unsigned long long>(p.progress / 1000));
       per += cell;
     }
-    std::printf("%s  %-8s %5.1f s [%s%s] %3.0f%%  k records per process:%s", tty ? "\r" : "", label, elapsed,
-                std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+    std::printf("%s  %-8s %5.1f s [%s%s] %3.0f%%  k records per process:%s", tty ? "\r" : "", label,
+                elapsed, std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                 100.0 * done / std::max<uint64_t>(total, 1), per.c_str());
     std::printf(tty ? "\033[K" : "\n");  // a terminal: clear what a longer line left
     if (victim >= 0) {
@@ -167,9 +180,10 @@ bool CheckEpochs(const char* label, const ts::RunResult& r) {
     const ts::Digest& d = r.epoch_digests[e];
     bool same = d == r.expected;
     ok = ok && same;
-    std::printf("  %-8s epoch %zu: %llu of %llu records trained on, id checksum %s -> %s\n", label, e,
-                static_cast<unsigned long long>(d.count), static_cast<unsigned long long>(r.expected.count),
-                same ? "matches" : "DIFFERS", same ? "every record exactly once" : "NOT exactly once");
+    std::printf("  %-8s epoch %zu: %llu of %llu records trained on, id checksum %s -> %s\n", label,
+                e, static_cast<unsigned long long>(d.count),
+                static_cast<unsigned long long>(r.expected.count), same ? "matches" : "DIFFERS",
+                same ? "every record exactly once" : "NOT exactly once");
   }
   if (!r.error.empty()) std::printf("  %-8s error: %s\n", label, r.error.c_str());
   return ok;
@@ -178,15 +192,17 @@ bool CheckEpochs(const char* label, const ts::RunResult& r) {
 std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResult& tc) {
   if (::access("/usr/bin/python3", X_OK) != 0) return "no plot: /usr/bin/python3 not found";
   if (std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
-    return "no plot: matplotlib is not installed for /usr/bin/python3 (apt-get install python3-matplotlib)";
+    return "no plot: matplotlib is not installed for /usr/bin/python3 (apt-get install "
+           "python3-matplotlib)";
   std::string csv = a.data.dir + "/tailcut-demo-segments.csv";
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return "no plot: cannot write " + csv;
   std::fprintf(f, "run,rank,slow,item,piece,t0,t1\n");
   for (const auto* r : {&st, &tc})
     for (const auto& s : r->segments)
-      std::fprintf(f, "%s,%d,%d,%llu,%d,%.6f,%.6f\n", r == &st ? "static sharding" : "tailcut (elastic + split)",
-                   s.rank, ts::IsSlow(r->config, s.rank) ? 1 : 0, static_cast<unsigned long long>(s.item),
+      std::fprintf(f, "%s,%d,%d,%llu,%d,%.6f,%.6f\n",
+                   r == &st ? "static sharding" : "tailcut (elastic + split)", s.rank,
+                   ts::IsSlow(r->config, s.rank) ? 1 : 0, static_cast<unsigned long long>(s.item),
                    s.piece ? 1 : 0, s.t0, s.t1);
   std::fclose(f);
   char kill_at[32] = "";
@@ -203,9 +219,11 @@ std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResul
       "  for r in rows:\n"
       "    if r['run']!=run: continue\n"
       "    t0=float(r['t0']); ax.barh(int(r['rank']),float(r['t1'])-t0,left=t0,height=0.8,"
-      "color=cm(int(r['item'])%20),edgecolor='k',lw=0.2,hatch='////' if r['piece']=='1' else None)\n"
+      "color=cm(int(r['item'])%20),edgecolor='k',lw=0.2,hatch='////' if r['piece']=='1' else "
+      "None)\n"
       "  ax.axvline(float(sys.argv[3]),color='red',ls='--',lw=1)\n"
-      "  ax.set_title(run+' (red: ideal; hatched: split-off pieces)',fontsize=9); ax.set_ylabel('process')\n"
+      "  ax.set_title(run+' (red: ideal; hatched: split-off pieces)',fontsize=9); "
+      "ax.set_ylabel('process')\n"
       "if sys.argv[4]:\n"
       "  k,t=sys.argv[4].split(':'); axes[1].plot([float(t)],[int(k)],'kx',ms=10)\n"
       "axes[1].set_xlabel('seconds')\n"
@@ -217,8 +235,8 @@ std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResul
   std::fclose(f);
   char ideal[32];
   std::snprintf(ideal, sizeof(ideal), "%.4f", tc.ideal);
-  std::string cmd = "/usr/bin/python3 '" + script_path + "' '" + csv + "' '" + a.plot + "' " + ideal + " '" +
-                    kill_at + "' >/dev/null 2>&1";
+  std::string cmd = "/usr/bin/python3 '" + script_path + "' '" + csv + "' '" + a.plot + "' " +
+                    ideal + " '" + kill_at + "' >/dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) return "no plot: drawing it failed (" + cmd + ")";
   return "timeline plot written to " + a.plot;
 }
@@ -231,22 +249,28 @@ int main(int argc, char** argv) {
   const bool tty = ::isatty(STDOUT_FILENO);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const auto& c = a.run;
-  std::printf("tailcut-demo: %d trainer processes, %d of them %gx slower, %llu epochs, %g us per record\n",
-              c.processes, c.slow, c.slowdown, static_cast<unsigned long long>(c.epochs), c.cost_us);
+  std::printf(
+      "tailcut-demo: %d trainer processes, %d of them %gx slower, %llu epochs, %g us per record\n",
+      c.processes, c.slow, c.slowdown, static_cast<unsigned long long>(c.epochs), c.cost_us);
   try {
     auto t = std::chrono::steady_clock::now();
     bool generated = false;
     a.run.paths = ts::EnsureData(a.data, &generated);
     double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-    std::printf("data: %llu %s records of %u bytes in %u files (%.0f MiB) in %s, %s\n",
-                static_cast<unsigned long long>(a.data.records), a.data.format.c_str(), a.data.record_bytes,
-                a.data.files, a.data.records * (a.data.record_bytes + (a.data.format == "tfrecord" ? 16 : 0)) / 1048576.0,
-                a.data.dir.c_str(), generated ? ("generated in " + std::to_string(gen_s).substr(0, 4) + " s").c_str() : "reused");
+    std::printf(
+        "data: %llu %s records of %u bytes in %u files (%.0f MiB) in %s, %s\n",
+        static_cast<unsigned long long>(a.data.records), a.data.format.c_str(), a.data.record_bytes,
+        a.data.files,
+        a.data.records * (a.data.record_bytes + (a.data.format == "tfrecord" ? 16 : 0)) / 1048576.0,
+        a.data.dir.c_str(),
+        generated ? ("generated in " + std::to_string(gen_s).substr(0, 4) + " s").c_str()
+                  : "reused");
 
     ts::RunConfig st = a.run;
     st.strategy = ts::Strategy::kStatic;
     st.name = "tailcut-demo." + std::to_string(::getpid()) + ".static";
-    std::printf("\n1) static sharding: each process reads its own 1/%d of the files\n", c.processes);
+    std::printf("\n1) static sharding: each process reads its own 1/%d of the files\n",
+                c.processes);
     ts::RunResult rs = ts::Run(st, Progress("static", a, tty, false), 0.1);
     if (tty) std::printf("\n");
 
@@ -254,11 +278,13 @@ int main(int argc, char** argv) {
     tc.strategy = ts::Strategy::kSplit;
     tc.name = "tailcut-demo." + std::to_string(::getpid()) + ".tailcut";
     std::printf("\n2) tailcut: one shared queue, %llu slices per epoch, tail splitting on%s\n",
-                static_cast<unsigned long long>(tc.slices), a.kill_one ? ", one process killed part-way" : "");
+                static_cast<unsigned long long>(tc.slices),
+                a.kill_one ? ", one process killed part-way" : "");
     ts::RunResult rt = ts::Run(tc, Progress("tailcut", a, tty, a.kill_one), 0.1);
     if (tty) std::printf("\n");
 
-    std::printf("\n  %-28s %9s %9s %9s %22s\n", "run", "makespan", "ideal", "vs ideal", "fast procs idle at end");
+    std::printf("\n  %-28s %9s %9s %9s %22s\n", "run", "makespan", "ideal", "vs ideal",
+                "fast procs idle at end");
     for (const auto* r : {&rs, &rt})
       std::printf("  %-28s %7.2f s %7.2f s %8.2fx %20.2f s\n",
                   r == &rs ? "static sharding" : "tailcut (elastic + split)", r->makespan, r->ideal,
@@ -267,25 +293,29 @@ int main(int argc, char** argv) {
       if (!p.killed) continue;
       // The ideal once a fast process is gone at p.end: the work left then,
       // spread over the speeds that remain.
-      double fast = 1e6 / c.cost_us, speed = (c.processes - c.slow) * fast + c.slow * fast / c.slowdown;
+      double fast = 1e6 / c.cost_us,
+             speed = (c.processes - c.slow) * fast + c.slow * fast / c.slowdown;
       double work = static_cast<double>(c.records * c.epochs);
       double left = std::max(0.0, work - p.end * speed);
       double ideal_kill = std::min(p.end, work / speed) + left / (speed - fast);
-      std::printf("  %-28s %7s   %7.2f s %8.2fx   (process %d lost at %.2f s)\n", "  ideal with the kill", "",
-                  ideal_kill, rt.makespan / ideal_kill, p.rank, p.end);
+      std::printf("  %-28s %7s   %7.2f s %8.2fx   (process %d lost at %.2f s)\n",
+                  "  ideal with the kill", "", ideal_kill, rt.makespan / ideal_kill, p.rank, p.end);
     }
-    std::printf("  (ideal: total work / sum of the processes' speeds. The tailcut run also re-reads the\n"
-                "   killed process's open item from its start.)\n\n");
+    std::printf(
+        "  (ideal: total work / sum of the processes' speeds. The tailcut run also re-reads the\n"
+        "   killed process's open item from its start.)\n\n");
     bool ok = CheckEpochs("static", rs);
     ok = CheckEpochs("tailcut", rt) && ok;
     for (const auto& p : rt.procs)
       if (p.killed)
-        std::printf("\n  killed process %d (pid %d) at %.2f s after it finished %llu items; the survivors\n"
-                    "  recovered %llu open item(s) of it and read them again from their start.\n",
-                    p.rank, static_cast<int>(p.pid), p.end, static_cast<unsigned long long>(
-                        std::count_if(rt.segments.begin(), rt.segments.end(),
-                                      [&](const ts::Segment& s) { return s.rank == p.rank; })),
-                    static_cast<unsigned long long>(rt.recovered));
+        std::printf(
+            "\n  killed process %d (pid %d) at %.2f s after it finished %llu items; the survivors\n"
+            "  recovered %llu open item(s) of it and read them again from their start.\n",
+            p.rank, static_cast<int>(p.pid), p.end,
+            static_cast<unsigned long long>(
+                std::count_if(rt.segments.begin(), rt.segments.end(),
+                              [&](const ts::Segment& s) { return s.rank == p.rank; })),
+            static_cast<unsigned long long>(rt.recovered));
     std::printf("  tail splits: %llu (pieces split off slow items by idle processes)\n",
                 static_cast<unsigned long long>(rt.splits));
     std::printf("\n  %s\n", WritePlot(a, rs, rt).c_str());

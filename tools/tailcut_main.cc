@@ -47,8 +47,8 @@ void to_json(nlohmann::json& json, const QueueStats& stats) {
   json["clients"] = stats.clients;
 }
 #undef TAILCUT_JSON_FIELD
-NLOHMANN_JSON_SERIALIZE_ENUM(RingRole, {{RingRole::kLoader, "loader"},
-                                        {RingRole::kTrainer, "trainer"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(RingRole,
+                             {{RingRole::kLoader, "loader"}, {RingRole::kTrainer, "trainer"}})
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RingClientStats, slot, pid, alive, role, acquired, published,
                                    abandoned, popped, released, wait_seconds)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(BatchRingStats, name, segment_path, slot_bytes, num_slots, free,
@@ -209,7 +209,8 @@ int RunLs() {
   std::sort(listings.begin(), listings.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
 
-  Table table({{"NAME"}, {"CLIENTS", true}, {"EPOCH", true}, {"DONE", true}, {"AGE", true}, {"KEPT"}});
+  Table table(
+      {{"NAME"}, {"CLIENTS", true}, {"EPOCH", true}, {"DONE", true}, {"AGE", true}, {"KEPT"}});
   size_t shown = 0;
   for (const tailcut::QueueListing& listing : listings) {
     if (!listing.valid) {
@@ -333,24 +334,20 @@ int RunRing(const std::string& name, bool json, bool remove) {
   std::cout << "ring       " << stats.name << '\n'
             << "segment    " << stats.segment_path << '\n'
             << "slots      " << stats.num_slots << " x "
-            << FormatFixed(static_cast<double>(stats.slot_bytes) / (1 << 20), 1) << " MiB: "
-            << stats.free << " free, " << stats.filling << " filling, " << stats.ready
+            << FormatFixed(static_cast<double>(stats.slot_bytes) / (1 << 20), 1)
+            << " MiB: " << stats.free << " free, " << stats.filling << " filling, " << stats.ready
             << " ready, " << stats.popped << " popped\n"
-            << "batches    " << stats.published << " published, " << stats.released
-            << " released, " << stats.redelivered << " redelivered, " << stats.reclaimed
-            << " slots reclaimed, " << stats.stale_tokens << " stale tokens\n"
+            << "batches    " << stats.published << " published, " << stats.released << " released, "
+            << stats.redelivered << " redelivered, " << stats.reclaimed << " slots reclaimed, "
+            << stats.stale_tokens << " stale tokens\n"
             << "state      " << RingState(stats) << '\n';
   if (stats.clients.empty()) {
     std::cout << "\nno clients registered\n";
     return kExitOk;
   }
   std::cout << '\n';
-  Table table({{"SLOT", true},
-               {"PID", true},
-               {"ROLE"},
-               {"STATE"},
-               {"BATCHES", true},
-               {"WAIT S", true}});
+  Table table(
+      {{"SLOT", true}, {"PID", true}, {"ROLE"}, {"STATE"}, {"BATCHES", true}, {"WAIT S", true}});
   for (const tailcut::RingClientStats& c : stats.clients) {
     const bool loader = c.role == tailcut::RingRole::kLoader;
     table.AddRow({std::to_string(c.slot), std::to_string(c.pid), loader ? "loader" : "trainer",

@@ -40,9 +40,9 @@ struct Sample {
 std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* previous) {
   std::string out;
   uint64_t remaining = s.total - std::min(s.total, s.done + s.in_flight);
-  out += "queue " + s.name + "   epoch " + std::to_string(std::min(s.epoch + 1, s.num_epochs)) + "/" +
-         std::to_string(s.num_epochs) + "   clients " + std::to_string(s.clients_joined) + " joined (" +
-         std::to_string(s.num_clients) + " expected)\n";
+  out += "queue " + s.name + "   epoch " + std::to_string(std::min(s.epoch + 1, s.num_epochs)) +
+         "/" + std::to_string(s.num_epochs) + "   clients " + std::to_string(s.clients_joined) +
+         " joined (" + std::to_string(s.num_clients) + " expected)\n";
   out += Bar(s.done, s.total, 40) + " " + Fixed(s.total ? 100.0 * s.done / s.total : 100.0, 1) +
          "%   done " + std::to_string(s.done) + "   in flight " + std::to_string(s.in_flight) +
          "   remaining " + std::to_string(remaining) + " of " + std::to_string(s.total) + "\n";
@@ -78,7 +78,8 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
     double median = sorted[sorted.size() / 2];
     double slowest = median;
     for (const Row& r : rows)
-      if (r.c->alive && r.c->open_items > 0 && r.items_per_s < 0.5 * median && r.items_per_s <= slowest) {
+      if (r.c->alive && r.c->open_items > 0 && r.items_per_s < 0.5 * median &&
+          r.items_per_s <= slowest) {
         slowest = r.items_per_s;
         straggler = r.c;
       }
@@ -95,8 +96,8 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
     if (c.alive && c.open_items == 0 && r.items_per_s == 0) note = "idle";
     if (!c.alive && c.items_taken > c.items_acked + c.items_given_back) note = "items recovered";
     std::snprintf(line, sizeof(line), "%5u %8d %-8s %9s %8s %6llu %6llu %7s %6llu  %s\n", c.slot,
-                  c.pid, state.c_str(), Fixed(r.items_per_s, 1).c_str(), Fixed(r.mb_per_s, 1).c_str(),
-                  static_cast<unsigned long long>(c.items_acked),
+                  c.pid, state.c_str(), Fixed(r.items_per_s, 1).c_str(),
+                  Fixed(r.mb_per_s, 1).c_str(), static_cast<unsigned long long>(c.items_acked),
                   static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
                   static_cast<unsigned long long>(c.splits), note.c_str());
     out += line;

@@ -39,11 +39,12 @@ thread_local int t_id = -1;  // index of the body this thread runs; -1: not sche
 int PickLocked(Turns& s, int current) {
   if (current >= 0 && s.pauses.chance > 0 &&
       std::uniform_real_distribution<double>(0, 1)(s.pause_rng) < s.pauses.chance) {
-    s.asleep_until[current] =
-        s.points + s.pauses.min_points + s.pause_rng() % (s.pauses.max_points - s.pauses.min_points + 1);
+    s.asleep_until[current] = s.points + s.pauses.min_points +
+                              s.pause_rng() % (s.pauses.max_points - s.pauses.min_points + 1);
   }
   const auto awake = [&](size_t i) { return !s.done[i] && s.asleep_until[i] <= s.points; };
-  if (current >= 0 && awake(current) && std::uniform_real_distribution<double>(0, 1)(s.rng) < s.stay) {
+  if (current >= 0 && awake(current) &&
+      std::uniform_real_distribution<double>(0, 1)(s.rng) < s.stay) {
     return current;
   }
   std::vector<int> alive;
@@ -101,7 +102,8 @@ uint64_t DeterministicSchedule::Run(std::vector<std::function<void()>> bodies) {
   turns.asleep_until.assign(bodies.size(), 0);
   turns.pauses = pauses_;
   turns.pause_rng.seed(seed_ ^ 0x5DEECE66Dull);
-  for (size_t i = 0; i < bodies.size(); ++i) turns.go.push_back(std::make_unique<std::binary_semaphore>(0));
+  for (size_t i = 0; i < bodies.size(); ++i)
+    turns.go.push_back(std::make_unique<std::binary_semaphore>(0));
   g_turns = &turns;
   std::vector<std::thread> threads;
   for (size_t i = 0; i < bodies.size(); ++i) {

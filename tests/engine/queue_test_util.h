@@ -24,6 +24,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -57,16 +58,14 @@
 #include <utility>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "tailcut/error.h"
 #include "tailcut/work_queue.h"
 
 namespace tailcut::test {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using std::chrono::microseconds;
+using std::chrono::milliseconds;
 
 // ---------------------------------------------------------------- basics
 
@@ -110,8 +109,9 @@ inline uint64_t EnvU64(const char* name, uint64_t fallback) {
 // A seed for randomized tests: TAILCUT_TEST_SEED if set, else the clock. Tests
 // print it on failure so a run can be repeated.
 inline uint64_t TestSeed() {
-  return EnvU64("TAILCUT_TEST_SEED", static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
-                                         (static_cast<uint64_t>(::getpid()) << 32));
+  return EnvU64("TAILCUT_TEST_SEED",
+                static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
+                    (static_cast<uint64_t>(::getpid()) << 32));
 }
 
 // ---------------------------------------------------------------- files
@@ -121,8 +121,8 @@ class TempDir {
  public:
   TempDir() {
     const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
-                       "/tailcut_test.XXXXXX";
+    std::string tmpl =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/tailcut_test.XXXXXX";
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     if (::mkdtemp(buf.data()) == nullptr) throw std::runtime_error(ErrnoText("mkdtemp"));
@@ -155,7 +155,8 @@ class TempDir {
   std::vector<std::string> Files(const std::string& stem, size_t count,
                                  const std::vector<uint64_t>& sizes) const {
     std::vector<std::string> out;
-    for (size_t i = 0; i < count; ++i) out.push_back(File(stem + std::to_string(i), sizes[i % sizes.size()]));
+    for (size_t i = 0; i < count; ++i)
+      out.push_back(File(stem + std::to_string(i), sizes[i % sizes.size()]));
     return out;
   }
 
@@ -224,8 +225,9 @@ inline ::testing::AssertionResult FailsWith(const std::function<void()>& f, Erro
     f();
   } catch (const tailcut::Error& e) {
     if (e.kind() != kind) {
-      return ::testing::AssertionFailure() << "threw kind '" << ErrorKindName(e.kind()) << "' instead of '"
-                                           << ErrorKindName(kind) << "': " << e.what();
+      return ::testing::AssertionFailure()
+             << "threw kind '" << ErrorKindName(e.kind()) << "' instead of '" << ErrorKindName(kind)
+             << "': " << e.what();
     }
     for (const std::string& n : needles) {
       if (!Contains(e.what(), n)) {
@@ -241,19 +243,27 @@ inline ::testing::AssertionResult FailsWith(const std::function<void()>& f, Erro
 
 inline const char* StatusName(TakeStatus s) {
   switch (s) {
-    case TakeStatus::kOk: return "kOk";
-    case TakeStatus::kEnd: return "kEnd";
-    case TakeStatus::kEmpty: return "kEmpty";
-    case TakeStatus::kLimit: return "kLimit";
+    case TakeStatus::kOk:
+      return "kOk";
+    case TakeStatus::kEnd:
+      return "kEnd";
+    case TakeStatus::kEmpty:
+      return "kEmpty";
+    case TakeStatus::kLimit:
+      return "kLimit";
   }
   return "?";
 }
 inline const char* StatusName(AckStatus s) {
   switch (s) {
-    case AckStatus::kOk: return "kOk";
-    case AckStatus::kStale: return "kStale";
-    case AckStatus::kInvalid: return "kInvalid";
-    case AckStatus::kOutOfRange: return "kOutOfRange";
+    case AckStatus::kOk:
+      return "kOk";
+    case AckStatus::kStale:
+      return "kStale";
+    case AckStatus::kInvalid:
+      return "kInvalid";
+    case AckStatus::kOutOfRange:
+      return "kOutOfRange";
   }
   return "?";
 }
@@ -281,8 +291,8 @@ inline std::string CheckItem(const WorkQueue& q, const WorkItem& it) {
     } else if (it.begin < ref.begin || it.begin > it.end || it.end > ref.end) {
       // Any part of the item: a restored item resumes at its progress, a
       // split moves an anchor's end down and a piece covers part of a tail.
-      out << "item " << it.index << " range [" << it.begin << "," << it.end << ") does not fit table range ["
-          << ref.begin << "," << ref.end << ")";
+      out << "item " << it.index << " range [" << it.begin << "," << it.end
+          << ") does not fit table range [" << ref.begin << "," << ref.end << ")";
     }
   }
   return out.str();
@@ -311,7 +321,9 @@ inline std::vector<WorkItem> Drain(WorkQueue& q, milliseconds per_take = millise
 }
 
 // (epoch, index) -> a dense key.
-inline uint64_t Key(uint64_t num_items, uint64_t epoch, uint64_t index) { return epoch * num_items + index; }
+inline uint64_t Key(uint64_t num_items, uint64_t epoch, uint64_t index) {
+  return epoch * num_items + index;
+}
 
 // Checks per-(epoch,index) counts are all exactly 1; "" when they are.
 inline std::string ExactlyOnce(const std::vector<uint32_t>& counts, uint64_t num_items) {
@@ -363,7 +375,8 @@ class Coverage {
       uint64_t pos = ref.begin;
       for (const auto& [b, e] : r) {
         if (b < pos) {
-          bad = "bytes [" + std::to_string(b) + ", " + std::to_string(std::min(e, pos)) + ") acked twice";
+          bad = "bytes [" + std::to_string(b) + ", " + std::to_string(std::min(e, pos)) +
+                ") acked twice";
           break;
         }
         if (b > pos) {
@@ -387,8 +400,8 @@ class Coverage {
       }
       if (bad.empty() && pos > ref.end) bad = "acked past the item's end";
       if (!bad.empty()) {
-        out << " (epoch " << k / items_.size() << ", item " << k % items_.size() << " [" << ref.begin << ", "
-            << ref.end << ")): " << bad << ";";
+        out << " (epoch " << k / items_.size() << ", item " << k % items_.size() << " ["
+            << ref.begin << ", " << ref.end << ")): " << bad << ";";
         ++shown;
       }
     }
@@ -416,7 +429,8 @@ class Coverage {
 // The item table a configuration gives, from a throwaway queue of the same
 // works and slicing (opened and removed here).
 inline std::vector<WorkQueue::Item> ItemTable(const std::vector<std::string>& works,
-                                              std::optional<uint64_t> num_slices, const std::string& prefix = "") {
+                                              std::optional<uint64_t> num_slices,
+                                              const std::string& prefix = "") {
   auto o = BaseOptions(UniqueQueueName("probe"), works);
   o.num_slices = num_slices;
   o.prefix = prefix;
@@ -432,14 +446,14 @@ inline std::vector<WorkQueue::Item> ItemTable(const std::vector<std::string>& wo
 
 // What children write into the shared log.
 enum class Rec : uint32_t {
-  kTaken = 1,     // Take returned kOk
-  kIntent = 2,    // about to call Ack (written before the call)
-  kAcked = 3,     // Ack returned kOk
-  kStale = 4,     // Ack returned kStale
-  kGaveBack = 5,  // GiveBack returned kOk
-  kProgress = 6,  // about to call Progress ([begin, end): the item's start to the offset)
-  kSaveBegin = 7, // about to call SaveState
-  kSaveEnd = 8,   // SaveState returned (ticket = its checkpoint slot)
+  kTaken = 1,      // Take returned kOk
+  kIntent = 2,     // about to call Ack (written before the call)
+  kAcked = 3,      // Ack returned kOk
+  kStale = 4,      // Ack returned kStale
+  kGaveBack = 5,   // GiveBack returned kOk
+  kProgress = 6,   // about to call Progress ([begin, end): the item's start to the offset)
+  kSaveBegin = 7,  // about to call SaveState
+  kSaveEnd = 8,    // SaveState returned (ticket = its checkpoint slot)
 };
 
 // For kIntent/kAcked records of RunWorker, [begin, end) is the byte range the
@@ -465,13 +479,14 @@ struct Record {
 // and its acks and Progress calls that began before the save ended maybe (a
 // Progress offset is where a restored item may resume). An ack a killed process may
 // or may not have finished counts as overlapping.
-inline void AddAckedBeforeSave(Coverage* cov, const std::vector<Record>& log, bool killed, uint64_t save_begin,
-                               uint64_t save_end) {
+inline void AddAckedBeforeSave(Coverage* cov, const std::vector<Record>& log, bool killed,
+                               uint64_t save_begin, uint64_t save_end) {
   std::optional<Record> pending;
   for (const Record& r : log) {
     if (r.kind == Rec::kIntent) pending = r;
     if (r.kind == Rec::kStale) pending.reset();
-    if (r.kind == Rec::kProgress && r.seq < save_end) cov->AddUncertain(r.epoch, r.index, r.begin, r.end);
+    if (r.kind == Rec::kProgress && r.seq < save_end)
+      cov->AddUncertain(r.epoch, r.index, r.begin, r.end);
     if (r.kind == Rec::kAcked) {
       if (r.seq < save_begin) {
         cov->Add(r.epoch, r.index, r.begin, r.end);
@@ -491,11 +506,11 @@ namespace detail {
 // One child's part of the shared region. Plain atomics in MAP_SHARED memory:
 // lock-free 32/64-bit atomics are address-free, so they work across fork.
 struct alignas(64) ChildSlot {
-  std::atomic<uint64_t> count;          // records published (release)
-  std::atomic<uint32_t> overflow;       // more records than room
+  std::atomic<uint64_t> count;     // records published (release)
+  std::atomic<uint32_t> overflow;  // more records than room
   std::atomic<uint32_t> error_len;
-  std::atomic<uint64_t> values[16];     // child -> parent
-  std::atomic<uint32_t> flags[8];       // parent -> child
+  std::atomic<uint64_t> values[16];  // child -> parent
+  std::atomic<uint32_t> flags[8];    // parent -> child
   char error[4096];
 };
 
@@ -594,7 +609,9 @@ class ChildContext {
     Log(Record{kind, 0, it.epoch, it.index, it.ticket, it.begin, it.end});
   }
 
-  void SetValue(int k, uint64_t v) noexcept { slot_->values[k].store(v, std::memory_order_release); }
+  void SetValue(int k, uint64_t v) noexcept {
+    slot_->values[k].store(v, std::memory_order_release);
+  }
 
   // Waits until the parent sets flag k; false at the timeout.
   bool WaitFlag(int k, milliseconds timeout) const {
@@ -638,7 +655,8 @@ class Children {
   Children(size_t max_children, size_t records_per_child)
       : max_(max_children),
         capacity_(records_per_child),
-        region_(max_children * (sizeof(detail::ChildSlot) + records_per_child * sizeof(Record)) + 4096 + 64) {}
+        region_(max_children * (sizeof(detail::ChildSlot) + records_per_child * sizeof(Record)) +
+                4096 + 64) {}
 
   ~Children() {
     for (size_t i = 0; i < pids_.size(); ++i) {
@@ -752,11 +770,14 @@ class Children {
   }
 
   std::vector<Record> Records(size_t i) const {
-    const uint64_t n = std::min<uint64_t>(slot(i)->count.load(std::memory_order_acquire), capacity_);
+    const uint64_t n =
+        std::min<uint64_t>(slot(i)->count.load(std::memory_order_acquire), capacity_);
     return std::vector<Record>(records(i), records(i) + n);
   }
   bool Overflowed(size_t i) const { return slot(i)->overflow.load() != 0; }
-  uint64_t Value(size_t i, int k) const { return slot(i)->values[k].load(std::memory_order_acquire); }
+  uint64_t Value(size_t i, int k) const {
+    return slot(i)->values[k].load(std::memory_order_acquire);
+  }
   // Waits until value k of child i is nonzero, or the child ended, or the
   // timeout; returns the value (0 if none).
   uint64_t WaitValue(size_t i, int k, milliseconds timeout) {
@@ -791,14 +812,17 @@ class Children {
   // Rounded up so that every slot keeps ChildSlot's 64-byte alignment.
   size_t SlotStride() const {
     size_t bytes = sizeof(detail::ChildSlot) + capacity_ * sizeof(Record);
-    return (bytes + alignof(detail::ChildSlot) - 1) / alignof(detail::ChildSlot) * alignof(detail::ChildSlot);
+    return (bytes + alignof(detail::ChildSlot) - 1) / alignof(detail::ChildSlot) *
+           alignof(detail::ChildSlot);
   }
   // The record counter, in the last 64 bytes (past every slot).
   std::atomic<uint64_t>* seq() const {
-    return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(region_.data()) + region_.size() - 64);
+    return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(region_.data()) +
+                                                    region_.size() - 64);
   }
   detail::ChildSlot* slot(size_t i) const {
-    return reinterpret_cast<detail::ChildSlot*>(static_cast<char*>(region_.data()) + i * SlotStride());
+    return reinterpret_cast<detail::ChildSlot*>(static_cast<char*>(region_.data()) +
+                                                i * SlotStride());
   }
   Record* records(size_t i) const {
     return reinterpret_cast<Record*>(reinterpret_cast<char*>(slot(i)) + sizeof(detail::ChildSlot));
@@ -813,14 +837,14 @@ class Children {
 
 // What a worker child does with each item (see RunWorker).
 struct WorkerOptions {
-  uint32_t batch = 1;         // items held at once (taken, then acked in random order)
-  double give_back = 0;       // chance to GiveBack an item instead of acking it
-  double progress = 0;        // chance to report Progress before the ack
-  uint64_t spin_us = 0;       // busy work per item
-  uint64_t sleep_us = 0;      // sleep per item
-  uint64_t stop_after = ~0ull;  // return after this many acks, without reaching the end
-  bool allow_stale = false;   // kStale acks are logged, not failures
-  uint64_t die_after_takes = 0;  // SIGKILL itself right after this many takes (0: never)
+  uint32_t batch = 1;             // items held at once (taken, then acked in random order)
+  double give_back = 0;           // chance to GiveBack an item instead of acking it
+  double progress = 0;            // chance to report Progress before the ack
+  uint64_t spin_us = 0;           // busy work per item
+  uint64_t sleep_us = 0;          // sleep per item
+  uint64_t stop_after = ~0ull;    // return after this many acks, without reaching the end
+  bool allow_stale = false;       // kStale acks are logged, not failures
+  uint64_t die_after_takes = 0;   // SIGKILL itself right after this many takes (0: never)
   uint64_t stop_after_takes = 0;  // SIGSTOP itself right after this many takes (0: never)
   // Read like tailcut's Reader: Claim each chunk of this many bytes before
   // "reading" it (spinning chunk_spin_us), stop at the end Claim reports (a
@@ -864,7 +888,8 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
         return 0;
       }
       return c.Fail(std::string("Take returned ") + StatusName(last) + " (deadline " +
-                    std::to_string(w.take_timeout.count()) + " ms): the queue neither handed out an item nor ended");
+                    std::to_string(w.take_timeout.count()) +
+                    " ms): the queue neither handed out an item nor ended");
     }
     std::shuffle(batch.begin(), batch.end(), rng);
     for (const WorkItem& it : batch) {
@@ -891,7 +916,8 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
         }
         covered_end = pos;
       }
-      const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch, it.index, it.ticket, it.begin, covered_end};
+      const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch,   it.index,
+                            it.ticket,    it.begin,           covered_end};
       if (w.progress > 0 && coin(rng) < w.progress) {
         // Half of what this process consumed, as a reader reports it.
         const uint64_t offset = it.begin + (covered_end - it.begin) / 2;
@@ -931,7 +957,8 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
 }
 
 // Adds child i's kAcked records to counts (indexed by Key()).
-inline void CountAcks(const Children& kids, size_t i, uint64_t num_items, std::vector<uint32_t>* counts) {
+inline void CountAcks(const Children& kids, size_t i, uint64_t num_items,
+                      std::vector<uint32_t>* counts) {
   for (const Record& r : kids.Records(i)) {
     if (r.kind != Rec::kAcked) continue;
     const uint64_t k = Key(num_items, r.epoch, r.index);

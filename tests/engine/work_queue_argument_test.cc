@@ -7,7 +7,6 @@
 #include <cerrno>
 
 #include "engine/segment.h"
-
 #include "tests/engine/queue_test_util.h"
 
 namespace tailcut::test {
@@ -33,8 +32,8 @@ TEST_F(ArgumentTest, ProgressPastTheEndIsRefusedAndTheItemIsNotLost) {
   auto q = WorkQueue::Open(o);
   WorkItem it;
   ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-  for (uint64_t bad : {it.end + 1, it.end + 500, uint64_t{1} << 48, uint64_t{1000000000000000},
-                       ~uint64_t{0}})
+  for (uint64_t bad :
+       {it.end + 1, it.end + 500, uint64_t{1} << 48, uint64_t{1000000000000000}, ~uint64_t{0}})
     EXPECT_EQ(q->Progress(it, bad), AckStatus::kOutOfRange) << "offset " << bad;
   EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kOk);
   EXPECT_EQ(q->Progress(it, it.end), AckStatus::kOk) << "the end itself: consumed to the end";
@@ -145,7 +144,8 @@ TEST_F(ArgumentTest, OptionsOutOfRangeAreInvalidArgumentsNamingTheOption) {
   const auto works = dir_.Files("f", 3, {1000});
   const std::vector<OptionCase> cases = {
       {"num_epochs 0", [](auto& o) { o.num_epochs = 0; }, {"num_epochs is 0"}},
-      {"num_epochs x items past 2^32 tickets", [](auto& o) { o.num_epochs = uint64_t{1} << 62; },
+      {"num_epochs x items past 2^32 tickets",
+       [](auto& o) { o.num_epochs = uint64_t{1} << 62; },
        {"3 items x 4611686018427387904 epochs exceeds 4294967296 tickets"}},
       {"num_epochs 2^64-1", [](auto& o) { o.num_epochs = ~uint64_t{0}; }, {"epochs exceeds"}},
       {"num_slices 0", [](auto& o) { o.num_slices = 0; }, {"num_slices is 0"}},
@@ -158,9 +158,11 @@ TEST_F(ArgumentTest, OptionsOutOfRangeAreInvalidArgumentsNamingTheOption) {
       {"num_clients 0", [](auto& o) { o.num_clients = 0; }, {"num_clients is 0"}},
       {"max_clients 0", [](auto& o) { o.max_clients = 0; }, {"max_clients must be 1..4096"}},
       {"max_clients 4097", [](auto& o) { o.max_clients = 4097; }, {"max_clients must be 1..4096"}},
-      {"leases_per_client 0", [](auto& o) { o.leases_per_client = 0; },
+      {"leases_per_client 0",
+       [](auto& o) { o.leases_per_client = 0; },
        {"leases_per_client must be 1..256"}},
-      {"leases_per_client 257", [](auto& o) { o.leases_per_client = 257; },
+      {"leases_per_client 257",
+       [](auto& o) { o.leases_per_client = 257; },
        {"leases_per_client must be 1..256"}},
       {"max_clients x leases_per_client",
        [](auto& o) {
@@ -168,21 +170,29 @@ TEST_F(ArgumentTest, OptionsOutOfRangeAreInvalidArgumentsNamingTheOption) {
          o.leases_per_client = 8;
        },
        {"max_clients x leases_per_client is 32768; the limit is 16382"}},
-      {"min_split_bytes 0", [](auto& o) { o.min_split_bytes = 0; },
+      {"min_split_bytes 0",
+       [](auto& o) { o.min_split_bytes = 0; },
        {"min_split_bytes is 0", "split_tail=false"}},
-      {"min_split_bytes 2^48", [](auto& o) { o.min_split_bytes = uint64_t{1} << 48; },
+      {"min_split_bytes 2^48",
+       [](auto& o) { o.min_split_bytes = uint64_t{1} << 48; },
        {"min_split_bytes is 281474976710656"}},
-      {"attach_timeout -1 ms", [](auto& o) { o.attach_timeout = milliseconds(-1); },
+      {"attach_timeout -1 ms",
+       [](auto& o) { o.attach_timeout = milliseconds(-1); },
        {"attach_timeout is -1 ms; it must be 0..604800000 ms"}},
-      {"attach_timeout 8 days", [](auto& o) { o.attach_timeout = std::chrono::hours(24 * 8); },
+      {"attach_timeout 8 days",
+       [](auto& o) { o.attach_timeout = std::chrono::hours(24 * 8); },
        {"attach_timeout is 691200000 ms"}},
-      {"attach_timeout max", [](auto& o) { o.attach_timeout = milliseconds::max(); },
+      {"attach_timeout max",
+       [](auto& o) { o.attach_timeout = milliseconds::max(); },
        {"attach_timeout is"}},
-      {"lease_timeout -1 ms", [](auto& o) { o.lease_timeout = milliseconds(-1); },
+      {"lease_timeout -1 ms",
+       [](auto& o) { o.lease_timeout = milliseconds(-1); },
        {"lease_timeout is -1 ms"}},
-      {"lease_timeout max", [](auto& o) { o.lease_timeout = milliseconds::max(); },
+      {"lease_timeout max",
+       [](auto& o) { o.lease_timeout = milliseconds::max(); },
        {"lease_timeout is"}},
-      {"format tag of 64 bytes", [](auto& o) { o.format = std::string(64, 'x'); },
+      {"format tag of 64 bytes",
+       [](auto& o) { o.format = std::string(64, 'x'); },
        {"format tag longer than 63 bytes"}},
   };
   for (const OptionCase& c : cases) {
@@ -227,8 +237,8 @@ TEST_F(ArgumentTest, ASymlinkLoopAndAnOverlongPathAreInvalidArgumentsNotPermissi
                         {"work file '" + a + "' (works[0])", "Too many levels of symbolic links"}));
   const std::string longpath = dir_.path() + "/" + std::string(300, 'x');
   auto l = Options("toolong", {longpath});
-  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(l); }, ErrorKind::kInvalidArgument,
-                        {"File name too long"}));
+  EXPECT_TRUE(
+      FailsWith([&] { WorkQueue::Open(l); }, ErrorKind::kInvalidArgument, {"File name too long"}));
 }
 
 // A non-ASCII name gave an empty message in Python (not UTF-8 once cut in
@@ -249,19 +259,23 @@ TEST_F(ArgumentTest, UnprintableBytesInNamesAndPathsAreEscapedInMessages) {
     auto o = BaseOptions(name, works);
     return message_of([&] { WorkQueue::Open(o); });
   };
-  EXPECT_EQ(named("caf\xc3\xa9"),
-            "queue name 'caf\xc3\xa9' contains '\xc3\xa9'; use only ASCII letters, digits, '.', '_' "
-            "and '-'");
+  EXPECT_EQ(
+      named("caf\xc3\xa9"),
+      "queue name 'caf\xc3\xa9' contains '\xc3\xa9'; use only ASCII letters, digits, '.', '_' "
+      "and '-'");
   const std::string with_nul = named(std::string("a\0b", 3));
-  EXPECT_EQ(with_nul, "queue name 'a\\x00b' contains '\\x00'; use only ASCII letters, digits, "
-                      "'.', '_' and '-'");
+  EXPECT_EQ(with_nul,
+            "queue name 'a\\x00b' contains '\\x00'; use only ASCII letters, digits, "
+            "'.', '_' and '-'");
   EXPECT_EQ(std::strlen(with_nul.c_str()), with_nul.size()) << "a NUL in the message";
-  EXPECT_EQ(named("x\xff\n"), "queue name 'x\\xff\\x0a' contains '\\xff'; use only ASCII letters, "
-                              "digits, '.', '_' and '-'");
+  EXPECT_EQ(named("x\xff\n"),
+            "queue name 'x\\xff\\x0a' contains '\\xff'; use only ASCII letters, "
+            "digits, '.', '_' and '-'");
   // A path with a NUL would stat a different file (the part before it).
   auto o = Options("nulpath", {works[0] + std::string("\0junk", 5)});
   const std::string m = message_of([&] { WorkQueue::Open(o); });
-  EXPECT_TRUE(Contains(m, "work file '" + works[0] + "\\x00junk' (works[0]) contains a NUL byte")) << m;
+  EXPECT_TRUE(Contains(m, "work file '" + works[0] + "\\x00junk' (works[0]) contains a NUL byte"))
+      << m;
   EXPECT_EQ(Printable("tab\there \x7f \xe2\x82\xac \xed\xa0\x80"),
             "tab\\x09here \\x7f \xe2\x82\xac \\xed\\xa0\\x80");
 }

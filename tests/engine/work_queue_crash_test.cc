@@ -43,31 +43,32 @@ constexpr bool kStress = false;
 #endif
 
 const std::vector<std::string> kCrashPoints = {
-    "create.after_excl",    "create.after_mutex", "create.before_ready", "take.after_reserve",
-    "take.after_fetch_add", "take.after_ticket",  "ack.after_mark",      "ack.after_bit",
-    "giveback.after_mark",  "recover.after_claim", "recover.mid_leases", "close.after_unregister",
-    "split.after_reserve",  "split.after_cas",    "split.after_open"};
+    "create.after_excl",    "create.after_mutex",  "create.before_ready", "take.after_reserve",
+    "take.after_fetch_add", "take.after_ticket",   "ack.after_mark",      "ack.after_bit",
+    "giveback.after_mark",  "recover.after_claim", "recover.mid_leases",  "close.after_unregister",
+    "split.after_reserve",  "split.after_cas",     "split.after_open"};
 
 // One randomized scenario, fully determined by its seed.
 struct Trial {
   uint64_t seed = 0;
   int forced_point = -1;  // MakeTrial's arguments, to repeat the trial
   int forced_alone = -1;
-  bool alone = false;        // victim runs alone first; fresh processes finish after it
-  int workers = 3;           // survivors (together) or fresh processes (alone)
+  bool alone = false;  // victim runs alone first; fresh processes finish after it
+  int workers = 3;     // survivors (together) or fresh processes (alone)
   uint64_t slices = 100;
   uint64_t epochs = 1;
-  std::string point;         // crash point of the victim ("" = timer kill)
+  std::string point;  // crash point of the victim ("" = timer kill)
   uint64_t point_n = 1;
-  int64_t kill_us = -1;      // timer kill of the victim after this many microseconds
-  int64_t other_kill_us = -1;  // together: also kill worker 0; alone: a first victim killed this late
-  uint64_t other_takes = 0;    // instead: that other victim kills itself after this many takes
+  int64_t kill_us = -1;  // timer kill of the victim after this many microseconds
+  int64_t other_kill_us =
+      -1;                    // together: also kill worker 0; alone: a first victim killed this late
+  uint64_t other_takes = 0;  // instead: that other victim kills itself after this many takes
   bool late_joiner = false;  // together: a fresh process joins after the victims are gone
   bool gate = false;         // together: start everyone at one instant
   uint32_t victim_batch = 1;
   double victim_give_back = 0.05;
   uint64_t spin_us = 10;
-  bool reader = false;       // processes Claim chunks, so idle ones split others' tails
+  bool reader = false;  // processes Claim chunks, so idle ones split others' tails
   uint64_t chunk_spin_us = 2;
   // SIGSTOP of process `target` (0 victim, 1.. workers, -1 checkpointer) at
   // at_us, SIGCONT for_us later. With self_stop_take > 0 the process stops
@@ -85,29 +86,33 @@ struct Trial {
 
   std::string Describe() const {
     std::ostringstream out;
-    out << "trial seed " << seed << " (repeat: TAILCUT_CRASH_TRIAL=" << seed << ":" << forced_point << ":"
-        << forced_alone << "): "
-        << (alone ? "alone" : "together") << ", " << workers << " workers, num_slices " << slices << ", "
-        << epochs << " epochs, victim ";
+    out << "trial seed " << seed << " (repeat: TAILCUT_CRASH_TRIAL=" << seed << ":" << forced_point
+        << ":" << forced_alone << "): " << (alone ? "alone" : "together") << ", " << workers
+        << " workers, num_slices " << slices << ", " << epochs << " epochs, victim ";
     if (!point.empty()) {
       out << "crashes at " << point << ":" << point_n;
     } else {
       out << "SIGKILLed after " << kill_us << " us";
     }
     if (other_kill_us >= 0) {
-      out << (alone ? ", after a first victim killed at " : ", worker 0 killed at ") << other_kill_us << " us";
+      out << (alone ? ", after a first victim killed at " : ", worker 0 killed at ")
+          << other_kill_us << " us";
     }
     if (other_takes > 0) {
-      out << (alone ? ", after a first victim that died" : ", worker 0 dies") << " holding items after " << other_takes
-          << " takes";
+      out << (alone ? ", after a first victim that died" : ", worker 0 dies")
+          << " holding items after " << other_takes << " takes";
     }
-    out << ", batch " << victim_batch << ", give back " << victim_give_back << ", spin " << spin_us << " us"
-        << (late_joiner ? ", late joiner" : "") << (gate ? ", gate" : "")
-        << (reader ? ", readers that Claim (tails split), chunk spin " + std::to_string(chunk_spin_us) + " us" : "");
+    out << ", batch " << victim_batch << ", give back " << victim_give_back << ", spin " << spin_us
+        << " us" << (late_joiner ? ", late joiner" : "") << (gate ? ", gate" : "")
+        << (reader ? ", readers that Claim (tails split), chunk spin " +
+                         std::to_string(chunk_spin_us) + " us"
+                   : "");
     for (const Stop& s : stops) {
-      out << ", SIGSTOP " << (s.target < 0 ? std::string("checkpointer") : "process " + std::to_string(s.target))
-          << (s.self_stop_take > 0 ? " (itself, after take " + std::to_string(s.self_stop_take) + ")"
-                                   : " at " + std::to_string(s.at_us) + " us")
+      out << ", SIGSTOP "
+          << (s.target < 0 ? std::string("checkpointer") : "process " + std::to_string(s.target))
+          << (s.self_stop_take > 0
+                  ? " (itself, after take " + std::to_string(s.self_stop_take) + ")"
+                  : " at " + std::to_string(s.at_us) + " us")
           << " for " << s.for_us << " us";
     }
     if (lease_timeout_ms > 0) out << ", lease_timeout " << lease_timeout_ms << " ms";
@@ -170,7 +175,8 @@ Trial MakeTrial(uint64_t seed, int forced_point, int forced_alone) {
       const uint64_t n = pick(1, kStress ? 6 : 3);
       for (uint64_t k = 0; k < n; ++k) {
         const int lowest = t.checkpoints ? -1 : 0;
-        const int target = lowest + static_cast<int>(pick(0, static_cast<uint64_t>(t.workers - lowest)));
+        const int target =
+            lowest + static_cast<int>(pick(0, static_cast<uint64_t>(t.workers - lowest)));
         t.stops.push_back({static_cast<int64_t>(pick(0, 4000)),
                            static_cast<int64_t>(pick(100, kStress ? 150000 : 60000)), target});
       }
@@ -180,10 +186,13 @@ Trial MakeTrial(uint64_t seed, int forced_point, int forced_alone) {
       if (pick(0, 2) == 0) {
         t.lease_timeout_ms = static_cast<int64_t>(pick(10, 40));
         t.stops[0] = {0, static_cast<int64_t>(pick(120000, 250000)),
-                      static_cast<int>(pick(other ? 2 : 1, static_cast<uint64_t>(t.workers))), pick(1, 3)};
+                      static_cast<int>(pick(other ? 2 : 1, static_cast<uint64_t>(t.workers))),
+                      pick(1, 3)};
         // Nobody else stops it: a SIGCONT meant for another stop could
         // come before it stops itself and leave it stopped for good.
-        std::erase_if(t.stops, [&](const Trial::Stop& s) { return s.self_stop_take == 0 && s.target == t.stops[0].target; });
+        std::erase_if(t.stops, [&](const Trial::Stop& s) {
+          return s.self_stop_take == 0 && s.target == t.stops[0].target;
+        });
       }
     }
   }
@@ -194,11 +203,16 @@ enum class Role { kWorker, kVictim, kOtherVictim, kLateJoiner, kCheckpointer };
 
 const char* RoleName(Role r) {
   switch (r) {
-    case Role::kWorker: return "worker";
-    case Role::kVictim: return "victim";
-    case Role::kOtherVictim: return "other victim";
-    case Role::kLateJoiner: return "late joiner";
-    case Role::kCheckpointer: return "checkpointer";
+    case Role::kWorker:
+      return "worker";
+    case Role::kVictim:
+      return "victim";
+    case Role::kOtherVictim:
+      return "other victim";
+    case Role::kLateJoiner:
+      return "late joiner";
+    case Role::kCheckpointer:
+      return "checkpointer";
   }
   return "?";
 }
@@ -206,7 +220,7 @@ const char* RoleName(Role r) {
 constexpr int kMaxCheckpoints = 3;
 
 struct TrialResult {
-  std::string failure;  // "" when the trial passed
+  std::string failure;   // "" when the trial passed
   bool lost = false;     // some bytes of an (epoch, item) were never acked
   bool doubled = false;  // some bytes were acked twice
   bool hung = false;     // a process was still running at the deadline
@@ -250,15 +264,16 @@ class CrashTrialRunner {
     const bool other = t.other_kill_us >= 0 || t.other_takes > 0;
     // Everyone who will ever join counts, so no early finisher removes the
     // queue before a later process has seen it.
-    o.num_clients = static_cast<uint32_t>(1 + t.workers + (t.late_joiner ? 1 : 0) + (t.alone && other ? 1 : 0) +
-                                          (t.checkpoints ? 1 : 0));
+    o.num_clients = static_cast<uint32_t>(1 + t.workers + (t.late_joiner ? 1 : 0) +
+                                          (t.alone && other ? 1 : 0) + (t.checkpoints ? 1 : 0));
     const uint64_t cap = 6 * (t.slices + works_.size()) * t.epochs + 64;
     Children kids(t.workers + 4, cap);
     std::vector<Role> roles;
     std::mt19937_64 rng(t.seed ^ 0xA5A5A5A5u);
     std::vector<std::unique_ptr<SharedBlob>> saved;
     if (t.checkpoints) {
-      for (int k = 0; k < kMaxCheckpoints; ++k) saved.push_back(std::make_unique<SharedBlob>(1 << 20));
+      for (int k = 0; k < kMaxCheckpoints; ++k)
+        saved.push_back(std::make_unique<SharedBlob>(1 << 20));
     }
 
     auto spawn = [&](Role role, const std::string& crash_at, StartGate* gate) {
@@ -300,7 +315,8 @@ class CrashTrialRunner {
       roles.push_back(role);
       return kids.Spawn([&o, w, crash_at, gate](ChildContext& c) {
         if (!crash_at.empty()) ::setenv("TAILCUT_CRASH_AT", crash_at.c_str(), 1);
-        if (gate != nullptr && !gate->Wait(milliseconds(20000))) return c.Fail("start gate never opened");
+        if (gate != nullptr && !gate->Wait(milliseconds(20000)))
+          return c.Fail("start gate never opened");
         auto q = WorkQueue::Open(o);
         return RunWorker(*q, c, w);  // the destructor closes
       });
@@ -311,7 +327,8 @@ class CrashTrialRunner {
       roles.push_back(Role::kCheckpointer);
       const uint64_t seed = t.seed ^ 0x5A5A5A5Au;
       return kids.Spawn([&o, &saved, gate, seed](ChildContext& c) {
-        if (gate != nullptr && !gate->Wait(milliseconds(20000))) return c.Fail("start gate never opened");
+        if (gate != nullptr && !gate->Wait(milliseconds(20000)))
+          return c.Fail("start gate never opened");
         auto q = WorkQueue::Open(o);
         std::mt19937_64 r(seed);
         for (int k = 0; k < kMaxCheckpoints; ++k) {
@@ -331,7 +348,8 @@ class CrashTrialRunner {
     // its pid cannot be reused meanwhile. Signal 0 stands for "child stops
     // itself": its SIGCONT is sent `cont_us` after it did.
     using Event = std::tuple<int64_t, size_t, int>;
-    auto send = [&](std::vector<Event> events, Clock::time_point start, size_t self_stopper, int64_t cont_us) {
+    auto send = [&](std::vector<Event> events, Clock::time_point start, size_t self_stopper,
+                    int64_t cont_us) {
       auto later = [](const Event& a, const Event& b) { return std::get<0>(a) > std::get<0>(b); };
       std::make_heap(events.begin(), events.end(), later);
       while (!events.empty()) {
@@ -379,7 +397,8 @@ class CrashTrialRunner {
       StartGate gate;
       StartGate* g = t.gate ? &gate : nullptr;
       victim = spawn(Role::kVictim, crash_at, g);
-      for (int k = 0; k < t.workers; ++k) spawn(k == 0 && other ? Role::kOtherVictim : Role::kWorker, "", g);
+      for (int k = 0; k < t.workers; ++k)
+        spawn(k == 0 && other ? Role::kOtherVictim : Role::kWorker, "", g);
       if (t.checkpoints) checkpointer = spawn_checkpointer(g);
       gate.Open();
       const auto start = Clock::now();
@@ -416,7 +435,8 @@ class CrashTrialRunner {
     for (size_t i = 0; i < kids.size(); ++i) {
       const ChildResult& r = results[i];
       const bool may_die = roles[i] == Role::kVictim || roles[i] == Role::kOtherVictim;
-      if (r.Ok() && (roles[i] == Role::kCheckpointer || kids.Value(i, kValueTakeEnd) == 1)) continue;
+      if (r.Ok() && (roles[i] == Role::kCheckpointer || kids.Value(i, kValueTakeEnd) == 1))
+        continue;
       if (may_die && (r.Killed() || r.Ok())) continue;
       fail << "\n  " << RoleName(roles[i]) << " " << i << ": " << r.Describe();
     }
@@ -429,17 +449,20 @@ class CrashTrialRunner {
       for (const Record& r : kids.Records(i)) {
         if (r.kind == Rec::kIntent) pending = r;
         if (r.kind == Rec::kAcked) {
-          if (!cov.Add(r.epoch, r.index, r.begin, r.end)) fail << "\n  child " << i << " acked an item outside the queue";
+          if (!cov.Add(r.epoch, r.index, r.begin, r.end))
+            fail << "\n  child " << i << " acked an item outside the queue";
           pieces += r.flags;
           pending.reset();
         }
         if (r.kind == Rec::kStale) {
           ++out.stale;
           pending.reset();
-          if (t.lease_timeout_ms == 0) fail << "\n  child " << i << ": kStale ack without a lease timeout";
+          if (t.lease_timeout_ms == 0)
+            fail << "\n  child " << i << ": kStale ack without a lease timeout";
         }
       }
-      if (pending && results[i].Killed()) cov.AddUncertain(pending->epoch, pending->index, pending->begin, pending->end);
+      if (pending && results[i].Killed())
+        cov.AddUncertain(pending->epoch, pending->index, pending->begin, pending->end);
       if (kids.Overflowed(i)) fail << "\n  child " << i << " overflowed its log";
     }
     out.pieces = pieces;
@@ -450,7 +473,8 @@ class CrashTrialRunner {
       try {
         const QueueStats s = InspectQueue(o.name);
         if (s.done != s.total || s.in_flight != 0) {
-          fail << "\n  leftover segment: done " << s.done << " of " << s.total << ", in flight " << s.in_flight;
+          fail << "\n  leftover segment: done " << s.done << " of " << s.total << ", in flight "
+               << s.in_flight;
         }
       } catch (const tailcut::Error& e) {
         fail << "\n  leftover segment cannot be inspected: " << ErrorText(e);
@@ -471,10 +495,12 @@ class CrashTrialRunner {
       out.failure = t.Describe() + fail.str();
       Classify(out.failure, &out);
       // Keep the segment for a post-mortem when asked to.
-      if (const char* keep = std::getenv("TAILCUT_CRASH_KEEP_DIR"); keep != nullptr && PathExists(SegmentPath(o.name))) {
+      if (const char* keep = std::getenv("TAILCUT_CRASH_KEEP_DIR");
+          keep != nullptr && PathExists(SegmentPath(o.name))) {
         const std::string to = std::string(keep) + "/crash_" + std::to_string(t.seed) + ".seg";
         std::error_code ec;
-        std::filesystem::copy_file(SegmentPath(o.name), to, std::filesystem::copy_options::overwrite_existing, ec);
+        std::filesystem::copy_file(SegmentPath(o.name), to,
+                                   std::filesystem::copy_options::overwrite_existing, ec);
         out.failure += "\n  segment copied to " + (ec ? "(failed: " + ec.message() + ")" : to);
       }
     }
@@ -485,7 +511,8 @@ class CrashTrialRunner {
   // processes and checks that it tiles every item exactly once together with
   // what the trial acked before the save began. "" when it does.
   std::string RunRestored(const Trial& t, const WorkQueueOptions& o, const Children& trial_kids,
-                          const std::vector<ChildResult>& trial_results, int k, const std::string& state) {
+                          const std::vector<ChildResult>& trial_results, int k,
+                          const std::string& state) {
     // The save's window in the trial's record order.
     uint64_t save_begin = 0, save_end = 0;
     for (size_t i = 0; i < trial_kids.size(); ++i) {
@@ -498,7 +525,8 @@ class CrashTrialRunner {
     if (save_begin == 0 || save_end <= save_begin) return "no log of when the save ran";
     Coverage cov(items_for(t.slices), t.epochs);
     for (size_t i = 0; i < trial_kids.size(); ++i) {
-      AddAckedBeforeSave(&cov, trial_kids.Records(i), trial_results[i].Killed(), save_begin, save_end);
+      AddAckedBeforeSave(&cov, trial_kids.Records(i), trial_results[i].Killed(), save_begin,
+                         save_end);
     }
     QueueGuard guard(UniqueQueueName("restored"));
     WorkQueueOptions r = o;
@@ -529,7 +557,8 @@ class CrashTrialRunner {
         }
       }
     }
-    if (std::string bad = cov.Check(); !bad.empty()) fail << "acks before the save plus the restored run:" << bad;
+    if (std::string bad = cov.Check(); !bad.empty())
+      fail << "acks before the save plus the restored run:" << bad;
     return fail.str();
   }
 
@@ -559,7 +588,8 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
   if (const char* one = std::getenv("TAILCUT_CRASH_TRIAL"); one != nullptr && *one != '\0') {
     unsigned long long seed = 0;
     int point = -1, alone = -1;
-    ASSERT_GE(std::sscanf(one, "%llu:%d:%d", &seed, &point, &alone), 1) << "TAILCUT_CRASH_TRIAL=seed[:point:alone]";
+    ASSERT_GE(std::sscanf(one, "%llu:%d:%d", &seed, &point, &alone), 1)
+        << "TAILCUT_CRASH_TRIAL=seed[:point:alone]";
     ASSERT_LT(point, static_cast<int>(kCrashPoints.size()));
     const Trial t = MakeTrial(seed, point, alone);
     std::printf("%s\n", t.Describe().c_str());
@@ -577,7 +607,8 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
   const uint64_t base = TestSeed();
   RecordProperty("base_seed", std::to_string(base));
   const uint64_t trials = kStress ? ~0ull : EnvU64("TAILCUT_CRASH_TRIALS", 200);
-  const auto budget = std::chrono::seconds(kStress ? EnvU64("TAILCUT_STRESS_SECONDS", 120) : 100000);
+  const auto budget =
+      std::chrono::seconds(kStress ? EnvU64("TAILCUT_STRESS_SECONDS", 120) : 100000);
   const auto start = Clock::now();
   std::map<std::string, std::pair<int, int>> by_point;  // point -> (trials, fired)
   int failures = 0, victims_died = 0, lost = 0, doubled = 0, hung = 0, restored = 0;
@@ -615,7 +646,8 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
     }
   }
   std::ostringstream coverage;
-  for (const auto& [point, tf] : by_point) coverage << point << "=" << tf.second << "/" << tf.first << " ";
+  for (const auto& [point, tf] : by_point)
+    coverage << point << "=" << tf.second << "/" << tf.first << " ";
   RecordProperty("trials", std::to_string(ran));
   RecordProperty("victims_died", std::to_string(victims_died));
   RecordProperty("split_pieces_acked", std::to_string(pieces));
@@ -625,24 +657,29 @@ TEST(WorkQueueCrashTest, KillAtRandomPointsLosesNothingAndNobodyHangs) {
   RecordProperty("stale_acks", std::to_string(stale));
   RecordProperty("checkpoints_restored", std::to_string(restored));
   RecordProperty("elapsed_s", std::to_string(MillisSince(start) / 1000));
-  std::printf("%llu trials, %d victims died, %llu split pieces acked, %llu SIGSTOPs, %llu stale acks refused, "
-              "%d checkpoints restored; crash points fired/tried: %s\n",
-              static_cast<unsigned long long>(ran), victims_died, static_cast<unsigned long long>(pieces),
-              static_cast<unsigned long long>(stops), static_cast<unsigned long long>(stale), restored,
-              coverage.str().c_str());
+  std::printf(
+      "%llu trials, %d victims died, %llu split pieces acked, %llu SIGSTOPs, %llu stale acks "
+      "refused, "
+      "%d checkpoints restored; crash points fired/tried: %s\n",
+      static_cast<unsigned long long>(ran), victims_died, static_cast<unsigned long long>(pieces),
+      static_cast<unsigned long long>(stops), static_cast<unsigned long long>(stale), restored,
+      coverage.str().c_str());
   // Totals in the form soak reports are read in: a trial passes when nothing
   // was lost, nothing was acked twice and nobody hung.
   std::printf("crash soak: %llu passed, %d failed (lost %d, doubled %d, hung %d)\n",
-              static_cast<unsigned long long>(ran - static_cast<uint64_t>(failures)), failures, lost, doubled, hung);
+              static_cast<unsigned long long>(ran - static_cast<uint64_t>(failures)), failures,
+              lost, doubled, hung);
   std::printf("crash points fired (of trials aimed at them):");
-  for (const std::string& p : kCrashPoints) std::printf(" %s %d (%d)", p.c_str(), by_point[p].second, by_point[p].first);
+  for (const std::string& p : kCrashPoints)
+    std::printf(" %s %d (%d)", p.c_str(), by_point[p].second, by_point[p].first);
   std::printf("\n");
   for (const std::string& p : kCrashPoints) {
     if (by_point[p].first > 0 && by_point[p].second == 0) {
       std::printf("note: crash point %s never fired in %d trials\n", p.c_str(), by_point[p].first);
     }
   }
-  if (kStress && only < 0 && failures == 0 && budget >= std::chrono::seconds(kSoakSecondsForMinFires)) {
+  if (kStress && only < 0 && failures == 0 &&
+      budget >= std::chrono::seconds(kSoakSecondsForMinFires)) {
     for (const std::string& p : kCrashPoints) {
       EXPECT_GE(by_point[p].second, kMinFiresPerPoint)
           << "crash point " << p << " fired too rarely in a " << budget.count() << " s soak";

@@ -2,6 +2,7 @@
 // anyone notices, the pid recorded in its slot is made the pid of a live
 // process (as if the kernel had reused it). Its item must still come back.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,8 +12,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "engine/segment_layout.h"
 #include "tailcut/work_queue.h"
@@ -78,7 +77,8 @@ TEST(PidReuseTest, ADeadClientWhosePidNowBelongsToALiveProcessIsStillRecovered) 
   auto q = WorkQueue::Open(o);
   int taken = 0;
   WorkItem it;
-  while (q->Take(&it, std::chrono::steady_clock::now() + std::chrono::seconds(10)) == TakeStatus::kOk) {
+  while (q->Take(&it, std::chrono::steady_clock::now() + std::chrono::seconds(10)) ==
+         TakeStatus::kOk) {
     ++taken;
     ASSERT_EQ(q->Ack(it), AckStatus::kOk);
   }

@@ -44,7 +44,8 @@ TEST_F(WorkQueueProcessTest, SixteenProcessesTakeEachItemExactlyOncePerEpochAndF
       return rc;
     });
   }
-  for (int k = 0; k < kProcs; ++k) ASSERT_EQ(kids.WaitValue(k, 0, milliseconds(30000)), 1u) << kids.Error(k);
+  for (int k = 0; k < kProcs; ++k)
+    ASSERT_EQ(kids.WaitValue(k, 0, milliseconds(30000)), 1u) << kids.Error(k);
   const auto t0 = Clock::now();
   gate.Open();
   const auto results = kids.WaitAll(milliseconds(90000));
@@ -67,7 +68,8 @@ TEST_F(WorkQueueProcessTest, SixteenProcessesTakeEachItemExactlyOncePerEpochAndF
   RecordProperty("mean_items_slow", std::to_string(slow));
   // About 3x in practice; 1.5x leaves room for a loaded machine.
   EXPECT_GT(fast, 1.5 * slow) << "processes 4x faster per item should take clearly more items";
-  EXPECT_FALSE(PathExists(SegmentPath(o.name))) << "the last process should remove the finished queue";
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)))
+      << "the last process should remove the finished queue";
 }
 
 TEST_F(WorkQueueProcessTest, ProcessesHoldingSeveralItemsAndGivingSomeBackStillAckEachOnce) {
@@ -174,7 +176,8 @@ TEST_F(WorkQueueProcessTest, SplitTailsAreAckedExactlyOnceByteForByte) {
       return rc;
     });
   }
-  for (int k = 0; k < kProcs; ++k) ASSERT_EQ(kids.WaitValue(k, 3, milliseconds(20000)), 1u) << kids.Error(k);
+  for (int k = 0; k < kProcs; ++k)
+    ASSERT_EQ(kids.WaitValue(k, 3, milliseconds(20000)), 1u) << kids.Error(k);
   // The slow process takes its first item before the others start.
   slow_gate.Open();
   ::usleep(5000);
@@ -335,12 +338,15 @@ TEST_F(WorkQueueProcessTest, HungProcessLosesItsItemAfterTheLeaseTimeoutAndItsAc
   ::kill(kids.pid(0), SIGCONT);
   const ChildResult a = kids.Wait(0, milliseconds(20000));
   EXPECT_TRUE(a.Ok()) << "A " << a.Describe();
-  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale)) << "Progress after reassignment";
-  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(AckStatus::kStale)) << "Ack after reassignment";
+  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale))
+      << "Progress after reassignment";
+  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(AckStatus::kStale))
+      << "Ack after reassignment";
   EXPECT_GE(kids.Value(0, 3), 2u) << "Stats().stale_acks should count the refused ack";
   EXPECT_EQ(kids.Value(0, 4), 2u) << "the client's own stale_acks should be 1";
   EXPECT_GE(kids.Value(0, 6), 2u) << "Stats().recovered_items should count the reassigned item";
-  EXPECT_EQ(kids.Value(0, 5), 1 + static_cast<uint64_t>(TakeStatus::kEnd)) << "A's Take after everything was done";
+  EXPECT_EQ(kids.Value(0, 5), 1 + static_cast<uint64_t>(TakeStatus::kEnd))
+      << "A's Take after everything was done";
 
   std::vector<uint32_t> counts(40);
   CountAcks(kids, 0, 40, &counts);
@@ -380,7 +386,8 @@ TEST_F(WorkQueueProcessTest, TheLeaseTimeoutIsTheQueuesAndAPeerCannotImposeAnoth
   // however long C waits at the end.
   kids.Spawn([&](ChildContext& c) {
     auto q = WorkQueue::Open(o);
-    if (q->lease_timeout() != milliseconds(0)) return c.Fail("lease_timeout_ms is not the queue's 0");
+    if (q->lease_timeout() != milliseconds(0))
+      return c.Fail("lease_timeout_ms is not the queue's 0");
     WorkItem it;
     while (q->TryTake(&it) == TakeStatus::kOk) q->Ack(it);
     if (q->Take(&it, Clock::now() + milliseconds(600)) != TakeStatus::kEmpty)
@@ -474,8 +481,10 @@ TEST_F(LifetimeTest, AnUnfinishedQueueEveryProcessClosedCleanlyIsRemoved) {
   auto o = BaseOptions(NewName("life_clean"), dir_.Files("f", 6, {100}));
   const std::string said = RunTwo(o, /*kill_first=*/false, /*first_keeps=*/false);
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
-  EXPECT_TRUE(Contains(said, "queue '" + o.name + "' removed unfinished (0 of 6 items done): every "
-                             "process closed it; open it with keep_unfinished to resume it later"))
+  EXPECT_TRUE(
+      Contains(said, "queue '" + o.name +
+                         "' removed unfinished (0 of 6 items done): every "
+                         "process closed it; open it with keep_unfinished to resume it later"))
       << said;
 }
 
@@ -484,8 +493,9 @@ TEST_F(LifetimeTest, AnUnfinishedQueueOneOfWhoseProcessesDiedIsKeptAndResumed) {
   const auto before = std::chrono::system_clock::now();
   const std::string said = RunTwo(o, /*kill_first=*/true, /*first_keeps=*/false);
   ASSERT_TRUE(PathExists(SegmentPath(o.name)));
-  EXPECT_TRUE(Contains(said, "left unfinished (0 of 6 items done) because a process of it died, "
-                             "so a rerun resumes it"))
+  EXPECT_TRUE(Contains(said,
+                       "left unfinished (0 of 6 items done) because a process of it died, "
+                       "so a rerun resumes it"))
       << said;
   const auto listed = Listed(o.name);
   ASSERT_TRUE(listed.has_value());
@@ -550,14 +560,16 @@ TEST_F(WorkQueueProcessTest, ProgressKeepsALeaseAlive) {
     c.SetValue(0, 1);
     for (int i = 0; i < 24; ++i) {
       ::usleep(50000);
-      if (q->Progress(it, it.begin + i) != AckStatus::kOk) return c.Fail("Progress refused at step " + std::to_string(i));
+      if (q->Progress(it, it.begin + i) != AckStatus::kOk)
+        return c.Fail("Progress refused at step " + std::to_string(i));
     }
     c.Log(Rec::kIntent, it);
     const AckStatus a = q->Ack(it);
     if (a != AckStatus::kOk) return c.Fail("ack of a lease kept alive by Progress was refused");
     c.Log(Rec::kAcked, it);
     WorkItem next;
-    if (q->Take(&next, Clock::now() + milliseconds(10000)) != TakeStatus::kEnd) return c.Fail("no kEnd");
+    if (q->Take(&next, Clock::now() + milliseconds(10000)) != TakeStatus::kEnd)
+      return c.Fail("no kEnd");
     return 0;
   });
   ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
@@ -566,7 +578,8 @@ TEST_F(WorkQueueProcessTest, ProgressKeepsALeaseAlive) {
     return RunWorker(*q, c, WorkerOptions{});
   });
   const auto results = kids.WaitAll(milliseconds(30000));
-  for (int k = 0; k < 2; ++k) EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
+  for (int k = 0; k < 2; ++k)
+    EXPECT_TRUE(results[k].Ok()) << "child " << k << " " << results[k].Describe();
   std::vector<uint32_t> counts(20);
   CountAcks(kids, 0, 20, &counts);
   CountAcks(kids, 1, 20, &counts);
@@ -609,14 +622,16 @@ TEST_F(WorkQueueProcessTest, SlotsOfDeadClientsAreReused) {
       return RunWorker(*q, c, WorkerOptions{});
     });
   }
-  for (int k = 0; k < 2; ++k) ASSERT_EQ(kids.WaitValue(k, 0, milliseconds(20000)), 1u) << kids.Error(k);
+  for (int k = 0; k < 2; ++k)
+    ASSERT_EQ(kids.WaitValue(k, 0, milliseconds(20000)), 1u) << kids.Error(k);
   kids.Spawn([&](ChildContext& c) {
     gate.CloseInChild();
     try {
       auto q = WorkQueue::Open(o);
       return c.Fail("a third client was admitted to a queue with max_clients = 2");
     } catch (const tailcut::Error& e) {
-      if (!Contains(e.what(), "max_clients")) return c.Fail(std::string("message does not name max_clients: ") + e.what());
+      if (!Contains(e.what(), "max_clients"))
+        return c.Fail(std::string("message does not name max_clients: ") + e.what());
     }
     return 0;
   });

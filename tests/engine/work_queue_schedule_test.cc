@@ -57,7 +57,8 @@ milliseconds LeaseTimeoutFor(uint64_t seed) {
 // reading each item in claimed chunks; "" when all went as it should. With a
 // lease timeout, any call on an item may find it reassigned (kStale): the
 // item is dropped, as a trainer would.
-std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed, bool may_be_stale, uint64_t* stale) {
+std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed, bool may_be_stale,
+                 uint64_t* stale) {
   std::mt19937_64 rng(seed);
   for (uint64_t empty = 0;;) {
     WorkItem it;
@@ -106,7 +107,8 @@ std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed, bool may_be
       if (bad = check(q.GiveBack(it), "GiveBack"); !bad.empty() && bad != "stale") return bad;
       continue;
     }
-    const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch, it.index, it.ticket, it.begin, pos};
+    const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch, it.index,
+                          it.ticket,    it.begin,           pos};
     logs.Log(me, consumed);
     if (bad = check(q.Ack(it), "Ack"); bad == "stale") continue;
     if (!bad.empty()) return bad;
@@ -123,7 +125,8 @@ class WorkQueueScheduleTest : public QueueTest {
   std::string RunSeed(uint64_t seed, std::vector<Record>* trace = nullptr) {
     return RunSeed(seed, LeaseTimeoutFor(seed), trace);
   }
-  std::string RunSeed(uint64_t seed, milliseconds lease_timeout, std::vector<Record>* trace = nullptr) {
+  std::string RunSeed(uint64_t seed, milliseconds lease_timeout,
+                      std::vector<Record>* trace = nullptr) {
     std::mt19937_64 rng(seed);
     auto o = BaseOptions(NewName("sched"), works_);
     o.num_slices = 3 + rng() % 5;
@@ -169,14 +172,16 @@ class WorkQueueScheduleTest : public QueueTest {
     });
     // With a lease timeout, threads are paused now and then for 0.3-4 ms of
     // the logical clock, inside engine calls too, as by SIGSTOP.
-    DeterministicSchedule schedule(
-        seed, lease_timeout.count() > 0 ? DeterministicSchedule::Pauses{1.0 / 1500, 300, 4000}
-                                        : DeterministicSchedule::Pauses{});
+    DeterministicSchedule schedule(seed, lease_timeout.count() > 0
+                                             ? DeterministicSchedule::Pauses{1.0 / 1500, 300, 4000}
+                                             : DeterministicSchedule::Pauses{});
     points_ += schedule.Run(std::move(bodies));
 
     if (trace != nullptr) {
-      for (size_t i = 0; i < logs.size(); ++i) trace->insert(trace->end(), logs.of(i).begin(), logs.of(i).end());
-      std::sort(trace->begin(), trace->end(), [](const Record& a, const Record& b) { return a.seq < b.seq; });
+      for (size_t i = 0; i < logs.size(); ++i)
+        trace->insert(trace->end(), logs.of(i).begin(), logs.of(i).end());
+      std::sort(trace->begin(), trace->end(),
+                [](const Record& a, const Record& b) { return a.seq < b.seq; });
     }
     std::ostringstream fail;
     for (size_t i = 0; i < errors.size(); ++i) {
@@ -193,7 +198,8 @@ class WorkQueueScheduleTest : public QueueTest {
     const QueueStats s = shared->Stats();
     splits_ += s.splits;
     if (s.done != s.total || s.in_flight != 0) {
-      fail << "\n  stats at the end: done " << s.done << " of " << s.total << ", in flight " << s.in_flight;
+      fail << "\n  stats at the end: done " << s.done << " of " << s.total << ", in flight "
+           << s.in_flight;
     }
     shared->Close();
     own->Close();
@@ -203,15 +209,17 @@ class WorkQueueScheduleTest : public QueueTest {
       ++restored_;
     }
     if (fail.str().empty()) return "";
-    return "seed " + std::to_string(seed) + " (repeat: TAILCUT_SCHEDULE_SEED=" + std::to_string(seed) + "), " +
-           std::to_string(o.num_slices.value()) + " slices, " + std::to_string(o.num_epochs) + " epochs, lease timeout " +
-           std::to_string(lease_timeout.count()) + " ms:" + fail.str();
+    return "seed " + std::to_string(seed) +
+           " (repeat: TAILCUT_SCHEDULE_SEED=" + std::to_string(seed) + "), " +
+           std::to_string(o.num_slices.value()) + " slices, " + std::to_string(o.num_epochs) +
+           " epochs, lease timeout " + std::to_string(lease_timeout.count()) + " ms:" + fail.str();
   }
 
   // Restores a state into a fresh queue and drains it (no scheduler): with
   // what was acked before the save it must tile every item exactly once.
-  std::string CheckRestore(const WorkQueueOptions& o, const std::vector<WorkQueue::Item>& items, const Logs& logs,
-                           const std::string& state, std::pair<uint64_t, uint64_t> window) {
+  std::string CheckRestore(const WorkQueueOptions& o, const std::vector<WorkQueue::Item>& items,
+                           const Logs& logs, const std::string& state,
+                           std::pair<uint64_t, uint64_t> window) {
     Coverage cov(items, o.num_epochs);
     for (size_t i = 0; i + 1 < logs.size(); ++i) {
       AddAckedBeforeSave(&cov, logs.of(i), /*killed=*/false, window.first, window.second);
@@ -228,7 +236,8 @@ class WorkQueueScheduleTest : public QueueTest {
     }
     for (const WorkItem& it : Drain(*q)) cov.Add(it.epoch, it.index, it.begin, it.end);
     q->Close();
-    if (std::string bad = cov.Check(); !bad.empty()) return "\n  acks before the save plus the restored run:" + bad;
+    if (std::string bad = cov.Check(); !bad.empty())
+      return "\n  acks before the save plus the restored run:" + bad;
     return "";
   }
 
@@ -250,8 +259,8 @@ TEST_F(WorkQueueScheduleTest, ASeedRunsTheSameInterleavingAgain) {
     for (size_t i = 0; i < first.size(); ++i) {
       const Record& a = first[i];
       const Record& b = second[i];
-      ASSERT_TRUE(a.kind == b.kind && a.epoch == b.epoch && a.index == b.index && a.begin == b.begin &&
-                  a.end == b.end)
+      ASSERT_TRUE(a.kind == b.kind && a.epoch == b.epoch && a.index == b.index &&
+                  a.begin == b.begin && a.end == b.end)
           << "seed " << seed << " record " << i << " differs between two runs";
     }
   }
@@ -390,7 +399,8 @@ TEST_F(WorkQueueScheduleTest, EverySeededInterleavingAcksEachByteOnce) {
   // new ones.
   const uint64_t base = kStress ? TestSeed() : 1;
   const uint64_t seeds = kStress ? ~0ull : EnvU64("TAILCUT_SCHEDULE_SEEDS", 600);
-  const auto budget = std::chrono::seconds(kStress ? EnvU64("TAILCUT_STRESS_SECONDS", 120) : 100000);
+  const auto budget =
+      std::chrono::seconds(kStress ? EnvU64("TAILCUT_STRESS_SECONDS", 120) : 100000);
   const auto start = Clock::now();
   uint64_t ran = 0;
   int failures = 0;
@@ -405,7 +415,8 @@ TEST_F(WorkQueueScheduleTest, EverySeededInterleavingAcksEachByteOnce) {
   RecordProperty("seeds", std::to_string(ran));
   RecordProperty("schedule_points", std::to_string(points_));
   std::printf(
-      "%llu seeds, %llu schedule points, %llu tails split, %llu split pieces acked, %llu stale calls refused, "
+      "%llu seeds, %llu schedule points, %llu tails split, %llu split pieces acked, %llu stale "
+      "calls refused, "
       "%d saved states restored\n",
       static_cast<unsigned long long>(ran), static_cast<unsigned long long>(points_),
       static_cast<unsigned long long>(splits_), static_cast<unsigned long long>(pieces_),

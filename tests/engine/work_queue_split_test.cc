@@ -4,6 +4,7 @@
 // every epoch must tile it exactly once, with thieves or owners killed at
 // any point of a split.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tailcut/work_queue.h"
 
@@ -96,7 +95,8 @@ class SplitTest : public ::testing::Test {
             uint64_t stop = std::min(up_to, end);
             mine.push_back({it.ticket, pos, stop});
             pos = stop;
-            if (us_per_step > 0) std::this_thread::sleep_for(std::chrono::microseconds(us_per_step));
+            if (us_per_step > 0)
+              std::this_thread::sleep_for(std::chrono::microseconds(us_per_step));
             if (pos >= it.end) break;
           }
           if (stale || q->Ack(it) != AckStatus::kOk) continue;
@@ -190,7 +190,8 @@ TEST_F(SplitTest, AThiefKilledAtAnyPointOfASplitLosesNoBytesAndDoublesNone) {
       std::string crash = std::string(point) + ":" + std::to_string(trial + 1);
       int status = collect(Consumer(o, 20, crash.c_str()));
       ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-          << "the thief did not reach " << crash << " (status " << status << "); the trial proves nothing";
+          << "the thief did not reach " << crash << " (status " << status
+          << "); the trial proves nothing";
       auto finisher = Consumer(o, 20, nullptr);
       collect(owner);
       collect(finisher);

@@ -1,16 +1,15 @@
 // Equal steps: ranks with different amounts of data agree, step by step,
 // through the segment, and all end each epoch at the same step.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tailcut/work_queue.h"
 
@@ -64,8 +63,9 @@ TEST(StepsTest, RanksWithDifferentAmountsOfDataEndEveryEpochAtTheSameStep) {
       for (uint64_t e = 0; e < kEpochs; ++e) {
         int steps = 0;
         for (uint64_t s = 0;; ++s) {
-          StepStatus st = q->AgreeStep(r, kRanks, (e << 32) | s, static_cast<int>(s) < batches[e][r],
-                                       Clock::now() + std::chrono::seconds(20));
+          StepStatus st =
+              q->AgreeStep(r, kRanks, (e << 32) | s, static_cast<int>(s) < batches[e][r],
+                           Clock::now() + std::chrono::seconds(20));
           if (st == StepStatus::kEndEpoch) break;
           if (st != StepStatus::kAllHaveBatch) std::_Exit(3);
           ++steps;

@@ -91,11 +91,13 @@ TEST_F(WorkQueueTest, EachEpochIsAPermutationInTicketOrder) {
   for (uint64_t e = 0; e < 4; ++e) {
     std::vector<uint64_t> sorted = epochs[e];
     std::sort(sorted.begin(), sorted.end());
-    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(sorted[i], i) << "epoch " << e << " is not a permutation";
+    for (uint64_t i = 0; i < n; ++i)
+      ASSERT_EQ(sorted[i], i) << "epoch " << e << " is not a permutation";
     std::vector<uint64_t> identity(n);
     std::iota(identity.begin(), identity.end(), 0);
     EXPECT_NE(epochs[e], identity) << "epoch " << e << " was not shuffled";
-    for (uint64_t f = 0; f < e; ++f) EXPECT_NE(epochs[e], epochs[f]) << "epochs " << f << " and " << e << " agree";
+    for (uint64_t f = 0; f < e; ++f)
+      EXPECT_NE(epochs[e], epochs[f]) << "epochs " << f << " and " << e << " agree";
   }
 }
 
@@ -155,7 +157,8 @@ TEST_F(WorkQueueTest, ItemAtIsABijectionForManySizes) {
     o.seed = 1234 + n;
     auto q = WorkQueue::Open(o);
     const uint64_t m = q->num_items();
-    EXPECT_LE(m > n ? m - n : n - m, 1u) << "one file with num_slices " << n << " gave " << m << " items";
+    EXPECT_LE(m > n ? m - n : n - m, 1u)
+        << "one file with num_slices " << n << " gave " << m << " items";
     std::vector<std::vector<uint64_t>> perms(3);
     for (uint64_t e = 0; e < 3; ++e) {
       std::vector<bool> seen(m);
@@ -181,7 +184,8 @@ TEST_F(WorkQueueTest, ItemAtIsABijectionForManySizes) {
 TEST_F(WorkQueueTest, WithoutNumSlicesEachFileIsOneItem) {
   const std::vector<uint64_t> sizes = {10, 4096, kMiB + 3};
   std::vector<std::string> works;
-  for (size_t i = 0; i < sizes.size(); ++i) works.push_back(dir_.File("w" + std::to_string(i), sizes[i]));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    works.push_back(dir_.File("w" + std::to_string(i), sizes[i]));
   auto q = WorkQueue::Open(Options("one_per_file", works));
   ASSERT_EQ(q->num_items(), 3u);
   EXPECT_EQ(q->paths(), works);
@@ -233,7 +237,8 @@ std::vector<uint64_t> CheckTiling(const WorkQueue& q, const std::vector<uint64_t
 TEST_F(WorkQueueTest, NumSlicesSpreadsItemsOverFilesBySize) {
   const std::vector<uint64_t> sizes = {kMiB, 3 * kMiB, 6 * kMiB, 100};
   std::vector<std::string> works;
-  for (size_t i = 0; i < sizes.size(); ++i) works.push_back(dir_.File("s" + std::to_string(i), sizes[i]));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    works.push_back(dir_.File("s" + std::to_string(i), sizes[i]));
   auto o = Options("slices", works);
   o.num_slices = 100;
   auto q = WorkQueue::Open(o);
@@ -244,7 +249,8 @@ TEST_F(WorkQueueTest, NumSlicesSpreadsItemsOverFilesBySize) {
   const double total = 10.0 * kMiB + 100;
   for (size_t f = 0; f < 3; ++f) {
     const double share = 100.0 * sizes[f] / total;
-    EXPECT_NEAR(static_cast<double>(count[f]), share, 2.0) << "file " << f << " of " << sizes[f] << " bytes";
+    EXPECT_NEAR(static_cast<double>(count[f]), share, 2.0)
+        << "file " << f << " of " << sizes[f] << " bytes";
   }
   EXPECT_EQ(count[3], 1u) << "a 100-byte file among MiB files gets one item";
   // Slices of one file are about equal.
@@ -255,8 +261,8 @@ TEST_F(WorkQueueTest, NumSlicesSpreadsItemsOverFilesBySize) {
     pos->second.second = std::max(pos->second.second, it.end - it.begin);
   }
   for (const auto& [file, mm] : range) {
-    EXPECT_LE(mm.second, 2 * mm.first + 1) << "slices of file " << file << " vary from " << mm.first << " to "
-                                           << mm.second << " bytes";
+    EXPECT_LE(mm.second, 2 * mm.first + 1) << "slices of file " << file << " vary from " << mm.first
+                                           << " to " << mm.second << " bytes";
   }
 }
 
@@ -264,7 +270,8 @@ TEST_F(WorkQueueTest, EveryFileGetsAtLeastOneItem) {
   std::vector<uint64_t> sizes(10, 1024);
   sizes.push_back(100 * kMiB);
   std::vector<std::string> works;
-  for (size_t i = 0; i < sizes.size(); ++i) works.push_back(dir_.File("m" + std::to_string(i), sizes[i]));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    works.push_back(dir_.File("m" + std::to_string(i), sizes[i]));
   auto o = Options("atleast1", works);
   o.num_slices = 20;
   auto q = WorkQueue::Open(o);
@@ -291,7 +298,8 @@ TEST_F(WorkQueueTest, TinyFilesAreNotCutIntoEmptySlices) {
 TEST_F(WorkQueueTest, EmptyFilesGetOneEmptyItem) {
   const std::vector<uint64_t> sizes = {0, kMiB, 0};
   std::vector<std::string> works;
-  for (size_t i = 0; i < sizes.size(); ++i) works.push_back(dir_.File("e" + std::to_string(i), sizes[i]));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    works.push_back(dir_.File("e" + std::to_string(i), sizes[i]));
   {
     auto q = WorkQueue::Open(Options("empty_plain", works));
     ASSERT_EQ(q->num_items(), 3u);
@@ -311,7 +319,8 @@ TEST_F(WorkQueueTest, EmptyFilesGetOneEmptyItem) {
 // ============================================================ bad input
 
 TEST_F(WorkQueueTest, SegmentPathIsPerUserUnderDevShm) {
-  EXPECT_EQ(SegmentPath("work_queue"), "/dev/shm/tailcut." + std::to_string(::getuid()) + ".work_queue");
+  EXPECT_EQ(SegmentPath("work_queue"),
+            "/dev/shm/tailcut." + std::to_string(::getuid()) + ".work_queue");
   EXPECT_TRUE(FailsWith([] { SegmentPath(""); }, ErrorKind::kInvalidArgument));
   EXPECT_TRUE(FailsWith([] { SegmentPath("a/b"); }, ErrorKind::kInvalidArgument, {"a/b"}));
 }
@@ -342,7 +351,8 @@ TEST_F(WorkQueueTest, MissingWorkFileIsNotFoundAndNamed) {
   // With a prefix, the message names the full path.
   auto p = Options("missing_prefix", {"nothere"});
   p.prefix = dir_.path() + "/";
-  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(p); }, ErrorKind::kNotFound, {dir_.path() + "/nothere"}));
+  EXPECT_TRUE(
+      FailsWith([&] { WorkQueue::Open(p); }, ErrorKind::kNotFound, {dir_.path() + "/nothere"}));
 }
 
 // Resume offsets are kept in 48 bits. A sparse file on tmpfs (no blocks
@@ -408,11 +418,14 @@ TEST_F(WorkQueueTest, UnreadableWorkFileIsAPermissionErrorAndNamed) {
   const std::string name2 = NewName("unreadable_dir");
   RunUnprivileged([&]() -> std::string {
     std::string out;
-    auto r1 = FailsWith([&] { WorkQueue::Open(BaseOptions(name1, {ok, locked})); }, ErrorKind::kPermission,
-                        {locked});
+    auto r1 = FailsWith(
+        [&] {
+          WorkQueue::Open(BaseOptions(name1, {ok, locked}));
+        },
+        ErrorKind::kPermission, {locked});
     if (!r1) out += std::string("file mode 000: ") + r1.message() + "\n";
-    auto r2 = FailsWith([&] { WorkQueue::Open(BaseOptions(name2, {hidden})); }, ErrorKind::kPermission,
-                        {hidden});
+    auto r2 = FailsWith([&] { WorkQueue::Open(BaseOptions(name2, {hidden})); },
+                        ErrorKind::kPermission, {hidden});
     if (!r2) out += std::string("file in a mode 0700 directory: ") + r2.message() + "\n";
     return out;
   });
@@ -552,8 +565,8 @@ TEST_F(WorkQueueTest, FilesAreIdentifiedByMoreThanTheirSize) {
   struct stat ost;
   ASSERT_EQ(::stat(other.c_str(), &ost), 0);
   ASSERT_EQ(::rename(other.c_str(), works[0].c_str()), 0);
-  const std::string change = "inode " + std::to_string(q->files()[0].inode) + " -> " +
-                             std::to_string(ost.st_ino);
+  const std::string change =
+      "inode " + std::to_string(q->files()[0].inode) + " -> " + std::to_string(ost.st_ino);
   EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kConfigMismatch,
                         {"file '" + works[0] + "' changed since the queue was created: " + change,
                          "(recreate the queue, or restore the file)"}));
@@ -577,7 +590,9 @@ TEST_F(WorkQueueTest, FilesAreIdentifiedByMoreThanTheirSize) {
   auto q2 = WorkQueue::Open(again);
   ASSERT_EQ(notices.size(), 1u);
   EXPECT_TRUE(Contains(notices[0], "replacing a stale queue")) << notices[0];
-  EXPECT_TRUE(Contains(notices[0], "file '" + works[1] + "' changed since the queue was created: mtime ")) << notices[0];
+  EXPECT_TRUE(
+      Contains(notices[0], "file '" + works[1] + "' changed since the queue was created: mtime "))
+      << notices[0];
 }
 
 TEST_F(WorkQueueTest, GarbageSegmentIsCorruptAndNamedNeverACrash) {
@@ -611,7 +626,8 @@ TEST_F(WorkQueueTest, GarbageSegmentIsCorruptAndNamedNeverACrash) {
   // An empty or all-zero object is what a creator that died before writing
   // the header leaves: after attach_timeout, failing with a clear error or
   // replacing it with a notice are both fine; crashing or hanging is not.
-  for (const Case& c : std::vector<Case>{{"empty", ""}, {"64 KiB of zeros", std::string(1 << 16, '\0')}}) {
+  for (const Case& c :
+       std::vector<Case>{{"empty", ""}, {"64 KiB of zeros", std::string(1 << 16, '\0')}}) {
     SCOPED_TRACE(c.what);
     auto o = Options("garbage_empty", works);
     o.attach_timeout = milliseconds(500);
@@ -620,11 +636,13 @@ TEST_F(WorkQueueTest, GarbageSegmentIsCorruptAndNamedNeverACrash) {
     const OpenOutcome out = OpenInChild(o);
     EXPECT_TRUE(out.result.Ok()) << out.result.Describe();
     if (out.kind.has_value()) {
-      EXPECT_TRUE(*out.kind == ErrorKind::kCorrupt || *out.kind == ErrorKind::kTimeout) << out.message;
+      EXPECT_TRUE(*out.kind == ErrorKind::kCorrupt || *out.kind == ErrorKind::kTimeout)
+          << out.message;
       EXPECT_TRUE(Contains(out.message, SegmentPath(o.name))) << out.message;
     } else {
       EXPECT_TRUE(out.opened);
-      EXPECT_TRUE(Contains(out.notices, o.name)) << "replaced without a notice naming the queue: " << out.notices;
+      EXPECT_TRUE(Contains(out.notices, o.name))
+          << "replaced without a notice naming the queue: " << out.notices;
     }
     RecordProperty(std::string(c.what[0] == 'e' ? "empty" : "zeros") + "_segment_open_ms",
                    std::to_string(MillisSince(t0)));
@@ -666,18 +684,21 @@ TEST_F(WorkQueueTest, HostileHeaderFieldsNeverCrashOrHang) {
     WriteSegment(seg, bytes);
     const OpenOutcome out = OpenInChild(o, milliseconds(15000), milliseconds(200));
     ++runs;
-    EXPECT_TRUE(out.result.Ok()) << "offset " << off << " value 0x" << std::hex << v << std::dec << ": "
-                                 << out.result.Describe() << " (TAILCUT_TEST_SEED=" << seed << ")";
+    EXPECT_TRUE(out.result.Ok()) << "offset " << off << " value 0x" << std::hex << v << std::dec
+                                 << ": " << out.result.Describe() << " (TAILCUT_TEST_SEED=" << seed
+                                 << ")";
     outcomes[out.opened ? "opened" : out.kind ? ErrorKindName(*out.kind) : "no report"]++;
   };
   // Every header word with absurd values...
   for (size_t off = 0; off < 256; off += 8) {
-    for (const uint64_t v : std::initializer_list<uint64_t>{~0ull, 1ull << 63, rng()}) mutate_and_open(off, v);
+    for (const uint64_t v : std::initializer_list<uint64_t>{~0ull, 1ull << 63, rng()})
+      mutate_and_open(off, v);
   }
   // ... and random words anywhere: counters, client and lease slots, tables.
   for (int i = 0; i < 64; ++i) {
     const size_t off = (rng() % (original.size() / 8)) * 8;
-    mutate_and_open(off, i % 2 == 0 ? static_cast<uint64_t>(rng()) : static_cast<uint64_t>(rng() % 8));
+    mutate_and_open(off,
+                    i % 2 == 0 ? static_cast<uint64_t>(rng()) : static_cast<uint64_t>(rng() % 8));
   }
   std::ostringstream summary;
   for (const auto& [k, n] : outcomes) summary << k << "=" << n << " ";
@@ -709,13 +730,17 @@ TEST_F(WorkQueueTest, ADamagedLeaseOfAStaleSegmentIsRepairedNotWaitedFor) {
   const uint32_t kMaxClients = 4, kLeases = 2;
   const uint64_t never_used = 3;  // client slot 3: the one child uses slot 0
   const std::vector<Damage> damages = {
-      {"ACKING, owner never registered", tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, never_used, 7),
+      {"ACKING, owner never registered",
+       tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, never_used, 7),
        "(ACKING, owner slot 3, ticket none): its owner, client slot 3, is not registered"},
-      {"OPEN, owner past max_clients", tailcut::detail::LeaseWord(tailcut::detail::kLeaseOpen, 4000, 7),
+      {"OPEN, owner past max_clients",
+       tailcut::detail::LeaseWord(tailcut::detail::kLeaseOpen, 4000, 7),
        "(OPEN, owner slot 4000, ticket none): its owner field names client slot 4000, past the 4 "
        "slots"},
-      {"state 7", tailcut::detail::LeaseWord(7, 0, 7), "(state 7, owner slot 0, ticket none): its state field"},
-      {"TAKING, owner never registered", tailcut::detail::LeaseWord(tailcut::detail::kLeaseTaking, never_used, 7),
+      {"state 7", tailcut::detail::LeaseWord(7, 0, 7),
+       "(state 7, owner slot 0, ticket none): its state field"},
+      {"TAKING, owner never registered",
+       tailcut::detail::LeaseWord(tailcut::detail::kLeaseTaking, never_used, 7),
        "(TAKING, owner slot 3, ticket none)"},
   };
   for (const Damage& d : damages) {
@@ -744,7 +769,8 @@ TEST_F(WorkQueueTest, ADamagedLeaseOfAStaleSegmentIsRepairedNotWaitedFor) {
         tailcut::detail::ComputeGeometry(works.size(), 3, 6, path_bytes, kMaxClients, kLeases);
     ASSERT_EQ(g.total, bytes.size());
     const size_t lease = never_used * kLeases;  // a FREE lease of the unused slot
-    const size_t off = g.leases + lease * sizeof(tailcut::detail::LeaseSlot) + offsetof(tailcut::detail::LeaseSlot, word);
+    const size_t off = g.leases + lease * sizeof(tailcut::detail::LeaseSlot) +
+                       offsetof(tailcut::detail::LeaseSlot, word);
     std::memcpy(bytes.data() + off, &d.word, sizeof d.word);
     WriteSegment(seg, bytes);
 
@@ -760,8 +786,9 @@ TEST_F(WorkQueueTest, ADamagedLeaseOfAStaleSegmentIsRepairedNotWaitedFor) {
     EXPECT_EQ(q->Stats().in_flight, 0u);
     std::string all;
     for (const auto& n : notices) all += n + "\n";
-    EXPECT_TRUE(Contains(all, "segment " + seg + " was damaged; handed out again the items of 1 "
-                              "lease(s) no process could finish: lease " +
+    EXPECT_TRUE(Contains(all, "segment " + seg +
+                                  " was damaged; handed out again the items of 1 "
+                                  "lease(s) no process could finish: lease " +
                                   std::to_string(lease) + " " + d.needle))
         << all;
   }
@@ -826,7 +853,8 @@ TEST_F(WorkQueueTest, FullDevShmIsNoSpaceAndLeavesNothing) {
     auto r = FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kNoSpace,
                        {"/dev/shm", "(/dev/shm has 256 KiB free)"});
     if (!r) return c.Fail(std::string("a queue larger than /dev/shm: ") + r.message());
-    if (PathExists(SegmentPath(name))) return c.Fail("the failed Open left its partial segment in /dev/shm");
+    if (PathExists(SegmentPath(name)))
+      return c.Fail("the failed Open left its partial segment in /dev/shm");
     // The name is usable again for a queue that fits.
     try {
       auto q = WorkQueue::Open(BaseOptions(name, {small}));
@@ -837,7 +865,8 @@ TEST_F(WorkQueueTest, FullDevShmIsNoSpaceAndLeavesNothing) {
     return 0;
   });
   const ChildResult r = kids.Wait(0, milliseconds(30000));
-  if (r.exited && r.exit_code == 77) GTEST_SKIP() << "cannot mount a small /dev/shm here: " << r.error;
+  if (r.exited && r.exit_code == 77)
+    GTEST_SKIP() << "cannot mount a small /dev/shm here: " << r.error;
   EXPECT_TRUE(r.Ok()) << r.Describe();
 }
 
@@ -1071,7 +1100,8 @@ Partial RunPartway(WorkQueue& q, int taken) {
 
 // After a restore: acks of both runs make exactly one pass per epoch, and
 // items open at the checkpoint resume from their last progress offset.
-void CheckRestoredRun(const Partial& p, const std::vector<WorkItem>& second, uint64_t n, uint64_t epochs) {
+void CheckRestoredRun(const Partial& p, const std::vector<WorkItem>& second, uint64_t n,
+                      uint64_t epochs) {
   std::vector<uint32_t> counts(n * epochs);
   for (const auto& [e, i] : p.acked) counts[Key(n, e, i)]++;
   for (const WorkItem& it : second) {
@@ -1080,8 +1110,9 @@ void CheckRestoredRun(const Partial& p, const std::vector<WorkItem>& second, uin
     counts[Key(n, it.epoch, it.index)]++;
     const auto key = std::make_pair(it.epoch, it.index);
     if (auto f = p.open_from.find(key); f != p.open_from.end()) {
-      EXPECT_EQ(it.begin, f->second) << "item (" << it.epoch << "," << it.index
-                                     << ") open at the checkpoint should resume at its last progress offset";
+      EXPECT_EQ(it.begin, f->second)
+          << "item (" << it.epoch << "," << it.index
+          << ") open at the checkpoint should resume at its last progress offset";
       EXPECT_EQ(it.end, p.open_end.at(key));
     }
   }
@@ -1130,7 +1161,8 @@ TEST_F(WorkQueueTest, RestoreAfterEveryProcessWasKilled) {
     auto q = WorkQueue::Open(o);
     Partial p = RunPartway(*q, 70);
     for (const auto& [e, i] : p.acked) c.Log(Record{Rec::kAcked, 0, e, i, 0, 0, 0});
-    for (const auto& [key, off] : p.open_from) c.Log(Record{Rec::kProgress, 0, key.first, key.second, 0, 0, off});
+    for (const auto& [key, off] : p.open_from)
+      c.Log(Record{Rec::kProgress, 0, key.first, key.second, 0, 0, off});
     if (!state.Put(p.state)) return c.Fail("state too large for the test buffer");
     ::raise(SIGKILL);
     return 0;
@@ -1214,7 +1246,8 @@ TEST_F(WorkQueueTest, EveryProcessOfTheJobMayPassTheSameState) {
     }
   }
   CheckRestoredRun(p, second, n, 2);
-  EXPECT_FALSE(PathExists(SegmentPath(o.name))) << "the last of num_clients processes removes a finished queue";
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)))
+      << "the last of num_clients processes removes a finished queue";
 }
 
 TEST_F(WorkQueueTest, StateAtTheStartAndAtTheEndRestore) {
@@ -1371,7 +1404,8 @@ TEST_F(WorkQueueTest, UnfinishedQueueSurvivesCloseAndContinues) {
     counts[Key(20, it.epoch, it.index)]++;
     seen.insert({it.epoch, it.index});
   }
-  for (const auto& k : given_back) EXPECT_TRUE(seen.count(k)) << "item given back at Close never came back";
+  for (const auto& k : given_back)
+    EXPECT_TRUE(seen.count(k)) << "item given back at Close never came back";
   EXPECT_EQ(ExactlyOnce(counts, 20), "");
 }
 
@@ -1610,8 +1644,9 @@ TEST_F(WorkQueueTest, TakeGetsTheItemOfAHolderThatDies) {
   EXPECT_EQ(it.epoch, held.epoch);
   EXPECT_EQ(it.index, held.index);
   EXPECT_EQ(it.ticket, held.ticket);
-  const double latency =
-      std::chrono::duration<double, std::milli>(woke - Clock::time_point{Clock::duration(killed_at.load())}).count();
+  const double latency = std::chrono::duration<double, std::milli>(
+                             woke - Clock::time_point{Clock::duration(killed_at.load())})
+                             .count();
   EXPECT_LT(latency, 5000.0);
   RecordProperty("wake_after_death_ms", std::to_string(latency));
   EXPECT_TRUE(kids.Wait(0, milliseconds(5000)).Killed());

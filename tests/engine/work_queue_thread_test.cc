@@ -94,7 +94,8 @@ TEST_F(WorkQueueThreadTest, EightThreadsOnOneObjectAckEachItemOncePerEpoch) {
   std::vector<ThreadLog> logs(8);
   std::vector<std::thread> threads;
   std::latch start(8);
-  for (size_t t = 0; t < logs.size(); ++t) threads.emplace_back([&, t] { Work(*q, logs[t], 100 + t, start); });
+  for (size_t t = 0; t < logs.size(); ++t)
+    threads.emplace_back([&, t] { Work(*q, logs[t], 100 + t, start); });
   for (auto& th : threads) th.join();
   CheckLogs(logs, n, 2);
   const QueueStats s = q->Stats();
@@ -146,8 +147,8 @@ TEST_F(WorkQueueThreadTest, StatsWhileThreadsTakeIsConsistent) {
     while (!stop.load()) {
       const QueueStats s = q->Stats();
       if (s.done < last_done) {
-        problem = "done went backwards from " + std::to_string(last_done) + " to " + std::to_string(s.done) +
-                  " (in flight " + std::to_string(s.in_flight) + ")";
+        problem = "done went backwards from " + std::to_string(last_done) + " to " +
+                  std::to_string(s.done) + " (in flight " + std::to_string(s.in_flight) + ")";
       }
       if (s.done > s.total) problem = "done > total";
       if (s.in_flight > 8) problem = "more in flight than lease slots";
@@ -157,7 +158,8 @@ TEST_F(WorkQueueThreadTest, StatsWhileThreadsTakeIsConsistent) {
   std::vector<ThreadLog> logs(4);
   std::vector<std::thread> threads;
   std::latch start(4);
-  for (size_t t = 0; t < logs.size(); ++t) threads.emplace_back([&, t] { Work(*q, logs[t], 300 + t, start); });
+  for (size_t t = 0; t < logs.size(); ++t)
+    threads.emplace_back([&, t] { Work(*q, logs[t], 300 + t, start); });
   for (auto& th : threads) th.join();
   stop = true;
   watcher.join();
@@ -227,8 +229,9 @@ TEST_F(WorkQueueThreadTest, TakeSleepingAtTheEndWakesWhenAnotherThreadAcks) {
   const auto woke = Clock::now();
   acker.join();
   EXPECT_EQ(st, TakeStatus::kEnd);
-  const double latency =
-      std::chrono::duration<double, std::milli>(woke - Clock::time_point{Clock::duration(acked_at.load())}).count();
+  const double latency = std::chrono::duration<double, std::milli>(
+                             woke - Clock::time_point{Clock::duration(acked_at.load())})
+                             .count();
   EXPECT_LT(latency, 5000.0);
   RecordProperty("wake_after_ack_ms", std::to_string(latency));
 }

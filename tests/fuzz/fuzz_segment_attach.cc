@@ -92,13 +92,17 @@ void Drain(tailcut::WorkQueue& q) {
         int alive = 0;
         for (const auto& c : st.clients) alive += c.alive;
         if (alive > 1) return;
-        std::fprintf(stderr, "hang: Take found nothing for 1 s with no other client (done %llu of %llu, %llu in flight)\n",
-                     static_cast<unsigned long long>(st.done), static_cast<unsigned long long>(st.total),
+        std::fprintf(stderr,
+                     "hang: Take found nothing for 1 s with no other client (done %llu of %llu, "
+                     "%llu in flight)\n",
+                     static_cast<unsigned long long>(st.done),
+                     static_cast<unsigned long long>(st.total),
                      static_cast<unsigned long long>(st.in_flight));
         std::abort();
       }
     }
-    std::fprintf(stderr, "hang: Take says this process holds every lease, yet it acked all it took\n");
+    std::fprintf(stderr,
+                 "hang: Take says this process holds every lease, yet it acked all it took\n");
     std::abort();
   }
   std::fprintf(stderr, "hang: 1000 takes did not reach the end of 14 tickets\n");
@@ -131,7 +135,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string name = "fuzz-" + std::to_string(::getpid());
   std::string path = tailcut::SegmentPath(name);
   int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  if (fd < 0 || ::write(fd, image.data(), image.size()) != static_cast<ssize_t>(image.size())) std::abort();
+  if (fd < 0 || ::write(fd, image.data(), image.size()) != static_cast<ssize_t>(image.size()))
+    std::abort();
   ::close(fd);
   try {
     tailcut::InspectQueue(name);
@@ -141,7 +146,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto q = tailcut::WorkQueue::Open(Options(name));
     tailcut::WorkItem item;
     for (int i = 0; i < 20 && q->TryTake(&item) == tailcut::TakeStatus::kOk; ++i) {
-      if (i % 3 == 0) q->GiveBack(item); else q->Ack(item);
+      if (i % 3 == 0)
+        q->GiveBack(item);
+      else
+        q->Ack(item);
     }
     q->SaveState();
     q->Stats();

@@ -51,9 +51,7 @@ void ExpectPublishedVectors(Crc32cFunction crc) {
 
 TEST(Crc32cTest, MatchesPublishedVectors) { ExpectPublishedVectors(&Crc32c); }
 
-TEST(Crc32cTest, TablePathMatchesPublishedVectors) {
-  ExpectPublishedVectors(&detail::Crc32cTable);
-}
+TEST(Crc32cTest, TablePathMatchesPublishedVectors) { ExpectPublishedVectors(&detail::Crc32cTable); }
 
 TEST(Crc32cTest, HardwarePathMatchesPublishedVectors) {
   if (!detail::Crc32cHasHardware()) GTEST_SKIP() << "CPU lacks SSE4.2";
@@ -108,8 +106,8 @@ TEST(Crc32cTest, AppendTfrecordWritesLengthHeaderDataAndFooter) {
   // Bytes computed with an independent implementation of the TFRecord framing.
   std::string hello = Bytes({0x05, 0, 0, 0, 0, 0, 0, 0, 0xea, 0xb2, 0x04, 0x3e}) + "hello" +
                       Bytes({0xbb, 0x1f, 0x1c, 0x19});
-  std::string empty = Bytes({0, 0, 0, 0, 0, 0, 0, 0, 0x29, 0x03, 0x98, 0x07}) +
-                      Bytes({0xd8, 0xea, 0x82, 0xa2});
+  std::string empty =
+      Bytes({0, 0, 0, 0, 0, 0, 0, 0, 0x29, 0x03, 0x98, 0x07}) + Bytes({0xd8, 0xea, 0x82, 0xa2});
   EXPECT_EQ(out, "x" + hello + empty);
 }
 

@@ -132,9 +132,9 @@ TEST_F(ReaderFileChangeTest, AFileReplacedByAnotherOfTheSameSizeIsAnErrorNamingT
   auto reader = Reader::Open(*queue, Options());
   std::vector<std::string> records;
   ASSERT_EQ(ReadAll(*reader, &records), ReadStatus::kError);
-  const std::string expected_start = "file '" + a + "' changed since the queue was created: inode " +
-                                     std::to_string(before.inode) + " -> " +
-                                     std::to_string(ost.st_ino);
+  const std::string expected_start =
+      "file '" + a + "' changed since the queue was created: inode " +
+      std::to_string(before.inode) + " -> " + std::to_string(ost.st_ino);
   EXPECT_EQ(reader->error().rfind(expected_start, 0), 0u) << reader->error();
   EXPECT_NE(reader->error().find("; recreate the queue or restore the file"), std::string::npos)
       << reader->error();

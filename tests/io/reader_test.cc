@@ -1090,7 +1090,8 @@ TEST_P(ReaderMemlockTest, LockingFailureNamesRlimitMemlockAndReadingGoesOn) {
     const uint64_t resident_before = resident();
     auto pread_reader = Reader::Open(*queue, options);
     const uint64_t faulted = resident() - resident_before;
-    fprintf(stderr, "pread reader: resident +%llu KiB\n", static_cast<unsigned long long>(faulted >> 10));
+    fprintf(stderr, "pread reader: resident +%llu KiB\n",
+            static_cast<unsigned long long>(faulted >> 10));
     if (faulted < (4u << 20)) return 30;
     return 0;
   });
@@ -1851,9 +1852,9 @@ TEST_P(ReaderEndTest, ShortDeadlinesRepeatedlyNeverLoseOrRepeatARecord) {
   bool released = false;
   for (;;) {
     // Every call waits 5 ms at most; the item comes back after 10 kEmpty.
-    ReadStatus status = ReadOnce(*reader, param.call,
-                                 std::chrono::steady_clock::now() + std::chrono::milliseconds(5),
-                                 &pieces);
+    ReadStatus status =
+        ReadOnce(*reader, param.call,
+                 std::chrono::steady_clock::now() + std::chrono::milliseconds(5), &pieces);
     if (status == ReadStatus::kOk) continue;
     if (status == ReadStatus::kEnd) break;
     ASSERT_EQ(status, ReadStatus::kEmpty) << reader->error();
@@ -1875,21 +1876,22 @@ TEST_P(ReaderEndTest, ShortDeadlinesRepeatedlyNeverLoseOrRepeatARecord) {
   EXPECT_TRUE(Reassembled(data, param.call, pieces) == expected);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Calls, ReaderEndTest,
-    ::testing::Values(EndParam{EndCall::kNextRecord, HolderExit::kGivesBack},
-                      EndParam{EndCall::kNextBatch, HolderExit::kGivesBack},
-                      EndParam{EndCall::kNextChunk, HolderExit::kGivesBack},
-                      EndParam{EndCall::kNextRecord, HolderExit::kKilled},
-                      EndParam{EndCall::kNextBatch, HolderExit::kKilled},
-                      EndParam{EndCall::kNextChunk, HolderExit::kKilled}),
-    [](const ::testing::TestParamInfo<EndParam>& info) {
-      const char* call = info.param.call == EndCall::kNextRecord  ? "NextRecord"
-                         : info.param.call == EndCall::kNextBatch ? "NextBatch"
-                                                                  : "NextChunk";
-      return std::string(call) +
-             (info.param.exit == HolderExit::kGivesBack ? "HolderGivesBack" : "HolderKilled");
-    });
+INSTANTIATE_TEST_SUITE_P(Calls, ReaderEndTest,
+                         ::testing::Values(EndParam{EndCall::kNextRecord, HolderExit::kGivesBack},
+                                           EndParam{EndCall::kNextBatch, HolderExit::kGivesBack},
+                                           EndParam{EndCall::kNextChunk, HolderExit::kGivesBack},
+                                           EndParam{EndCall::kNextRecord, HolderExit::kKilled},
+                                           EndParam{EndCall::kNextBatch, HolderExit::kKilled},
+                                           EndParam{EndCall::kNextChunk, HolderExit::kKilled}),
+                         [](const ::testing::TestParamInfo<EndParam>& info) {
+                           const char* call = info.param.call == EndCall::kNextRecord ? "NextRecord"
+                                              : info.param.call == EndCall::kNextBatch
+                                                  ? "NextBatch"
+                                                  : "NextChunk";
+                           return std::string(call) + (info.param.exit == HolderExit::kGivesBack
+                                                           ? "HolderGivesBack"
+                                                           : "HolderKilled");
+                         });
 
 TEST(ReaderTest, ItemsHeldCountsTheCurrentItemAndThoseTakenAhead) {
   TempDir dir;
@@ -1974,7 +1976,7 @@ TEST(ReaderTest, TheBudgetIsRoundedDownToWholeChunksOfWholePages) {
   QueueCleanup cleanup{name};
   auto queue = WorkQueue::Open(QueueOptions(data, name, 1));
   ReaderOptions options = SmallReaderOptions(data.format, IoBackend::kPread, false);
-  options.chunk_bytes = 5000;          // up to 8192
+  options.chunk_bytes = 5000;           // up to 8192
   options.buffer_budget_bytes = 60000;  // 7 whole chunks of 8192
   auto reader = Reader::Open(*queue, options);
   EXPECT_EQ(reader->chunk_bytes(), 8192u);

@@ -48,11 +48,13 @@ struct TestFile {
 
 struct SliceRun {
   std::vector<Rec> records;
-  std::string error;  // set on kError
+  std::string error;   // set on kError
   uint64_t split = 0;  // where the tail was split off (the slice end if it was not)
 };
 
-const std::byte* Bytes(const std::string& s) { return reinterpret_cast<const std::byte*>(s.data()); }
+const std::byte* Bytes(const std::string& s) {
+  return reinterpret_cast<const std::byte*>(s.data());
+}
 
 // Feeds slice [begin, end) of `file` through `parser` the way a reader does: a
 // window that grows by 1..max_window bytes whenever the parser needs more,
@@ -234,8 +236,11 @@ TEST(RecordFormatTest, ParseAcceptsTheFourFormats) {
 }
 
 TEST(RecordFormatTest, ParseRejectsUnknownNamesAndMisplacedRecordBytes) {
-  for (auto [name, bytes] : {std::pair<const char*, uint64_t>{"csv", 0}, {"Lines", 0},
-                             {"fixed", 0}, {"lines", 16}, {"tfrecord", 8}}) {
+  for (auto [name, bytes] : {std::pair<const char*, uint64_t>{"csv", 0},
+                             {"Lines", 0},
+                             {"fixed", 0},
+                             {"lines", 16},
+                             {"tfrecord", 8}}) {
     try {
       RecordFormat::Parse(name, bytes);
       ADD_FAILURE() << name << " " << bytes << " was accepted";
@@ -309,8 +314,8 @@ TEST(RecordFormatTest, AnEmptyWindowMayBeNull) {
     }
     parser->Begin("/d/empty", 0, 0, 0);
     ParseStatus status = parser->Next(nullptr, 0, true, &record, &consumed);
-    EXPECT_EQ(status, format.kind == RecordFormatKind::kFile ? ParseStatus::kRecord
-                                                             : ParseStatus::kDone)
+    EXPECT_EQ(status,
+              format.kind == RecordFormatKind::kFile ? ParseStatus::kRecord : ParseStatus::kDone)
         << format.Tag();
   }
 }
@@ -402,10 +407,10 @@ TestFile MakeRandomLinesFile(std::mt19937_64& rng, int count, bool trailing_newl
 TEST(LinesParserTest, LinesSlicesYieldEveryRecordExactlyOnce) {
   std::mt19937_64 rng(2);
   std::vector<TestFile> files = {
-      MakeRandomLinesFile(rng, 300, true), MakeRandomLinesFile(rng, 200, false),
-      MakeRandomLinesFile(rng, 40, true),  MakeLinesFile("/data/empty", ""),
+      MakeRandomLinesFile(rng, 300, true),       MakeRandomLinesFile(rng, 200, false),
+      MakeRandomLinesFile(rng, 40, true),        MakeLinesFile("/data/empty", ""),
       MakeLinesFile("/data/newlines", "\n\n\n"), MakeLinesFile("/data/crlf", "\r\n\r\n"),
-      MakeLinesFile("/data/open", "abc"),  MakeLinesFile("/data/open-cr", "x\r\ny\r"),
+      MakeLinesFile("/data/open", "abc"),        MakeLinesFile("/data/open-cr", "x\r\ny\r"),
       MakeLinesFile("/data/cr", "\r"),
   };
   EXPECT_GE(ExpectEverySlicingYieldsEachRecordOnce(RecordFormat::Parse("lines"), files, 22), 97);
@@ -463,9 +468,9 @@ TestFile MakeTfrecordFile(std::string path, const std::vector<std::string>& payl
     file.records.push_back({at, payload});
     AppendTfrecord(&file.bytes, payload);
     // Inside the length, inside the length CRC, at the data, inside the data CRC.
-    for (uint64_t o : {at - 1, at, at + 1, at + 4, at + 7, at + 8, at + 11, at + 12, at + 13,
-                       at + 12 + payload.size() / 2, data_end - 1, data_end, data_end + 1,
-                       data_end + 3}) {
+    for (uint64_t o :
+         {at - 1, at, at + 1, at + 4, at + 7, at + 8, at + 11, at + 12, at + 13,
+          at + 12 + payload.size() / 2, data_end - 1, data_end, data_end + 1, data_end + 3}) {
       file.awkward.push_back(o);
     }
   }
@@ -491,17 +496,16 @@ TEST(TfrecordParserTest, TfrecordSlicesYieldEveryRecordExactlyOnce) {
       MakeTfrecordFile("/data/b.tfrecord", RandomPayloads(rng, 30)),
       MakeTfrecordFile("/data/empty.tfrecord", {}),
       MakeTfrecordFile("/data/one-empty.tfrecord", {""}),
-      MakeTfrecordFile("/data/huge.tfrecord", {RandomBytes(rng, 30000), "", "x",
-                                               RandomBytes(rng, 9000)}),
+      MakeTfrecordFile("/data/huge.tfrecord",
+                       {RandomBytes(rng, 30000), "", "x", RandomBytes(rng, 9000)}),
   };
-  EXPECT_GE(ExpectEverySlicingYieldsEachRecordOnce(RecordFormat::Parse("tfrecord"), files, 33),
-            97);
+  EXPECT_GE(ExpectEverySlicingYieldsEachRecordOnce(RecordFormat::Parse("tfrecord"), files, 33), 97);
 }
 
 TEST(TfrecordParserTest, EveryTruncationYieldsThePrefixThenANamedError) {
   std::mt19937_64 rng(7);
-  TestFile whole = MakeTfrecordFile("/d/t.tfrecord", {"", "a", "hello", "", RandomBytes(rng, 40),
-                                                      RandomBytes(rng, 300), "xy"});
+  TestFile whole = MakeTfrecordFile(
+      "/d/t.tfrecord", {"", "a", "hello", "", RandomBytes(rng, 40), RandomBytes(rng, 300), "xy"});
   auto parser = RecordParser::Create(RecordFormat::Parse("tfrecord"));
   for (uint64_t n = 0; n <= whole.bytes.size(); ++n) {
     SCOPED_TRACE("prefix " + std::to_string(n));

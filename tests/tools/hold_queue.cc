@@ -43,8 +43,7 @@ std::vector<std::string> MakeWorks(const std::filesystem::path& dir) {
     const std::filesystem::path path = dir / ("part-" + std::to_string(k));
     std::error_code error;
     if (std::filesystem::file_size(path, error) != kFileSizes[k] || error) {
-      const std::filesystem::path temporary =
-          path.string() + ".tmp." + std::to_string(::getpid());
+      const std::filesystem::path temporary = path.string() + ".tmp." + std::to_string(::getpid());
       {
         std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
         for (uint64_t i = 0; i < kFileSizes[k]; ++i) out.put(static_cast<char>('a' + i % 26));

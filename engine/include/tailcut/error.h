@@ -16,20 +16,19 @@
 namespace tailcut {
 
 enum class ErrorKind {
-  kInvalidArgument,   // a bad option or name
-  kNotFound,          // a work file or queue does not exist
-  kPermission,        // a file or segment we may not use (owner, mode, EACCES)
-  kNoSpace,           // /dev/shm or memory is full
-  kConfigMismatch,    // an existing queue was made with another configuration
-  kCorrupt,           // a segment, checkpoint or record that fails validation
-  kTimeout,           // a bounded wait ran out (e.g. creator never published READY)
-  kIo,                // a read or system call failed
+  kInvalidArgument,  // a bad option or name
+  kNotFound,         // a work file or queue does not exist
+  kPermission,       // a file or segment we may not use (owner, mode, EACCES)
+  kNoSpace,          // /dev/shm or memory is full
+  kConfigMismatch,   // an existing queue was made with another configuration
+  kCorrupt,          // a segment, checkpoint or record that fails validation
+  kTimeout,          // a bounded wait ran out (e.g. creator never published READY)
+  kIo,               // a read or system call failed
 };
 
 class TAILCUT_EXPORT Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message)
-      : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   ErrorKind kind() const noexcept { return kind_; }
 
  private:

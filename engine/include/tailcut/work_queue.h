@@ -54,20 +54,20 @@ namespace tailcut {
 
 struct WorkQueueOptions {
   // The PAI WorkQueue options.
-  std::vector<std::string> works;        // file paths; prefix is prepended
+  std::vector<std::string> works;  // file paths; prefix is prepended
   uint64_t num_epochs = 1;
   bool shuffle = true;
-  std::optional<uint64_t> seed;          // unset: the creator draws one, all use it
+  std::optional<uint64_t> seed;  // unset: the creator draws one, all use it
   std::string prefix;
-  std::optional<uint64_t> num_slices;    // unset: one item per file
-  uint32_t num_clients = 1;              // processes expected to join
+  std::optional<uint64_t> num_slices;  // unset: one item per file
+  uint32_t num_clients = 1;            // processes expected to join
   std::string name = "work_queue";
 
   // Fingerprinted tag of how items are read (e.g. "tfrecord"); processes that
   // read the same works differently must not share a queue.
   std::string format;
-  uint32_t max_clients = 256;            // client slots in the segment
-  uint32_t leases_per_client = 8;        // open items one process may hold
+  uint32_t max_clients = 256;      // client slots in the segment
+  uint32_t leases_per_client = 8;  // open items one process may hold
   // How long an attacher waits for the creator to publish the queue.
   std::chrono::milliseconds attach_timeout{10000};
   // A live client that makes no progress (take, ack, Progress) for longer than
@@ -118,16 +118,16 @@ TAILCUT_EXPORT std::string DescribeFileChange(const FileIdentity& then, const Fi
 // An item one process holds (a lease). Plain data; copy it freely. path points
 // into the queue's own table and lives as long as the WorkQueue.
 struct WorkItem {
-  uint64_t ticket = 0;       // epoch * num_items + position
+  uint64_t ticket = 0;  // epoch * num_items + position
   uint64_t epoch = 0;
-  uint64_t index = 0;        // item index in [0, num_items): which slice
-  uint32_t file = 0;         // index into works
-  std::string_view path;     // prefix + works[file]
-  uint64_t begin = 0;        // byte range [begin, end) of the file
+  uint64_t index = 0;     // item index in [0, num_items): which slice
+  uint32_t file = 0;      // index into works
+  std::string_view path;  // prefix + works[file]
+  uint64_t begin = 0;     // byte range [begin, end) of the file
   uint64_t end = 0;
-  uint32_t lease = 0;        // lease slot, for Ack/GiveBack/Progress
-  uint64_t generation = 0;   // lease generation, to refuse stale acks
-  bool piece = false;        // a tail split off another process's item
+  uint32_t lease = 0;       // lease slot, for Ack/GiveBack/Progress
+  uint64_t generation = 0;  // lease generation, to refuse stale acks
+  bool piece = false;       // a tail split off another process's item
 };
 
 enum class TakeStatus {
@@ -146,8 +146,8 @@ enum class StepStatus {
 
 enum class AckStatus {
   kOk,
-  kStale,    // the item was reassigned (lease timeout); the ack was refused
-  kInvalid,  // not an item of this queue and process
+  kStale,       // the item was reassigned (lease timeout); the ack was refused
+  kInvalid,     // not an item of this queue and process
   kOutOfRange,  // Progress: the offset is outside the item's [begin, end]; nothing changed
 };
 
@@ -163,32 +163,32 @@ struct ClientStats {
   uint64_t bytes_acked = 0;      // slice bytes of acked items
   uint64_t records = 0;          // reported by readers
   uint64_t stale_acks = 0;
-  uint64_t splits = 0;           // tails this client split off others' items
+  uint64_t splits = 0;  // tails this client split off others' items
   uint64_t open_items = 0;
-  uint64_t busy_ns = 0;          // time registered minus idle time
-  uint64_t idle_ns = 0;          // time spent waiting in Take
-  uint64_t last_progress_ns = 0; // CLOCK_MONOTONIC of last take/ack/progress
-  uint64_t joined_ns = 0;        // CLOCK_MONOTONIC when it joined
+  uint64_t busy_ns = 0;           // time registered minus idle time
+  uint64_t idle_ns = 0;           // time spent waiting in Take
+  uint64_t last_progress_ns = 0;  // CLOCK_MONOTONIC of last take/ack/progress
+  uint64_t joined_ns = 0;         // CLOCK_MONOTONIC when it joined
 };
 
 struct QueueStats {
   std::string name;
-  std::string segment_path;       // e.g. /dev/shm/tailcut.1000.work_queue
+  std::string segment_path;  // e.g. /dev/shm/tailcut.1000.work_queue
   uint64_t num_items = 0;
   uint64_t num_epochs = 0;
-  uint64_t total = 0;             // num_items * num_epochs
-  uint64_t done = 0;              // acked tickets
-  uint64_t in_flight = 0;         // open leases (taken, not acked)
-  uint64_t handed_out = 0;        // tickets the cursor has passed
-  uint64_t epoch = 0;             // epoch of the next ticket (num_epochs at the end)
+  uint64_t total = 0;       // num_items * num_epochs
+  uint64_t done = 0;        // acked tickets
+  uint64_t in_flight = 0;   // open leases (taken, not acked)
+  uint64_t handed_out = 0;  // tickets the cursor has passed
+  uint64_t epoch = 0;       // epoch of the next ticket (num_epochs at the end)
   uint64_t seed = 0;
   bool shuffle = false;
-  uint32_t num_clients = 0;       // expected
-  uint32_t clients_joined = 0;    // ever registered
-  uint64_t recovered_items = 0;   // items taken back from dead or hung clients
+  uint32_t num_clients = 0;      // expected
+  uint32_t clients_joined = 0;   // ever registered
+  uint64_t recovered_items = 0;  // items taken back from dead or hung clients
   uint64_t stale_acks = 0;
-  uint64_t splits = 0;            // tails split off slow items
-  uint64_t now_ns = 0;            // CLOCK_MONOTONIC when read
+  uint64_t splits = 0;               // tails split off slow items
+  uint64_t now_ns = 0;               // CLOCK_MONOTONIC when read
   std::vector<ClientStats> clients;  // registered clients (alive or dead)
 };
 
@@ -206,9 +206,8 @@ class TAILCUT_EXPORT WorkQueue {
 
   // Hands out the next item. Waits at the end of the data as described above,
   // at most until deadline. Thread-safe, noexcept.
-  TakeStatus Take(WorkItem* item,
-                  std::chrono::steady_clock::time_point deadline =
-                      std::chrono::steady_clock::time_point::max()) noexcept;
+  TakeStatus Take(WorkItem* item, std::chrono::steady_clock::time_point deadline =
+                                      std::chrono::steady_clock::time_point::max()) noexcept;
   // Take that never waits: kEmpty when nothing can be handed out right now.
   TakeStatus TryTake(WorkItem* item) noexcept;
 
@@ -289,13 +288,13 @@ class TAILCUT_EXPORT WorkQueue {
 struct QueueListing {
   std::string name;
   std::string segment_path;
-  bool valid = false;       // false: not a tailcut segment we can read
-  std::string problem;      // why not valid
+  bool valid = false;   // false: not a tailcut segment we can read
+  std::string problem;  // why not valid
   // Of a valid queue only:
-  uint64_t created_unix_ns = 0;  // CLOCK_REALTIME when its creator made it
-  bool finished = false;         // every item of every epoch done
-  int live_clients = 0;          // processes using it now
-  uint64_t lease_timeout_ms = 0; // the queue's (0: never)
+  uint64_t created_unix_ns = 0;   // CLOCK_REALTIME when its creator made it
+  bool finished = false;          // every item of every epoch done
+  int live_clients = 0;           // processes using it now
+  uint64_t lease_timeout_ms = 0;  // the queue's (0: never)
   // Why it stays when its last process closes it unfinished, e.g. "a process
   // of it died, so a rerun resumes it"; "" when it would be removed.
   std::string kept_reason;

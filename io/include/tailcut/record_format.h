@@ -45,8 +45,8 @@ enum class RecordFormatKind { kFixed, kLines, kTfrecord, kFile };
 
 struct TAILCUT_EXPORT RecordFormat {
   RecordFormatKind kind = RecordFormatKind::kLines;
-  uint64_t record_bytes = 0;                 // kFixed only; > 0
-  uint64_t max_record_bytes = 64ull << 20;   // larger records are an error
+  uint64_t record_bytes = 0;                // kFixed only; > 0
+  uint64_t max_record_bytes = 64ull << 20;  // larger records are an error
 
   // Parses "fixed", "lines", "tfrecord" or "file". record_bytes is required
   // for (and only allowed with) "fixed". Throws kInvalidArgument naming the
@@ -61,7 +61,7 @@ struct TAILCUT_EXPORT RecordFormat {
 struct Record {
   const std::byte* data = nullptr;
   size_t size = 0;
-  uint64_t offset = 0;   // file offset where the record starts (its header, for tfrecord)
+  uint64_t offset = 0;  // file offset where the record starts (its header, for tfrecord)
 };
 
 enum class ParseStatus {
