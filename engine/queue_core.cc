@@ -422,6 +422,8 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
   uint64_t now = MonotonicNs();
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
+    // acquire: pairs with the owner's CASes on the word (ReserveLease, TakeOnce, ClaimOrphan,
+    // TrySplit), so an OPEN lease's fields are read after they were written.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     uint64_t state = LeaseStateOf(w);
     uint64_t owner = LeaseOwnerOf(w);

@@ -86,6 +86,7 @@ std::string RingCore::ValidateRing(Which which, uint64_t head) const {
   const char* name = which == Which::kFree ? "free ring" : "ready ring";
   const uint64_t shift = std::countr_zero(uint64_t{g_.ring_cells});
   RingRef r = Ring(which);
+  // acquire here and below: as in Validate; only the values are checked.
   uint64_t tail = r.ring->tail.load(std::memory_order_acquire);
   // The tail is at most a ring ahead of the true head, and each hint lags
   // its true position by at most one per client killed between a cell CAS
