@@ -48,20 +48,26 @@ void QueueCore::WakeWaiters() noexcept {
   // seq_cst pairs with the waiter's increment of waiters before it re-checks
   // the queue (Dekker): either it sees our change or we see it waiting.
   if (c.waiters.load(std::memory_order_seq_cst) == 0) return;
+  // seq_cst: pairs with Take's load of wake_seq before it sleeps: FUTEX_WAIT then fails at once.
   c.wake_seq.fetch_add(1, std::memory_order_seq_cst);
   FutexWake(c.wake_seq, INT_MAX);
 }
 
 bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_word) noexcept {
+  // seq_cst: the release half publishes the lease's fields to ClaimOrphan's acquire CAS
+  // (work_queue.cc); seq_cst, with the bump below, for the orphan_seq argument.
   bool ok = ls.word.compare_exchange_strong(*expected, orphan_word, std::memory_order_seq_cst);
-  // After the CAS: a scan that missed this orphan read orphan_seq before it
-  // changes (seq_cst total order), so its process scans again.
+  // After the CAS: a scan that missed this orphan read orphan_seq before it changes (seq_cst total
+  // order), so its process scans again. Pairs with the seq_cst loads of orphan_seq in ClaimOrphan,
+  // TakeOnce and Take (work_queue.cc); a scan that reads the bumped value acquires this CAS too.
   if (ok) seg_->counters().orphan_seq.fetch_add(1, std::memory_order_seq_cst);
   return ok;
 }
 
 bool QueueCore::ReturnToOrphan(LeaseSlot& ls, uint64_t* expected) noexcept {
   const uint64_t orphan = NextLeaseWord(*expected, kLeaseOrphan, kNoOwner);
+  // relaxed: we hold the lease (its owner, or took it over by CAS), so begin is ours to read and
+  // the progress store is published by MarkOrphan's CAS below.
   ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
                     std::memory_order_relaxed);
   return MarkOrphan(ls, expected, orphan);
@@ -71,12 +77,16 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
                               uint64_t begin, uint64_t end, uint32_t flags) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
   const uint64_t orphan = NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner);
+  // relaxed: only the lease's holder writes these (I6); the release of ticket and MarkOrphan's CAS
+  // below publish them.
   ls.begin.store(begin, std::memory_order_relaxed);
   ls.end.store(end, std::memory_order_relaxed);
   ls.progress.store(ProgressWord(begin, orphan), std::memory_order_relaxed);
   ls.extent.store(Extent::Fresh(ExtentUnits(end - begin, SplitUnit(end - begin)), orphan).Word(),
                   std::memory_order_relaxed);
   ls.flags.store(flags, std::memory_order_relaxed);
+  // release: pairs with the acquire loads of ticket in RecoverLease, TrySweep and
+  // ReadTicketAndFlags (ReassignHung); a reader that sees the ticket sees the fields above.
   ls.ticket.store(ticket, std::memory_order_release);  // last, as in a take
   // The CAS releases the fields above to the claimer's acquire CAS.
   return MarkOrphan(ls, &expected_word, orphan);
@@ -85,20 +95,27 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
 void QueueCore::SettleSplit(uint64_t anchor, uint64_t thief, uint64_t self) noexcept {
   if (anchor >= num_leases_) return;
   LeaseSlot& as = seg_->lease(anchor);
+  // acquire: pairs with the extent CASes in TrySplit and ClaimOrphan (work_queue.cc).
   uint64_t e = as.extent.load(std::memory_order_acquire);
   for (;;) {
     Extent x = Extent::Of(e);
     if (x.pending != thief + 1) break;
     x.pending = 0;
+    // acq_rel: pairs with TrySplit's split CAS and FinishAck's seal of this word; pending cleared
+    // here is what lets the anchor be freed below (I7).
     if (as.extent.compare_exchange_weak(e, x.Word(), std::memory_order_acq_rel)) break;
   }
   // Several may settle one anchor (its thief, housekeeping, a recoverer),
   // so the free is the CAS alone: FinishAck cleared the ticket and flags
   // while it still owned the lease, and a settler that lost the race must
   // not write into a slot that may already be someone's new lease.
+  // acquire (word): pairs with FinishAck's release CAS to DONE_WAIT. acquire (extent): pairs with
+  // the CAS that cleared pending (above, or another settler's).
   uint64_t w = as.word.load(std::memory_order_acquire);
   if (LeaseStateOf(w) == kLeaseDoneWait &&
       Extent::Of(as.extent.load(std::memory_order_acquire)).pending == 0) {
+    // acq_rel: acquire as above; the release half hands the slot, ticket and flags cleared by
+    // FinishAck (I6), to the next owner's acquire CAS in ReserveLease (work_queue.cc).
     as.word.compare_exchange_strong(w, NextLeaseWord(w, kLeaseFree, kNoOwner),
                                     std::memory_order_acq_rel);
     WakeWaiters();
@@ -109,36 +126,52 @@ void QueueCore::FinishAck(uint64_t lease, uint64_t acking) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
   // Seal: claim everything, so that no split can start any more; the same
   // CAS tells whether one is in flight.
+  // acquire: pairs with the extent CASes of TrySplit and Claim (work_queue.cc).
   uint64_t e = ls.extent.load(std::memory_order_acquire);
   Extent x = Extent::Of(e);
   while (x.splittable && x.claim < x.end) {
     Extent sealed = x;
     sealed.claim = x.end;
+    // acq_rel: pairs with TrySplit's split CAS on this word (work_queue.cc): one of the two wins;
+    // if the split won first, pending says so and is seen below.
     if (ls.extent.compare_exchange_weak(e, sealed.Word(), std::memory_order_acq_rel)) {
       x = sealed;
       break;
     }
     x = Extent::Of(e);
   }
+  // relaxed: written by the lease's holder before the word became ACKING; our ACKING word came from
+  // Ack's acq_rel CAS (the owner) or from a recoverer's acquire load or CAS of it, which orders
+  // them before us.
   uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
   uint32_t flags = ls.flags.load(std::memory_order_relaxed);
   if (ticket < total_ && !(flags & (kLeasePreset | kLeasePiece))) {
     uint64_t bit = uint64_t{1} << (ticket % 64);
+    // acq_rel: the release half pairs with the acquire loads of done words in AllDone, TrySweep,
+    // SaveState, Stats and Segment::IsDone; they read the bitmap after the leases, and the bit is
+    // set before the lease is freed below (I2).
     if (seg_->done_word(ticket / 64).fetch_or(bit, std::memory_order_acq_rel) & bit)
+      // relaxed: statistics only (duplicate_acks), nothing is published through it.
       seg_->counters().duplicate_acks.fetch_add(1, std::memory_order_relaxed);
   }
   CrashPoint("ack.after_bit");
   // Cleared while ACKING, which only we own (I6). A DONE_WAIT lease holds no
   // ticket: its piece's thief holds it, or its bit is set.
+  // relaxed: published by the word CAS below (DONE_WAIT or FREE) to whoever acquires the word next.
   ls.ticket.store(kNoTicket, std::memory_order_relaxed);
   ls.flags.store(0, std::memory_order_relaxed);
   if (x.pending != 0) {
     // A thief is between its split CAS and publishing its piece: keep the
     // slot (I7); the thief, or whoever recovers it, frees it.
+    // acq_rel: the release half pairs with the acquire load of the word in SettleSplit, which frees
+    // the slot once pending clears (I7).
     ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseDoneWait, kNoOwner),
                                     std::memory_order_acq_rel);
     return;
   }
+  // acq_rel: the release half pairs with ReserveLease's acquire CAS (work_queue.cc), so the next
+  // owner sees ticket and flags cleared (I6), and with the acquire loads of AllDone, TrySweep and
+  // Stats: a reader that sees FREE sees the done bit.
   ls.word.compare_exchange_strong(acking, NextLeaseWord(acking, kLeaseFree, kNoOwner),
                                   std::memory_order_acq_rel);
 }
@@ -146,6 +179,9 @@ void QueueCore::FinishAck(uint64_t lease, uint64_t acking) noexcept {
 void QueueCore::ReleaseSettledAnchors() noexcept {
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
+    // acquire (word): pairs with FinishAck's release CAS to DONE_WAIT. acquire (extent): pairs with
+    // TrySplit's split CAS (work_queue.cc) that set pending, so the thief's anchor and flags
+    // stores, made before that CAS, are visible below.
     if (LeaseStateOf(ls.word.load(std::memory_order_acquire)) != kLeaseDoneWait) continue;
     Extent x = Extent::Of(ls.extent.load(std::memory_order_acquire));
     uint64_t thief = x.pending == 0 ? kNoOwner : x.pending - 1;
@@ -154,6 +190,9 @@ void QueueCore::ReleaseSettledAnchors() noexcept {
     bool live_piece = false;
     if (thief < num_leases_) {
       LeaseSlot& ts = seg_->lease(thief);
+      // acquire: pairs with the thief's CASes on its own word (ReserveLease, then TAKING to OPEN in
+      // TrySplit). flags and anchor may be relaxed: the acquire of the anchor's extent above read
+      // the thief's split CAS, which the thief made after storing them.
       uint64_t tw = ts.word.load(std::memory_order_acquire);
       live_piece = (LeaseStateOf(tw) == kLeaseTaking || LeaseStateOf(tw) == kLeaseOpen) &&
                    (ts.flags.load(std::memory_order_relaxed) & kLeasePiece) &&
@@ -167,22 +206,30 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
   LeaseSlot& ls = seg_->lease(lease);
   Counters& c = seg_->counters();
   uint64_t state = LeaseStateOf(word);
+  // acquire: pairs with the release stores of ticket in TakeOnce, TrySplit (work_queue.cc) and
+  // PublishOrphan. The other fields may be relaxed: the owner is dead (I5) or we took the lease
+  // over by CAS, so nobody writes them any more, and they were written before the ticket or the
+  // owner's last word CAS.
   uint64_t ticket = ls.ticket.load(std::memory_order_acquire);
   bool piece = ls.flags.load(std::memory_order_relaxed) & kLeasePiece;
   if (state == kLeaseTaking && piece) {
     // A thief that died mid-split: its split happened exactly when the
     // anchor's pending mark names this lease (I7).
+    // relaxed (anchor): as flags above. acquire (extent): pairs with TrySplit's split CAS, which
+    // named this lease as pending (I7).
     uint64_t anchor = ls.anchor.load(std::memory_order_relaxed);
     bool happened =
         anchor < num_leases_ &&
         Extent::Of(seg_->lease(anchor).extent.load(std::memory_order_acquire)).pending == lease + 1;
     if (happened && ticket < total_) {
       if (MarkOrphan(ls, &word, NextLeaseWord(word, kLeaseOrphan, kNoOwner))) {
-        c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+        c.recovered_items.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics only.
       }
     } else {
+      // relaxed: published by the word CAS to FREE below (I6).
       ls.ticket.store(kNoTicket, std::memory_order_relaxed);
       ls.flags.store(0, std::memory_order_relaxed);
+      // acq_rel: the release half pairs with ReserveLease's acquire CAS (work_queue.cc).
       ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
     }
@@ -195,13 +242,17 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
       // got one) is below the cursor, not done and held by nobody. Count the
       // sweep before freeing the slot, so a crash here over-counts, never
       // under-counts (I3).
+      // acq_rel: counted before the free below (I3); pairs with the acquire loads of sweeps_pending
+      // in TrySweep and AllDone (and AllDone's popcount covers a read made before it).
       c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
+      // acq_rel: the release half pairs with ReserveLease's acquire CAS (work_queue.cc).
       ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
       return;
     }
     if (ticket >= total_ || seg_->IsDone(ticket)) {
       // Past the end, or a done ticket it was skipping.
+      // relaxed: published by the CAS to FREE below, which pairs with ReserveLease's acquire CAS.
       ls.ticket.store(kNoTicket, std::memory_order_relaxed);
       ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
@@ -209,14 +260,16 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
     }
     const WorkQueue::Item& item = items_[ItemAt(ticket / items_.size(), ticket % items_.size())];
     if (PublishOrphan(lease, word, ticket, item.begin, item.end, 0))
-      c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+      c.recovered_items.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics only.
     return;
   }
   if (state == kLeaseOpen) {
     if (ReturnToOrphan(ls, &word)) {
-      c.recovered_items.fetch_add(1, std::memory_order_relaxed);
+      c.recovered_items.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics only.
     }
     // A thief that died after publishing its piece but before settling.
+    // relaxed: the owner is gone (I5) and the lease is ORPHAN now; the anchor was written before
+    // the owner's word CASes that our acquire read.
     if (piece) SettleSplit(ls.anchor.load(std::memory_order_relaxed), lease, kNoOwner);
     return;
   }
@@ -227,10 +280,14 @@ void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
   ClientSlot& cs = seg_->client(slot);
   // Before anything else: should this recovery be cut short, the segment is
   // kept for the next run all the same.
+  // relaxed: Close reads keep_reasons under the admin mutex (work_queue.cc); the mutex, taken below
+  // or held by the caller, orders it.
   seg_->counters().keep_reasons.fetch_or(kKeepCrashed, std::memory_order_relaxed);
   CrashPoint("recover.after_claim");
   bool first = true;
   for (uint64_t l = 0; l < num_leases_; ++l) {
+    // acquire: pairs with the dead owner's last CAS on the word, so RecoverLease sees the fields it
+    // wrote before.
     uint64_t w = seg_->lease(l).word.load(std::memory_order_acquire);
     uint64_t state = LeaseStateOf(w);
     if (state == kLeaseFree || state == kLeaseOrphan || LeaseOwnerOf(w) != slot) continue;
@@ -244,6 +301,9 @@ void QueueCore::RecoverClient(uint64_t slot, bool admin_held) noexcept {
                                              std::chrono::milliseconds(5000), &died) == 0;
   // Without the admin lock (only a broken segment withholds it) the slot is
   // still freed: its leases are recovered, which is what matters.
+  // release: pairs with the acquire loads of state in CheckClients, LivePidsImpl, RepairLeases,
+  // Stats and Register (work_queue.cc): whoever sees the slot FREE sees its leases recovered.
+  // left_ns: statistics only.
   cs.state.store(kClientFree, std::memory_order_release);
   cs.left_ns.store(MonotonicNs(), std::memory_order_relaxed);
   if (locked) pthread_mutex_unlock(&seg_->header().admin_mutex);
@@ -260,6 +320,8 @@ int QueueCore::RepairLeases(uint64_t self, bool admin_held, bool just_registered
   int count = 0;
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
+    // acquire: pairs with the owner's CASes on the word. The owner's state is acquired below too:
+    // it pairs with the release stores of state in Register, Close (work_queue.cc), RecoverClient.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     uint64_t state = LeaseStateOf(w);
     uint64_t owner = LeaseOwnerOf(w);
@@ -290,10 +352,13 @@ int QueueCore::RepairLeases(uint64_t self, bool admin_held, bool just_registered
       }
       why = "its owner, client slot " + std::to_string(owner) + ", has a damaged lock";
     }
+    // relaxed: only for the message below; the lease is taken over before anything relies on it.
     uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
     // Take it over first, so that nobody else writes it any more, then
     // recover it as a dead owner's; a word in no valid state as TAKING.
     uint64_t taken = NextLeaseWord(w, valid_state ? state : kLeaseTaking, self);
+    // acq_rel: takes the lease over; the acquire pairs with its last owner's word CAS (its fields
+    // are then ours to read), and any later write by anyone else fails (I4).
     if (!ls.word.compare_exchange_strong(w, taken, std::memory_order_acq_rel)) continue;
     RecoverLease(l, taken);
     ++count;
@@ -312,6 +377,8 @@ int QueueCore::CheckClients(uint64_t self, bool admin_held) noexcept {
   for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
     if (s == self) continue;
     ClientSlot& cs = seg_->client(s);
+    // acquire: pairs with the release stores of state in Register, Close (work_queue.cc) and
+    // RecoverClient; a filter only, the trylock decides.
     if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
     int rc = TryLockRobust(&cs.life);
     if (rc == EOWNERDEAD) {
@@ -336,6 +403,7 @@ std::vector<int> QueueCore::LivePidsImpl(uint64_t self, bool admin_held) noexcep
   for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
     if (s == self) continue;
     ClientSlot& cs = seg_->client(s);
+    // acquire: as in CheckClients; pid is for people, never for decisions, so relaxed.
     if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
     int rc = TryLockRobust(&cs.life);
     if (rc == EBUSY) {
@@ -354,6 +422,8 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
   uint64_t now = MonotonicNs();
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
+    // acquire: pairs with the owner's CASes on the word (ReserveLease, TakeOnce, ClaimOrphan,
+    // TrySplit), so an OPEN lease's fields are read after they were written.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     uint64_t state = LeaseStateOf(w);
     uint64_t owner = LeaseOwnerOf(w);
@@ -361,10 +431,13 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
         owner >= seg_->geometry().max_clients)
       continue;
     ClientSlot& cs = seg_->client(owner);
+    // relaxed: a timestamp; a stale one only moves the reassignment by one housekeeping round, and
+    // the CAS on the word decides.
     uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
     if (last + timeout_ns > now) continue;
     if (state == kLeaseOpen) {
       if (ReturnToOrphan(ls, &w)) {
+        // relaxed: statistics only.
         seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
         ++reassigned;
       }
@@ -378,11 +451,14 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
       // it, so that neither it nor another reassigner writes it after us.
       // Should we die next, our own recovery republishes it.
       uint64_t ours = NextLeaseWord(w, kLeaseTaking, self);
+      // acq_rel: takes the TAKING lease over; the acquire half orders the owner's writes, whose
+      // ticket ReadTicketAndFlags acquired above, before ours.
       if (self >= seg_->geometry().max_clients ||
           !ls.word.compare_exchange_strong(w, ours, std::memory_order_acq_rel))
         continue;
       const WorkQueue::Item& item = items_[ItemAt(ticket / items_.size(), ticket % items_.size())];
       if (PublishOrphan(l, ours, ticket, item.begin, item.end, 0)) {
+        // relaxed: statistics only.
         seg_->counters().recovered_items.fetch_add(1, std::memory_order_relaxed);
         ++reassigned;
       }
@@ -394,6 +470,8 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
 
 void QueueCore::TrySweep(uint64_t self) noexcept {
   Counters& c = seg_->counters();
+  // acquire: pairs with the acq_rel increments in RecoverLease, AllDone and ClaimOrphan
+  // (work_queue.cc).
   if (self == kNoOwner || c.sweeps_pending.load(std::memory_order_acquire) == 0) return;
   pthread_mutex_t* mu = &seg_->header().sweep_mutex;
   int rc = TryLockRobust(mu);
@@ -402,6 +480,9 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
   } else if (rc != 0) {
     return;
   }
+  // acquire (sweeps_pending): as above, now under sweep_mutex. acquire (cursor): pairs with the
+  // release half of TakeOnce's fetch_add (work_queue.cc): every ticket below it had its TAKING
+  // lease reserved before, so the scans below see that lease (I3).
   uint64_t pending = c.sweeps_pending.load(std::memory_order_acquire);
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
 
@@ -412,6 +493,8 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
     bool in_window = false;
     for (uint64_t l = 0; l < num_leases_ && !in_window; ++l) {
       LeaseSlot& ls = seg_->lease(l);
+      // acquire (word): pairs with ReserveLease's CAS to TAKING. acquire (ticket): pairs with
+      // TakeOnce's release store of the ticket (work_queue.cc).
       uint64_t w = ls.word.load(std::memory_order_acquire);
       in_window =
           LeaseStateOf(w) == kLeaseTaking && ls.ticket.load(std::memory_order_acquire) == kNoTicket;
@@ -430,6 +513,9 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
     for (;;) {
+      // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
+      // TrySplit, PublishOrphan), and acquire keeps the second word load after it, so w1 == w2
+      // means the ticket was read while the word did not change.
       uint64_t w1 = ls.word.load(std::memory_order_acquire);
       uint64_t t = ls.ticket.load(std::memory_order_acquire);
       uint64_t w2 = ls.word.load(std::memory_order_acquire);
@@ -445,6 +531,8 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
   bool complete = true;
   uint64_t words = (cursor + 63) / 64;
   for (uint64_t i = 0; i < words && complete; ++i) {
+    // acquire: pairs with FinishAck's acq_rel fetch_or. Read after the leases: an ack sets its bit
+    // before it frees its lease, so a ticket missing from both was lost.
     uint64_t bits = seg_->done_word(i).load(std::memory_order_acquire);
     if (bits == ~uint64_t{0}) continue;
     for (uint64_t b = 0; b < 64 && complete; ++b) {
@@ -457,19 +545,26 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
       uint64_t first = self * seg_->geometry().leases_per_client;
       for (uint64_t l = first; l < first + seg_->geometry().leases_per_client && !issued; ++l) {
         LeaseSlot& ls = seg_->lease(l);
+        // acquire: pairs with the release CAS that freed the lease (FinishAck, SettleSplit,
+        // RecoverLease): its ticket is cleared (I6).
         uint64_t w = ls.word.load(std::memory_order_acquire);
         if (LeaseStateOf(w) != kLeaseFree) continue;
         uint64_t taking = NextLeaseWord(w, kLeaseTaking, self);
+        // acq_rel: as ReserveLease (work_queue.cc); the release half publishes TAKING to the
+        // acquire loads of the word in sweeps and recoverers.
         if (!ls.word.compare_exchange_strong(w, taking, std::memory_order_acq_rel)) continue;
         // PublishOrphan records t last: should we die first, the lease is a
         // TAKING one without a ticket, and the next sweep finds t again.
         const WorkQueue::Item& item = items_[ItemAt(t / items_.size(), t % items_.size())];
         issued = PublishOrphan(l, taking, t, item.begin, item.end, 0);
+        // relaxed: statistics only.
         if (issued) c.recovered_items.fetch_add(1, std::memory_order_relaxed);
       }
       if (!issued) complete = false;  // no free lease now; sweep again later
     }
   }
+  // acq_rel: after the re-issues above (each released by its CAS); pairs with the acquire loads of
+  // sweeps_pending in TrySweep and AllDone.
   if (complete) c.sweeps_pending.fetch_sub(pending, std::memory_order_acq_rel);
   pthread_mutex_unlock(mu);
   WakeWaiters();
@@ -477,9 +572,14 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
 
 bool QueueCore::AllDone() noexcept {
   Counters& c = seg_->counters();
+  // acquire: pairs with the release half of TakeOnce's fetch_add (work_queue.cc), so the leases
+  // reserved before it are seen below.
   if (seg_->cursor().next_ticket.load(std::memory_order_acquire) < total_) return false;
+  // acquire: pairs with the acq_rel increments in RecoverLease, ClaimOrphan and below.
   if (c.sweeps_pending.load(std::memory_order_acquire) != 0) return false;
   for (uint64_t l = 0; l < num_leases_; ++l)
+    // acquire: a FREE read from FinishAck's release CAS makes the done bit it set visible to the
+    // bitmap loads below.
     if (LeaseStateOf(seg_->lease(l).word.load(std::memory_order_acquire)) != kLeaseFree)
       return false;
   // Trust, but verify: count the done bits. A shortfall means a ticket was
@@ -487,11 +587,14 @@ bool QueueCore::AllDone() noexcept {
   uint64_t done = 0;
   uint64_t words = (total_ + 63) / 64;
   for (uint64_t i = 0; i < words; ++i) {
+    // acquire: pairs with FinishAck's acq_rel fetch_or.
     uint64_t bits = seg_->done_word(i).load(std::memory_order_acquire);
     if (i == words - 1 && total_ % 64 != 0) bits &= (uint64_t{1} << (total_ % 64)) - 1;
     done += static_cast<uint64_t>(__builtin_popcountll(bits));
   }
   if (done != total_) {
+    // acq_rel: pairs with TrySweep's acquire load of sweeps_pending: the next sweep looks for the
+    // lost ticket.
     c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
     return false;
   }
@@ -510,10 +613,12 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   s.shuffle = shuffle_;
   s.num_clients = h.num_clients;
   Counters& c = seg_->counters();
+  // relaxed: statistics only; nothing is published through these counters.
   s.clients_joined = static_cast<uint32_t>(c.clients_joined.load(std::memory_order_relaxed));
   s.recovered_items = c.recovered_items.load(std::memory_order_relaxed);
   s.stale_acks = c.stale_acks.load(std::memory_order_relaxed);
   s.splits = c.splits.load(std::memory_order_relaxed);
+  // acquire: pairs with TakeOnce's fetch_add (work_queue.cc); only a count here.
   uint64_t cursor = std::min(seg_->cursor().next_ticket.load(std::memory_order_acquire), total_);
   s.handed_out = cursor;
   s.epoch = cursor / items_.size();
@@ -524,6 +629,9 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   std::vector<uint64_t> held;  // tickets of leases still out
   for (uint64_t l = 0; l < num_leases_; ++l) {
     LeaseSlot& ls = seg_->lease(l);
+    // seq_cst (acquire would do): a FREE read from FinishAck's release CAS makes the done bit it
+    // set visible to the bitmap loads below. ticket is relaxed: written before the OPEN or ORPHAN
+    // CAS that this load read.
     uint64_t w = ls.word.load(std::memory_order_seq_cst);
     uint64_t state = LeaseStateOf(w);
     if (state == kLeaseOpen || state == kLeaseOrphan) {
@@ -540,6 +648,7 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   uint64_t words = (total_ + 63) / 64;
   std::vector<uint64_t> bits(words);
   for (uint64_t i = 0; i < words; ++i) {
+    // seq_cst (acquire would do): pairs with FinishAck's acq_rel fetch_or.
     bits[i] = seg_->done_word(i).load(std::memory_order_seq_cst);
     if (i == words - 1 && total_ % 64 != 0) bits[i] &= (uint64_t{1} << (total_ % 64)) - 1;
     s.done += static_cast<uint64_t>(__builtin_popcountll(bits[i]));
@@ -556,6 +665,8 @@ QueueStats QueueCore::Stats(const std::string& name) noexcept {
   s.now_ns = MonotonicNs();
   for (uint64_t i = 0; i < seg_->geometry().max_clients; ++i) {
     ClientSlot& cs = seg_->client(i);
+    // relaxed: statistics only, except state, whose acquire pairs with the release stores of state
+    // in Register, Close (work_queue.cc) and RecoverClient; pid is for people, never for decisions.
     uint64_t joined = cs.joined_ns.load(std::memory_order_relaxed);
     if (joined == 0) continue;  // never used
     ClientStats cl;
@@ -624,6 +735,8 @@ void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g)
     segment->item(i) = ItemEntry{it.file, it.begin, it.end};
   }
   for (uint64_t l = 0; l < g.num_leases(); ++l)
+    // relaxed: not yet shared; the creator's release store of READY in TryCreate (work_queue.cc)
+    // publishes the layout.
     segment->lease(l).ticket.store(kNoTicket, std::memory_order_relaxed);
 }
 

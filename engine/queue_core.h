@@ -25,6 +25,10 @@ namespace tailcut::detail {
 // whole item. The flags read on both sides of the ticket tell: false when
 // they differ (read again, or skip the lease this time).
 inline bool ReadTicketAndFlags(const LeaseSlot& ls, uint64_t* ticket, uint32_t* flags) noexcept {
+  // acquire, all three: the ticket load pairs with the release stores of ticket in TakeOnce and
+  // TrySplit (work_queue.cc) and PublishOrphan, so the flags stored before it are seen by the
+  // second flags load, which also pairs with TrySplit's release store of flags when it undoes a
+  // split. Acquire keeps the three loads in this order.
   uint32_t before = ls.flags.load(std::memory_order_acquire);
   *ticket = ls.ticket.load(std::memory_order_acquire);
   *flags = ls.flags.load(std::memory_order_acquire);

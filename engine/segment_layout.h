@@ -35,6 +35,14 @@
 //      client's holder thread, or by nobody after the client died (the next
 //      trylock gets EOWNERDEAD and recovers it exactly once; a recoverer that
 //      dies passes EOWNERDEAD on to the next).
+//
+// Memory order, in short (each operation in queue_core.cc and work_queue.cc
+// names its partner): a lease's fields are written only by its holder and
+// published by the release half of the CAS on its word, or by the release
+// store of its ticket, which is written last; whoever reads them acquires
+// the word or the ticket first. An ack sets its done bit (acq_rel fetch_or)
+// before it frees the lease, so a reader that acquires a FREE word and then
+// loads the bitmap sees the bit (AllDone, TrySweep, Stats, SaveState).
 #ifndef TAILCUT_ENGINE_SEGMENT_LAYOUT_H_
 #define TAILCUT_ENGINE_SEGMENT_LAYOUT_H_
 
@@ -151,6 +159,9 @@ inline bool ProgressOffset(uint64_t progress, uint64_t lease_word, uint64_t* off
   return true;
 }
 
+// magic and state are stored with release by the creator (TryCreate) and
+// loaded with acquire by attachers (Segment::WaitForMagic, TryAttach): what
+// was written before each store is visible after the load that sees it.
 struct alignas(kCacheLine) Header {
   SharedAtomic<uint64_t> magic;  // written after the admin mutex exists
   uint32_t layout_version;
@@ -192,9 +203,16 @@ struct alignas(kCacheLine) Header {
 };
 
 struct alignas(kCacheLine) Cursor {
-  SharedAtomic<uint64_t> next_ticket;  // I1
+  // I1. TakeOnce's acq_rel fetch_add: its release half publishes the TAKING
+  // lease reserved before it to the acquire loads in TrySweep and AllDone (I3).
+  SharedAtomic<uint64_t> next_ticket;
 };
 
+// wake_seq, waiters, orphan_seq, split_seq and step_seq are seq_cst on both
+// sides (WakeWaiters and Take; MarkOrphan and ClaimOrphan; TrySplit and
+// SaveState; AgreeStep). sweeps_pending is counted (acq_rel) before the
+// lease that lost a ticket is freed, and loaded with acquire by TrySweep and
+// AllDone. The rest are statistics, relaxed: nothing is published through them.
 struct alignas(kCacheLine) Counters {
   SharedAtomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
   SharedAtomic<uint32_t> waiters;   // processes sleeping on wake_seq
@@ -218,6 +236,9 @@ struct alignas(kCacheLine) Counters {
 // resumes what it left).
 enum KeepReason : uint32_t { kKeepRequested = 1, kKeepCrashed = 2 };
 
+// state: release stores (Register, Close, RecoverClient) pair with the
+// acquire loads of whoever checks a client's life; the life mutex decides.
+// The other fields are statistics and time stamps, relaxed.
 struct alignas(kCacheLine) ClientSlot {
   pthread_mutex_t life;         // held by the client's holder thread (I5)
   SharedAtomic<uint32_t> state;  // ClientState
@@ -240,11 +261,19 @@ struct alignas(kCacheLine) ClientSlot {
 // and, before it publishes its next step, ((step + 1) << 1 | all_have) in
 // `decided`. A rank waits for all at every step, so it is at most one step
 // ahead of any other: a laggard reads its decision instead of guessing.
+// Both words are seq_cst on every access (AgreeStep).
 struct alignas(kCacheLine) StepSlot {
   SharedAtomic<uint64_t> word;
   SharedAtomic<uint64_t> decided;
 };
 
+// word: every change is an acq_rel CAS (I4) whose release half publishes the
+// fields below, written only by the lease's holder, to whoever acquires the
+// word next. ticket: stored last with release by a taker, thief or publisher
+// (TakeOnce, TrySplit, PublishOrphan), loaded with acquire by recoverers,
+// sweeps and reassigners, which may read a TAKING lease before its word
+// changes. extent: changed only by acq_rel CAS (Claim, TrySplit, FinishAck,
+// SettleSplit, ClaimOrphan). flags: see ReadTicketAndFlags (queue_core.h).
 struct alignas(kCacheLine) LeaseSlot {
   SharedAtomic<uint64_t> word;
   SharedAtomic<uint64_t> ticket;

@@ -8,6 +8,10 @@
 // run again by running the seed again. The engine's clocks then read the
 // scheduler's logical clock (ScheduleClockNs), so that decisions made on
 // time (split shares, housekeeping, lease timeouts) repeat with the seed.
+//
+// Every operation on a shared word names its memory order and, where it
+// synchronises, the operation it pairs with; the seq_cst defaults below only
+// mirror std::atomic's and pass the caller's order through unchanged.
 #ifndef TAILCUT_ENGINE_SHARED_ATOMIC_H_
 #define TAILCUT_ENGINE_SHARED_ATOMIC_H_
 

@@ -51,7 +51,9 @@ void Wake(detail::SharedAtomic<uint32_t>& seq, detail::SharedAtomic<uint32_t>& w
   // it pairs with the fence in Wait between raising waiters and looking at
   // the ring again (Dekker): either the sleeper sees the change or we see it.
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  // seq_cst, after the fence: pairs with Wait's seq_cst increment of waiters and its fence.
   if (waiters.load(std::memory_order_seq_cst) == 0) return;
+  // seq_cst: pairs with Wait's load of seq: FUTEX_WAIT fails if it read the old value.
   seq.fetch_add(1, std::memory_order_seq_cst);
   detail::FutexWake(seq, count);
 }
@@ -85,6 +87,7 @@ Error Corrupt(const detail::RingSegment& s, const std::string& what) {
 // checking magic, version, size, counts and mutexes; throws kCorrupt.
 detail::RingGeometry CheckSegment(const detail::RingSegment& seg) {
   const detail::RingHeader& h = *reinterpret_cast<const detail::RingHeader*>(seg.base());
+  // acquire: pairs with the creator's release store of magic (Open); callers loaded state first.
   if (h.magic.load(std::memory_order_acquire) != detail::kRingMagic)
     throw Corrupt(seg, "bad magic number");
   if (h.layout_version != detail::kRingLayoutVersion)
@@ -117,9 +120,12 @@ void RecoverOne(RingCore& core, uint64_t c) noexcept {
   uint64_t reclaimed = 0, redelivered = 0;
   core.RecoverClient(c, &reclaimed, &redelivered);
   detail::RingCounters& k = core.counters();
+  // relaxed: statistics only.
   k.reclaimed.fetch_add(reclaimed, std::memory_order_relaxed);
   k.redelivered.fetch_add(redelivered, std::memory_order_relaxed);
   pthread_mutex_consistent(&rc.life);
+  // release: pairs with the acquire loads of state in RecoverDead, Register, Leave and StatsOf:
+  // whoever sees the client FREE sees its slots recovered. left_ns: statistics only.
   rc.state.store(detail::kRingClientFree, std::memory_order_release);
   rc.left_ns.store(detail::MonotonicNs(), std::memory_order_relaxed);
   pthread_mutex_unlock(&rc.life);
@@ -132,6 +138,8 @@ int RecoverDead(RingCore& core, uint64_t self) noexcept {
   for (uint64_t c = 0; c < core.geometry().max_clients; ++c) {
     if (c == self) continue;
     detail::RingClient& rc = core.client(c);
+    // acquire: pairs with the release stores of state in Register, Leave and RecoverOne; a filter
+    // only, the trylock decides.
     if (rc.state.load(std::memory_order_acquire) != detail::kRingClientActive) continue;
     int r = detail::TryLockRobust(&rc.life);
     if (r == EOWNERDEAD) {
@@ -152,6 +160,7 @@ BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t 
   s.slot_bytes = g.slot_bytes;
   s.num_slots = g.num_slots;
   for (uint64_t i = 0; i < g.num_slots; ++i) {
+    // acquire: pairs with the slot-word CASes in RingCore; the states are only counted.
     switch (detail::SlotStateOf(core.slot(i).word.load(std::memory_order_acquire))) {
       case detail::kSlotFree:
         ++s.free;
@@ -168,6 +177,8 @@ BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t 
     }
   }
   const detail::RingCounters& k = core.counters();
+  // relaxed: statistics only. ended_through's acquire pairs with EndEpoch's CAS; it is only
+  // reported.
   s.published = k.published.load(std::memory_order_relaxed);
   s.released = k.released.load(std::memory_order_relaxed);
   s.reclaimed = k.reclaimed.load(std::memory_order_relaxed);
@@ -177,6 +188,8 @@ BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t 
   s.closed = s.ended_through == detail::kAllEpochs;
   for (uint64_t c = 0; c < g.max_clients; ++c) {
     detail::RingClient& rc = core.client(c);
+    // acquire: as in RecoverDead. The fields below are statistics, relaxed (pid is for people,
+    // never for decisions).
     if (rc.state.load(std::memory_order_acquire) != detail::kRingClientActive) continue;
     RingClientStats cs;
     cs.slot = static_cast<uint32_t>(c);
@@ -238,6 +251,7 @@ struct BatchRing::Impl {
   RingStatus Wait(detail::SharedAtomic<uint32_t>& seq, detail::SharedAtomic<uint32_t>& waiters,
                   Clock::time_point deadline, TryOnce try_once) noexcept;
   RingStatus Stale() noexcept {
+    // relaxed: statistics only.
     core.counters().stale_tokens.fetch_add(1, std::memory_order_relaxed);
     return RingStatus::kStale;
   }
@@ -255,6 +269,8 @@ void BatchRing::Impl::Register() {
   const uint64_t n = core.geometry().max_clients;
   for (uint64_t c = 0; c < n; ++c) {
     detail::RingClient& rc = core.client(c);
+    // acquire: pairs with the release stores of state in Register, Leave and RecoverOne; a filter
+    // only, the trylock decides.
     if (rc.state.load(std::memory_order_acquire) == detail::kRingClientActive) {
       int r = detail::TryLockRobust(&rc.life);
       if (r == EOWNERDEAD) {
@@ -265,6 +281,7 @@ void BatchRing::Impl::Register() {
       }
     }
     if (!holder.Start(&rc.life)) continue;
+    // relaxed: published by the release store of state below.
     for (auto* counter : {&rc.acquired, &rc.published, &rc.abandoned, &rc.popped, &rc.released,
                           &rc.wait_ns, &rc.left_ns})
       counter->store(0, std::memory_order_relaxed);
@@ -272,7 +289,8 @@ void BatchRing::Impl::Register() {
                   std::memory_order_relaxed);
     rc.pid.store(::getpid(), std::memory_order_relaxed);
     rc.joined_ns.store(detail::MonotonicNs(), std::memory_order_relaxed);
-    // Release pairs with the acquire of whoever checks this client's life.
+    // Release pairs with the acquire loads of state in RecoverDead, Register, Leave and StatsOf:
+    // whoever sees this client ACTIVE sees the fields above reset. clients_joined: a statistic.
     rc.state.store(detail::kRingClientActive, std::memory_order_release);
     core.counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
     self = c;
@@ -290,13 +308,17 @@ void BatchRing::Impl::Leave() noexcept {
   uint64_t reclaimed = 0, redelivered = 0;
   core.RecoverClient(self, &reclaimed, &redelivered);
   detail::RingCounters& k = core.counters();
+  // relaxed: statistics only.
   k.reclaimed.fetch_add(reclaimed, std::memory_order_relaxed);
   k.redelivered.fetch_add(redelivered, std::memory_order_relaxed);
   pthread_mutex_t* admin = &core.header().admin_mutex;
   bool died = false;
   bool locked = detail::LockRobustFor(admin, std::chrono::milliseconds(5000), &died) == 0;
+  // release: pairs with the acquire loads of state in RecoverDead, Register, Leave and StatsOf; our
+  // slots were moved on above (R5). left_ns: statistics only.
   me().state.store(detail::kRingClientFree, std::memory_order_release);
   me().left_ns.store(detail::MonotonicNs(), std::memory_order_relaxed);
+  // acquire: pairs with EndEpoch's acq_rel CAS (Close). Below, acquire as in RecoverDead.
   bool last = k.ended_through_plus1.load(std::memory_order_acquire) == detail::kAllEpochs && locked;
   if (last) {
     for (uint64_t c = 0; c < core.geometry().max_clients && last; ++c) {
@@ -336,6 +358,7 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
     if (now >= deadline) break;
     int64_t now_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+    // relaxed: a process-local rate limit for RecoverDead; a race only checks twice.
     if (now_ns - last_check_ns.load(std::memory_order_relaxed) >=
         std::chrono::nanoseconds(kCheckEvery).count()) {
       last_check_ns.store(now_ns, std::memory_order_relaxed);
@@ -344,6 +367,7 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
     // Acquire pairs with the waker's increment: a change made before it is
     // seen by the try below, or the futex sees the new value and returns.
     uint32_t s = seq.load(std::memory_order_acquire);
+    // seq_cst: pairs with Wake's seq_cst load of waiters (with the fences).
     waiters.fetch_add(1, std::memory_order_seq_cst);
     std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with the fence in Wake
     st = try_once();
@@ -351,10 +375,12 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
       auto slice = std::min<Clock::duration>(deadline - now, kCheckEvery);
       FutexWait(&seq, s, std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count());
     }
+    // seq_cst (relaxed would do): a waker that still counts us only makes one futex call too many.
     waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (st != RingStatus::kTimeout) break;
     now = Clock::now();
   }
+  // relaxed: statistics only.
   me().wait_ns.fetch_add(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
       std::memory_order_relaxed);
@@ -482,7 +508,7 @@ RingStatus BatchRing::AcquireSlot(Clock::time_point deadline, WritableBatch* out
                  d.core.geometry().slot_bytes};
     out->user_header = {reinterpret_cast<std::byte*>(d.core.slot(slot).user_header),
                         detail::kUserHeaderBytes};
-    d.me().acquired.fetch_add(1, std::memory_order_relaxed);
+    d.me().acquired.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics only.
     return st;
   });
 }
@@ -494,10 +520,13 @@ RingStatus BatchRing::Publish(const SlotToken& token, uint64_t epoch, uint64_t r
     return RingStatus::kInvalid;
   if (token.slot >= d.core.geometry().num_slots) return d.Stale();
   detail::SlotHeader& sh = d.core.slot(token.slot);
+  // acquire: pairs with the CAS in RingCore::Pop (TakeFree) that made the slot FILLING for us; only
+  // a check of our token.
   if (sh.word.load(std::memory_order_acquire) !=
       detail::SlotWord(detail::kSlotFilling, d.self, token.generation))
     return d.Stale();
   detail::RingCounters& k = d.core.counters();
+  // acquire: pairs with EndEpoch's acq_rel CAS: no batch of an ended epoch is published.
   if (epoch + 1 <= k.ended_through_plus1.load(std::memory_order_acquire))
     return RingStatus::kClosed;
   // Relaxed: published by the release CAS of the ring cell (RingCore::Push).
@@ -508,6 +537,7 @@ RingStatus BatchRing::Publish(const SlotToken& token, uint64_t epoch, uint64_t r
   RingStatus st = FromCore(d.core.Publish(d.self, token.slot, token.generation));
   if (st == RingStatus::kStale) return d.Stale();
   if (st != RingStatus::kOk) return st;
+  // relaxed: statistics only.
   k.published.fetch_add(1, std::memory_order_relaxed);
   d.me().published.fetch_add(1, std::memory_order_relaxed);
   Wake(k.ready_seq, k.ready_waiters, 1);
@@ -520,7 +550,7 @@ RingStatus BatchRing::Abandon(const SlotToken& token) noexcept {
   RingStatus st = FromCore(d.core.Abandon(d.self, token.slot, token.generation));
   if (st == RingStatus::kStale) return d.Stale();
   if (st != RingStatus::kOk) return st;
-  d.me().abandoned.fetch_add(1, std::memory_order_relaxed);
+  d.me().abandoned.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics only.
   Wake(d.core.counters().free_seq, d.core.counters().free_waiters, 1);
   return st;
 }
@@ -546,6 +576,8 @@ RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
     }
     if (st != RingStatus::kOk) return st;
     detail::SlotHeader& sh = d.core.slot(slot);
+    // relaxed: written by the loader before its push; TakeReady acquired the pushed cell, so they
+    // are visible (epoch and records below too).
     uint64_t bytes = sh.bytes.load(std::memory_order_relaxed);
     uint64_t loader = sh.loader.load(std::memory_order_relaxed);
     if (bytes > d.core.geometry().slot_bytes) {
@@ -560,7 +592,7 @@ RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
     out->epoch = sh.epoch.load(std::memory_order_relaxed);
     out->records = sh.records.load(std::memory_order_relaxed);
     out->loader = static_cast<uint32_t>(loader);
-    d.me().popped.fetch_add(1, std::memory_order_relaxed);
+    d.me().popped.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics only.
     return st;
   });
 }
@@ -572,6 +604,7 @@ RingStatus BatchRing::Release(const SlotToken& token) noexcept {
   if (st == RingStatus::kStale) return d.Stale();
   if (st != RingStatus::kOk) return st;
   detail::RingCounters& k = d.core.counters();
+  // relaxed: statistics only.
   k.released.fetch_add(1, std::memory_order_relaxed);
   d.me().released.fetch_add(1, std::memory_order_relaxed);
   Wake(k.free_seq, k.free_waiters, 1);
@@ -581,6 +614,7 @@ RingStatus BatchRing::Release(const SlotToken& token) noexcept {
 void BatchRing::EndEpoch(uint64_t epoch) noexcept {
   detail::RingCounters& k = impl_->core.counters();
   uint64_t mark = epoch == kAllEpochs ? detail::kAllEpochs : epoch + 1;
+  // acquire: pairs with other EndEpoch CASes; only the start value for the CAS below.
   uint64_t cur = k.ended_through_plus1.load(std::memory_order_acquire);
   // Release pairs with Pop's acquire: batches pushed before are seen.
   while (cur < mark && !k.ended_through_plus1.compare_exchange_weak(
@@ -603,6 +637,7 @@ BatchRingStats InspectBatchRing(const std::string& name) {
   auto seg = detail::RingSegment::OpenExisting(name, sizeof(detail::RingHeader),
                                                std::chrono::milliseconds(0));
   auto& h = *reinterpret_cast<detail::RingHeader*>(seg->base());
+  // acquire: pairs with the creator's release stores of state and magic (Open).
   if (h.state.load(std::memory_order_acquire) != detail::kRingReady &&
       h.magic.load(std::memory_order_acquire) == detail::kRingMagic)
     throw Error(ErrorKind::kTimeout, "batch ring '" + name + "' is still being created");

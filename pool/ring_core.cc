@@ -28,6 +28,8 @@ const char* StateName(uint64_t s) {
 }  // namespace
 
 void RingCore::Initialize(char* base, const RingGeometry& g) {
+  // relaxed throughout: not yet shared; the creator's release store of READY (BatchRing::Open)
+  // publishes all of it to the attachers' acquire loads.
   RingCore core(base, g);
   new (&core.counters()) RingCounters();
   for (uint64_t c = 0; c < g.max_clients; ++c) {
@@ -55,6 +57,8 @@ void RingCore::Initialize(char* base, const RingGeometry& g) {
 
 std::string RingCore::Validate() const {
   for (uint64_t s = 0; s < g_.num_slots; ++s) {
+    // acquire throughout Validate: each load pairs with the CAS or release store that last wrote
+    // the word; only the values are checked, nothing is read through them.
     uint64_t w = slot(s).word.load(std::memory_order_acquire);
     uint64_t owner = SlotOwnerOf(w);
     if (SlotStateOf(w) > kSlotPopped)
@@ -82,6 +86,7 @@ std::string RingCore::ValidateRing(Which which, uint64_t head) const {
   const char* name = which == Which::kFree ? "free ring" : "ready ring";
   const uint64_t shift = std::countr_zero(uint64_t{g_.ring_cells});
   RingRef r = Ring(which);
+  // acquire here and below: as in Validate; only the values are checked.
   uint64_t tail = r.ring->tail.load(std::memory_order_acquire);
   // The tail is at most a ring ahead of the true head, and each hint lags
   // its true position by at most one per client killed between a cell CAS
@@ -118,18 +123,22 @@ bool RingCore::Push(Which which, uint64_t slot_id, uint64_t generation) noexcept
   const uint64_t mask = g_.ring_cells - 1;
   const int shift = std::countr_zero(uint64_t{g_.ring_cells});
   for (int step = 0; step < kMaxRingSteps; ++step) {
-    // Positions are hints (R4): the cell decides. Acquire pairs with the
-    // release of whoever advanced the tail, only to read a recent one.
+    // Positions are hints (R4): the cell decides. Acquire pairs with the release CAS of whoever
+    // advanced the tail; any value is safe, an old one only costs another turn of this loop.
     uint64_t t = r.ring->tail.load(std::memory_order_acquire);
     uint64_t lap = (t >> shift) & kRingLapMask;
     SharedAtomic<uint64_t>& cell = r.cells[t & mask];
+    // acquire: pairs with the acq_rel CAS of the popper that emptied this cell for our lap.
     uint64_t c = cell.load(std::memory_order_acquire);
     uint64_t cl = CellLap(c);
     if (cl == lap && !CellFull(c)) {
-      // Release pairs with the popper's acquire load of this cell: the slot
-      // header the author wrote before pushing is visible to whoever pops.
+      // Release pairs with the popper's acquire load of this cell: the slot header and data the
+      // author wrote before pushing are visible to whoever pops. On failure, acquire: the loop
+      // looks again.
       if (cell.compare_exchange_strong(c, FullCell(lap, slot_id, generation),
                                        std::memory_order_acq_rel, std::memory_order_acquire)) {
+        // release: pairs with the acquire loads of tail here and in ValidateRing; a hint (R4), so a
+        // failed CAS (someone moved it on) is fine.
         r.ring->tail.compare_exchange_strong(t, t + 1, std::memory_order_release,
                                              std::memory_order_relaxed);
         return true;
@@ -138,12 +147,14 @@ bool RingCore::Push(Which which, uint64_t slot_id, uint64_t generation) noexcept
     }
     if (cl == lap || cl == ((lap + 1) & kRingLapMask)) {
       // Pushed at t already (and maybe popped): the tail lags; move it on.
+      // release: as above.
       r.ring->tail.compare_exchange_strong(t, t + 1, std::memory_order_release,
                                            std::memory_order_relaxed);
       continue;
     }
     // The cell still holds the previous lap: full, unless the tail we read
     // was old. Either way a tail that has not moved means we cannot push.
+    // acquire: pairs with the tail CASes above; only compared.
     if (r.ring->tail.load(std::memory_order_acquire) == t) return false;
   }
   return false;
@@ -155,35 +166,46 @@ RingCore::Result RingCore::Pop(Which which, uint64_t new_state, uint64_t self, u
   const uint64_t mask = g_.ring_cells - 1;
   const int shift = std::countr_zero(uint64_t{g_.ring_cells});
   for (int step = 0; step < kMaxRingSteps; ++step) {
+    // acquire: pairs with the release CASes of head below; a hint (R4).
     uint64_t h = r.ring->head.load(std::memory_order_acquire);
     uint64_t lap = (h >> shift) & kRingLapMask;
     SharedAtomic<uint64_t>& cell = r.cells[h & mask];
-    // Acquire pairs with the pusher's release CAS of the cell.
+    // Acquire pairs with the pusher's release CAS of the cell: the slot header and data its author
+    // wrote before pushing are visible once our CAS on the word below succeeds.
     uint64_t c = cell.load(std::memory_order_acquire);
     uint64_t cl = CellLap(c);
     if (cl == ((lap + 1) & kRingLapMask)) {
       // Popped at h already: the head lags; move it on.
+      // release: pairs with the acquire loads of head here and in Validate; a hint (R4), so a
+      // failure is fine.
       r.ring->head.compare_exchange_strong(h, h + 1, std::memory_order_release,
                                            std::memory_order_relaxed);
       continue;
     }
     if (cl != lap || !CellFull(c)) {
       // Nothing pushed at h (empty), or an old head: look again if it moved.
+      // acquire: only compared, as above.
       if (r.ring->head.load(std::memory_order_acquire) != h) continue;
       return cl == lap ? Result::kEmpty : Result::kCorrupt;
     }
     uint64_t id = CellId(c);
     if (id >= g_.num_slots) return Result::kCorrupt;
     SharedAtomic<uint64_t>& word = slot(id).word;
-    // Acquire pairs with the release CAS that put the slot in its state.
+    // Acquire pairs with the release CAS that put the slot in its state (MoveOwned, RecoverClient,
+    // or a completer below).
     uint64_t w = word.load(std::memory_order_acquire);
     uint64_t state = SlotStateOf(w), gen = SlotGenOf(w);
     if (state == r.target_state && GenTagOf(gen) == CellTag(c)) {
       // Live (R2): take the slot by CAS on its word; the entry is then stale.
       uint64_t taken = SlotWord(new_state, self, gen + 1);
+      // acq_rel: the acquire half pairs with that same CAS; the release half hands the slot on to
+      // whoever acquires the word next (MoveOwned's check of our token, RecoverClient). On failure,
+      // acquire: we look again.
       if (!word.compare_exchange_strong(w, taken, std::memory_order_acq_rel,
                                         std::memory_order_acquire))
         continue;
+      // acq_rel: EMPTY for the next lap; pairs with the next pusher's acquire load of the cell.
+      // relaxed on failure: someone else emptied it. The head CAS is release, as above.
       if (cell.compare_exchange_strong(c, EmptyCell(lap + 1), std::memory_order_acq_rel,
                                        std::memory_order_relaxed))
         r.ring->head.compare_exchange_strong(h, h + 1, std::memory_order_release,
@@ -195,11 +217,15 @@ RingCore::Result RingCore::Pop(Which which, uint64_t new_state, uint64_t self, u
     if ((state == kSlotFilling || state == kSlotPopped) && GenTagOf(gen + 1) == CellTag(c)) {
       // A move in flight (R3): its author pushed and has not CASed yet, or
       // died. Complete it; the author's own CAS then fails, as it expects.
+      // acq_rel: completes the author's move (R3). Our acquire of the cell above read the author's
+      // push, and the release half passes what it published on to whoever acquires the word next.
+      // relaxed on failure: someone else completed or moved it.
       word.compare_exchange_strong(w, SlotWord(r.target_state, SlotOwnerOf(w), gen + 1),
                                    std::memory_order_acq_rel, std::memory_order_relaxed);
       continue;
     }
     // Stale (R2): drop it.
+    // acq_rel and release: as when we pop a live entry above.
     if (cell.compare_exchange_strong(c, EmptyCell(lap + 1), std::memory_order_acq_rel,
                                      std::memory_order_relaxed))
       r.ring->head.compare_exchange_strong(h, h + 1, std::memory_order_release,
@@ -213,11 +239,12 @@ RingCore::Result RingCore::MoveOwned(Which which, uint64_t state, uint64_t self,
   if (slot_id >= g_.num_slots) return Result::kStale;
   SharedAtomic<uint64_t>& word = slot(slot_id).word;
   uint64_t w = SlotWord(state, self, generation);
+  // acquire: pairs with the CAS in Pop that gave us the slot; only a check of our token.
   if (word.load(std::memory_order_acquire) != w) return Result::kStale;
   // R3: the entry goes first, so a death between the two loses nothing.
   if (!Push(which, slot_id, generation + 1)) return Result::kCorrupt;
-  // Release pairs with the acquire load of whoever takes the slot next. A
-  // failed CAS means someone completed the move for us (R3).
+  // Release pairs with the acquire load of whoever takes the slot next (Pop, RecoverClient). A
+  // failed CAS means someone completed the move for us (R3), so relaxed on failure.
   word.compare_exchange_strong(w, SlotWord(Ring(which).target_state, self, generation + 1),
                                std::memory_order_acq_rel, std::memory_order_relaxed);
   return Result::kOk;
@@ -248,6 +275,9 @@ RingCore::Result RingCore::Release(uint64_t self, uint32_t slot_id, uint64_t gen
 void RingCore::RecoverClient(uint64_t client, uint64_t* reclaimed, uint64_t* redelivered) noexcept {
   for (uint64_t s = 0; s < g_.num_slots; ++s) {
     SharedAtomic<uint64_t>& word = slot(s).word;
+    // acquire: pairs with the CAS in Pop that made the slot FILLING or POPPED; for a batch to
+    // redeliver, that CAS acquired the loader's push, so the loader's writes reach the next popper
+    // through our push and CAS below.
     uint64_t w = word.load(std::memory_order_acquire);
     uint64_t state = SlotStateOf(w);
     if (SlotOwnerOf(w) != client || (state != kSlotFilling && state != kSlotPopped)) continue;
@@ -255,6 +285,8 @@ void RingCore::RecoverClient(uint64_t client, uint64_t* reclaimed, uint64_t* red
     // As the owner would (R3): push, then CAS. A recoverer that dies in
     // between leaves a move in flight that the next popper completes.
     if (!Push(which, s, SlotGenOf(w) + 1)) continue;
+    // acq_rel: as MoveOwned's CAS, for the dead owner (R3, R5); relaxed on failure: someone
+    // completed the move.
     if (word.compare_exchange_strong(w,
                                      SlotWord(Ring(which).target_state, client, SlotGenOf(w) + 1),
                                      std::memory_order_acq_rel, std::memory_order_relaxed))

@@ -7,6 +7,12 @@
 // memory; the memory must be laid out by Initialize (or validated by
 // Validate) for the same geometry. Built once more under the deterministic
 // scheduler (tests/pool), which is why waking and liveness live elsewhere.
+//
+// Memory order: a slot's header and data, written by its owner while it
+// holds the slot, reach the next holder through the release CAS of the ring
+// cell the owner pushes (Push) and the popper's acquire load of that cell
+// (Pop); every CAS on a slot word is acq_rel, so a move completed by someone
+// else (R3) or by a recoverer (R5) passes them on. Head and tail are hints.
 #ifndef TAILCUT_POOL_RING_CORE_H_
 #define TAILCUT_POOL_RING_CORE_H_
 

@@ -97,6 +97,9 @@ inline uint64_t CellId(uint64_t c) { return (c >> kRingTagBits) & kRingIdMask; }
 inline uint64_t CellTag(uint64_t c) { return c & kRingTagMask; }
 inline uint64_t GenTagOf(uint64_t gen) { return gen & kRingTagMask; }
 
+// magic and state: release stores by the creator (BatchRing::Open), acquire
+// loads by attachers and InspectBatchRing: what was written before each store
+// is visible after the load that sees it.
 struct alignas(kRingCacheLine) RingHeader {
   SharedAtomic<uint64_t> magic;  // written first, once the admin mutex exists
   uint32_t layout_version;
@@ -117,6 +120,10 @@ struct alignas(kRingCacheLine) RingHeader {
   pthread_mutex_t admin_mutex;
 };
 
+// The futex words and their waiter counts are seq_cst, with a seq_cst fence
+// on both sides (Wake and Wait in batch_ring.cc). ended_through_plus1 grows by
+// acq_rel CAS (EndEpoch) and is loaded with acquire (Pop, Publish, Leave,
+// Stats). The other counters are statistics, relaxed.
 struct alignas(kRingCacheLine) RingCounters {
   // Futex words, each bumped when its waiters should look again, with a
   // count of sleepers so that the hot path makes no system call when none.
@@ -135,6 +142,10 @@ struct alignas(kRingCacheLine) RingCounters {
   SharedAtomic<uint64_t> clients_joined;
 };
 
+// state: release stores (Register, Leave, RecoverOne) pair with the acquire
+// loads of whoever checks a client's life; the life mutex decides. The other
+// fields are relaxed: reset before Register's release of state, statistics
+// after it.
 struct alignas(kRingCacheLine) RingClient {
   pthread_mutex_t life;          // held by the client's holder thread (R6)
   SharedAtomic<uint32_t> state;  // RingClientState
@@ -163,7 +174,9 @@ struct alignas(kRingCacheLine) SlotHeader {
 };
 
 // One bounded MPMC ring of slot ids: 64-bit positions, each index on its
-// own cache line, followed by ring_cells cells of 64 bits.
+// own cache line, followed by ring_cells cells of 64 bits. Cells change by
+// acq_rel CAS only; head and tail move by release CAS and are loaded with
+// acquire, but they are hints: nothing is published through them.
 struct alignas(kRingCacheLine) IdRing {
   alignas(kRingCacheLine) SharedAtomic<uint64_t> head;  // next position to pop (a hint, R4)
   alignas(kRingCacheLine) SharedAtomic<uint64_t> tail;  // next position to push (a hint, R4)
