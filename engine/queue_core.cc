@@ -38,7 +38,8 @@ uint64_t QueueCore::ItemAt(uint64_t epoch, uint64_t position) const noexcept {
   };
   thread_local std::optional<Cached> cache;
   uint64_t n = items_.size();
-  if (!cache || cache->core != this || cache->seed != seed_ || cache->n != n || cache->epoch != epoch)
+  if (!cache || cache->core != this || cache->seed != seed_ || cache->n != n ||
+      cache->epoch != epoch)
     cache.emplace(Cached{this, seed_, n, epoch, Permutation(n, seed_, epoch)});
   return cache->permutation(position);
 }
@@ -157,8 +158,10 @@ void QueueCore::FinishAck(uint64_t lease, uint64_t acking) noexcept {
   CrashPoint("ack.after_bit");
   // Cleared while ACKING, which only we own (I6). A DONE_WAIT lease holds no
   // ticket: its piece's thief holds it, or its bit is set.
-  // relaxed: published by the word CAS below (DONE_WAIT or FREE) to whoever acquires the word next.
-  ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+  // release: pairs with TrySweep's acquire load of the ticket, which may see kNoTicket while the
+  // word still says ACKING; the bit set above must then be visible to its bitmap read, or it
+  // would re-issue a done ticket. (The word CAS below publishes it to the lease's next owner.)
+  ls.ticket.store(kNoTicket, std::memory_order_release);
   ls.flags.store(0, std::memory_order_relaxed);
   if (x.pending != 0) {
     // A thief is between its split CAS and publishing its piece: keep the
@@ -252,8 +255,9 @@ void QueueCore::RecoverLease(uint64_t lease, uint64_t word) noexcept {
     }
     if (ticket >= total_ || seg_->IsDone(ticket)) {
       // Past the end, or a done ticket it was skipping.
-      // relaxed: published by the CAS to FREE below, which pairs with ReserveLease's acquire CAS.
-      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
+      // release: as in FinishAck, a sweep that reads kNoTicket here, before the CAS to FREE
+      // below, must see the done bit we saw.
+      ls.ticket.store(kNoTicket, std::memory_order_release);
       ls.word.compare_exchange_strong(word, NextLeaseWord(word, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
       return;
@@ -800,8 +804,8 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     throw mismatch("num_epochs differs: " + std::to_string(config.num_epochs) + " here, " +
                    std::to_string(h.num_epochs) + " in segment");
   if ((h.shuffle != 0) != config.shuffle)
-    throw mismatch(std::string("shuffle differs: ") + (config.shuffle ? "on" : "off") +
-                   " here, " + (h.shuffle ? "on" : "off") + " in segment");
+    throw mismatch(std::string("shuffle differs: ") + (config.shuffle ? "on" : "off") + " here, " +
+                   (h.shuffle ? "on" : "off") + " in segment");
   if (config.seed_explicit && (h.seed_explicit == 0 || h.seed != config.seed))
     throw mismatch("seed differs: " + std::to_string(config.seed) + " here, " +
                    (h.seed_explicit

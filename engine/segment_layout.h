@@ -124,8 +124,8 @@ struct Extent {
   uint64_t end, claim, pending, tag;
   bool splittable, split;
   static Extent Of(uint64_t w) {
-    return {w & 0xfffff,         (w >> 20) & 0xfffff,     (w >> 40) & 0x3fff,
-            (w >> 54) & 0xff,    ((w >> 62) & 1) != 0,    (w >> 63) != 0};
+    return {w & 0xfffff,      (w >> 20) & 0xfffff,  (w >> 40) & 0x3fff,
+            (w >> 54) & 0xff, ((w >> 62) & 1) != 0, (w >> 63) != 0};
   }
   // A fresh extent of `units` for an owner holding the lease by `word`.
   static Extent Fresh(uint64_t units, uint64_t word) {
@@ -240,7 +240,7 @@ enum KeepReason : uint32_t { kKeepRequested = 1, kKeepCrashed = 2 };
 // acquire loads of whoever checks a client's life; the life mutex decides.
 // The other fields are statistics and time stamps, relaxed.
 struct alignas(kCacheLine) ClientSlot {
-  pthread_mutex_t life;         // held by the client's holder thread (I5)
+  pthread_mutex_t life;          // held by the client's holder thread (I5)
   SharedAtomic<uint32_t> state;  // ClientState
   SharedAtomic<int32_t> pid;
   SharedAtomic<uint64_t> joined_ns;
@@ -305,15 +305,16 @@ struct ItemEntry {
 struct Geometry {
   uint64_t num_files = 0, num_items = 0, total_tickets = 0, path_bytes = 0;
   uint32_t max_clients = 0, leases_per_client = 0;
-  size_t counters = 0, cursor = 0, clients = 0, steps = 0, leases = 0, files = 0, items = 0, paths = 0,
-         bitmap = 0, total = 0;
+  size_t counters = 0, cursor = 0, clients = 0, steps = 0, leases = 0, files = 0, items = 0,
+         paths = 0, bitmap = 0, total = 0;
   uint64_t num_leases() const { return uint64_t{max_clients} * leases_per_client; }
   uint64_t bitmap_words() const { return (total_tickets + 63) / 64; }
 };
 
 // Exported for tests that inspect or damage a segment on purpose.
-TAILCUT_EXPORT Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
-                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client);
+TAILCUT_EXPORT Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items,
+                                        uint64_t total_tickets, uint64_t path_bytes,
+                                        uint32_t max_clients, uint32_t leases_per_client);
 
 }  // namespace tailcut::detail
 
