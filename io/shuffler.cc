@@ -18,7 +18,10 @@ namespace tailcut {
 
 namespace {
 
-constexpr char kMagic[8] = {'t', 'c', 's', 'h', 'u', 'f', '1', '\0'};
+// Version 2 stores each record's epoch; version 1 states (no epochs) are
+// still read, their records taken as epoch 0.
+constexpr char kMagic[8] = {'t', 'c', 's', 'h', 'u', 'f', '2', '\0'};
+constexpr char kMagicV1[8] = {'t', 'c', 's', 'h', 'u', 'f', '1', '\0'};
 
 void PutU64(std::string* out, uint64_t v) {
   char b[8];
@@ -55,7 +58,9 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
       return Error(ErrorKind::kCorrupt, std::string("shuffler: the state to restore is ") + what +
                                             "; pass the string SaveState() returned, unchanged");
     };
-    if (state.size() < sizeof kMagic || std::memcmp(state.data(), kMagic, sizeof kMagic) != 0)
+    if (state.size() < sizeof kMagic) throw corrupt("not a Shuffler state (bad magic)");
+    const bool v1 = std::memcmp(state.data(), kMagicV1, sizeof kMagicV1) == 0;
+    if (!v1 && std::memcmp(state.data(), kMagic, sizeof kMagic) != 0)
       throw corrupt("not a Shuffler state (bad magic)");
     state.remove_prefix(sizeof kMagic);
     uint64_t count = 0;
@@ -63,7 +68,8 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
     for (uint64_t i = 0; i < count; ++i) {
       Slot slot;
       uint64_t size = 0;
-      if (!GetU64(&state, &slot.offset) || !GetU64(&state, &size) || state.size() < size)
+      if (!GetU64(&state, &slot.offset) || (!v1 && !GetU64(&state, &slot.epoch)) ||
+          !GetU64(&state, &size) || state.size() < size)
         throw corrupt("truncated");
       const auto* p = reinterpret_cast<const std::byte*>(state.data());
       slot.bytes.assign(p, p + size);
@@ -84,6 +90,7 @@ std::string Shuffler::SaveState() const {
   PutU64(&out, count_);
   for (size_t i = 0; i < count_; ++i) {
     PutU64(&out, slots_[i].offset);
+    PutU64(&out, slots_[i].epoch);
     PutU64(&out, slots_[i].bytes.size());
     out.append(reinterpret_cast<const char*>(slots_[i].bytes.data()), slots_[i].bytes.size());
   }
@@ -99,15 +106,28 @@ uint64_t Shuffler::Random() noexcept {
   return z ^ (z >> 31);
 }
 
-void Shuffler::Take(const Record& record) {
+void Shuffler::Take(const Record& record, uint64_t epoch) {
   Slot& slot = slots_[count_];
   slot.bytes.assign(record.data, record.data + record.size);
   slot.offset = record.offset;
+  slot.epoch = epoch;
   ++count_;
 }
 
 ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
-  // Readers that said kEmpty during this call: not asked again until the next.
+  // First without waiting for other processes' items: a Reader at the end of
+  // the data would otherwise wait for the items its sibling Readers hold,
+  // which only this thread can read (forever with Deadline::max()). Only
+  // when every Reader holds nothing (each said kEmpty) does one of them wait.
+  FillPass(Deadline::min());
+  if (count_ == 0 && !failed_ && !live_.empty()) FillPass(deadline);
+  if (count_ > 0) return ReadStatus::kOk;
+  if (failed_) return ReadStatus::kError;
+  return live_.empty() ? ReadStatus::kEnd : ReadStatus::kEmpty;
+}
+
+void Shuffler::FillPass(Deadline deadline) noexcept {
+  // Readers that said kEmpty during this pass: not asked again in it.
   uint64_t empty_now = 0;  // bit i: live_[i] (at most 64 Readers)
   size_t empties = 0;
   while (count_ + 1 < slots_.size() && !failed_ && empties < live_.size()) {
@@ -119,12 +139,20 @@ ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
     // With records to hand out, never wait for other processes' items.
     Record record;
     ReadStatus status = reader.NextRecord(&record, count_ > 0 ? Deadline::min() : deadline);
+    uint64_t epoch = status == ReadStatus::kOk ? reader.current_item().epoch : 0;
+    if (status == ReadStatus::kOk && options_.max_epoch && epoch > *options_.max_epoch) {
+      // The first record of an item past max_epoch: not buffered, so closing
+      // the Reader gives that item back whole; the Reader is done.
+      reader.Close();
+      status = ReadStatus::kEnd;
+    }
     switch (status) {
       case ReadStatus::kOk:
         try {
-          Take(record);
+          Take(record, epoch);
         } catch (const std::bad_alloc&) {
           failed_ = true;
+          error_kind_ = ErrorKind::kNoSpace;
           error_ = "shuffler: out of memory buffering records; lower buffer_records";
         }
         break;
@@ -142,6 +170,7 @@ ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
         break;
       case ReadStatus::kError:
         failed_ = true;
+        error_kind_ = reader.error_kind();
         try {
           error_ = reader.error();
         } catch (...) {
@@ -149,9 +178,6 @@ ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
         break;
     }
   }
-  if (count_ > 0) return ReadStatus::kOk;
-  if (failed_) return ReadStatus::kError;
-  return live_.empty() ? ReadStatus::kEnd : ReadStatus::kEmpty;
 }
 
 ReadStatus Shuffler::Next(Record* out, Deadline deadline) noexcept {

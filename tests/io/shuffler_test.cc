@@ -214,6 +214,59 @@ TEST(ShufflerTest, AtTheEndTheBufferDrainsThenEmptyThenTheHeldItemsRecords) {
   EXPECT_TRUE(EachOnce(ids, 2000));
 }
 
+TEST(ShufflerTest, MaxEpochStopsAtTheNextEpochAndGivesItsItemsBackWhole) {
+  TempDir dir;
+  auto paths = MakeFiles(dir.path(), 2, 1500);
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
+  WorkQueueOptions qo = QueueOptions(paths, name, 10);
+  qo.num_epochs = 2;
+  auto queue = WorkQueue::Open(qo);
+  for (uint64_t epoch : {0, 1}) {
+    Readers readers = OpenReaders(*queue, 3);
+    Shuffler shuffler(readers.Pointers(),
+                      {.buffer_records = 256, .seed = epoch, .max_epoch = epoch});
+    std::vector<int64_t> ids;
+    Record record;
+    ReadStatus status;
+    while ((status = shuffler.Next(&record)) == ReadStatus::kOk) {
+      ids.push_back(IdOf(record));
+      ASSERT_EQ(shuffler.epoch(), epoch);
+    }
+    ASSERT_EQ(status, ReadStatus::kEnd) << shuffler.error();
+    EXPECT_TRUE(EachOnce(ids, 3000)) << "epoch " << epoch << ": " << ids.size() << " records";
+  }
+  EXPECT_EQ(queue->Stats().done, 20u);
+}
+
+// Regression: with a buffer of one record, every Next started with the
+// buffer empty and let a Reader at the end of the data wait for the items its
+// sibling Reader held -- which only this thread reads: a hang without a
+// deadline. No other process holds anything here, so a Next that lasts until
+// its deadline is that wait.
+TEST(ShufflerTest, ABufferOfOneNeverWaitsForItsOwnReaders) {
+  TempDir dir;
+  auto paths = MakeFiles(dir.path(), 2, 500);
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(paths, name, 16));
+  Readers readers = OpenReaders(*queue, 2);
+  Shuffler shuffler(readers.Pointers(), {.buffer_records = 1, .seed = 4});
+  std::vector<int64_t> ids;
+  Record record;
+  ReadStatus status;
+  for (;;) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    status = shuffler.Next(&record, deadline);
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "Next waited for an item its sibling Reader held, after " << ids.size() << " records";
+    if (status != ReadStatus::kOk) break;
+    ids.push_back(IdOf(record));
+  }
+  ASSERT_EQ(status, ReadStatus::kEnd) << shuffler.error();
+  EXPECT_TRUE(EachOnce(ids, 1000));
+}
+
 TEST(ShufflerTest, BadStatesAndOptionsAreErrorsThatSayWhat) {
   TempDir dir;
   auto paths = MakeFiles(dir.path(), 1, 10);

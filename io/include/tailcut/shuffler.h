@@ -10,6 +10,8 @@
 //    takes its place.
 // With one process, the same queue seed and the same Shuffler seed, the
 // order is the same in every run (the Readers take items in ticket order).
+// With max_epoch, records of items of later epochs are never buffered, so a
+// pass over one epoch can be shuffled on its own (tailcut.torch does this).
 //
 //   std::vector<std::unique_ptr<tailcut::Reader>> owned;
 //   std::vector<tailcut::Reader*> readers;
@@ -45,15 +47,26 @@
 //    buffer (they were read from the queue but not handed out); save it with
 //    the queue's state and pass it to the constructor to go on from there.
 //    The record handed out last is not in it.
+//  * Crashes and early stops: the Readers ack an item once its last record is
+//    in the buffer, so the buffered records of acked items exist only here.
+//    A process that dies, or a Shuffler destroyed before kEnd/kEmpty without
+//    SaveState, loses them (at most buffer_records records): the queue's
+//    exactly-once becomes at-most-once for them. Draining to kEnd or kEmpty
+//    loses nothing.
+//  * max_epoch: a Reader whose next record comes from an item of a later
+//    epoch is closed (Reader::Close gives that item back whole, since none
+//    of its records was buffered) and counts as ended.
 //  * Errors: the constructor throws tailcut::Error (kInvalidArgument: not 1
 //    to 64 Readers, buffer_records 0; kCorrupt: a state that is not a Shuffler
 //    state). Next is noexcept; a Reader's error comes after the buffered
-//    records are handed out (error() then names it), and sticks.
+//    records are handed out (error() and error_kind() then say what), and
+//    sticks.
 #ifndef TAILCUT_SHUFFLER_H_
 #define TAILCUT_SHUFFLER_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +79,7 @@ namespace tailcut {
 struct ShufflerOptions {
   size_t buffer_records = 8192;  // records held for shuffling; > 0
   uint64_t seed = 0;
+  std::optional<uint64_t> max_epoch;  // buffer no record of an item past it
 };
 
 class TAILCUT_EXPORT Shuffler {
@@ -80,17 +94,27 @@ class TAILCUT_EXPORT Shuffler {
   // RNG state and buffered records, to restore with the constructor.
   std::string SaveState() const;
   size_t buffered() const noexcept { return count_; }
+  // The epoch of the item the record handed out last came from.
+  uint64_t epoch() const noexcept { return slots_[count_].epoch; }
   const std::string& error() const noexcept { return error_; }
+  // After kError: the failing Reader's kind, or kNoSpace (out of memory).
+  ErrorKind error_kind() const noexcept { return error_kind_; }
 
  private:
   struct Slot {
     std::vector<std::byte> bytes;  // capacity reused from record to record
     uint64_t offset = 0;
+    uint64_t epoch = 0;
   };
   uint64_t Random() noexcept;
-  // Reads until the buffer is full or no Reader has a record now.
+  // Reads until the buffer is full or no Reader has a record now; waits
+  // (until deadline) for other processes' items only with the buffer empty
+  // and no Reader holding an item.
   ReadStatus Fill(Deadline deadline) noexcept;
-  void Take(const Record& record);  // may throw std::bad_alloc
+  // One round of reads; a Reader waits until `deadline` only while the
+  // buffer is empty.
+  void FillPass(Deadline deadline) noexcept;
+  void Take(const Record& record, uint64_t epoch);  // may throw std::bad_alloc
 
   std::vector<Reader*> readers_;
   std::vector<uint32_t> live_;  // indices of Readers not at their end
@@ -100,6 +124,7 @@ class TAILCUT_EXPORT Shuffler {
   size_t count_ = 0;
   bool failed_ = false;  // a Reader failed (or memory ran out): kError once drained
   std::string error_;
+  ErrorKind error_kind_ = ErrorKind::kIo;
 };
 
 }  // namespace tailcut
