@@ -680,6 +680,14 @@ ReadStatus Reader::Impl::Activate() noexcept {
       queue_end_ = ended_ = true;
       return ReadStatus::kEnd;
     }
+    if (status == TakeStatus::kLimit && options_.wait_at_lease_limit) {
+      // Leases held by items of ours that other processes split: they come
+      // free as those processes finish their pieces. Polled: the queue wakes
+      // waiters when items come back, not when leases do.
+      if (std::chrono::steady_clock::now() >= deadline_) return ReadStatus::kEmpty;
+      ::usleep(1000);
+      continue;
+    }
     if (status == TakeStatus::kLimit) {
       // Only other Readers (or direct users) of this WorkQueue can hold the
       // leases: waiting here could wait for ourselves.

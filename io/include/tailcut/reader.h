@@ -122,6 +122,14 @@ struct ReaderOptions {
   // Register the arena with the CUDA runtime (cudaHostRegister) when one can
   // be loaded at run time and has a device. No build dependency on CUDA.
   bool cuda_register = true;
+  // When the Reader holds no item and the queue refuses it one because this
+  // process holds leases_per_client items: false (the default) fails with
+  // kInvalidArgument, since another user of the same WorkQueue holds them and
+  // waiting could wait for ourselves; true waits as at the end of the data
+  // (until the deadline, then kEmpty). For Readers whose siblings free leases
+  // as they read (a Shuffler's): an item of this process that another process
+  // split stays leased until that process finishes its piece.
+  bool wait_at_lease_limit = false;
   // Where one-line notices go (fallbacks, memory locking, CUDA). Default: stderr.
   std::function<void(const std::string&)> on_notice;
 };

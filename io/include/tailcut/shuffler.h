@@ -39,7 +39,9 @@
 //  * Records: the Record handed out points into the Shuffler's buffer and is
 //    valid until the next Next call. Each Reader gets leases for its own
 //    items: k Readers with prefetch_items p need k * (p + 1) leases
-//    (WorkQueueOptions::leases_per_client).
+//    (WorkQueueOptions::leases_per_client). Open them with
+//    ReaderOptions::wait_at_lease_limit: an item of theirs that another
+//    process split keeps its lease until that process finishes its piece.
 //  * Deadlines: as Reader::NextRecord. While any Reader waits at the end of
 //    the data, the buffer is drained first; kEmpty comes only when the buffer
 //    is empty and every Reader not at its end said kEmpty.
