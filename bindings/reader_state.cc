@@ -1,7 +1,10 @@
 #include "reader_state.h"
 
+#include <algorithm>
+
 #include "conversions.h"
 #include "errors.h"
+#include "shuffle.h"
 
 namespace tailcut::python {
 
@@ -69,7 +72,8 @@ std::string ReaderOptionNames() {
 }
 
 ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::object& record_bytes,
-                     const py::kwargs& options, const char* caller) {
+                     const py::kwargs& options, const char* caller, const ShuffleArgs* shuffle,
+                     std::optional<uint64_t> max_epoch) {
   h->CheckPid();
   tc::RecordFormat fmt;
   if (format.is_none()) {
@@ -94,6 +98,7 @@ ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::obj
   tc::ReaderOptions ro;
   ro.format = fmt;
   ro.on_notice = h->notice;
+  GivenReaderOptions given;
   for (auto kv : options) {
     std::string key = py::str(kv.first);
     const ReaderOption* opt = FindReaderOption(key);
@@ -101,12 +106,33 @@ ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::obj
       throw py::type_error(std::string(caller) + "() got an unexpected keyword argument '" + key +
                            "'");
     opt->apply(ro, kv.second, opt->name);
+    given.chunk_bytes |= key == "chunk_bytes";
+    given.prefetch_items |= key == "prefetch_items";
+  }
+  const bool shuffled = shuffle != nullptr && shuffle->on();
+  const uint32_t readers = shuffled ? shuffle->interleave : 1;
+  if (shuffled) {
+    ShareReaderOptions(*h, *shuffle, caller, given, &ro);
+    if (readers > 1) {
+      ro.on_notice = OncePerLine(std::move(ro.on_notice));
+      ro.wait_at_lease_limit = true;  // siblings free leases as the Shuffler reads them
+    }
   }
   auto rs = std::make_shared<ReaderState>(h, ro.format);
   {
     Use use(*h);
     py::gil_scoped_release nogil;
-    rs->reader = tc::Reader::Open(*h->queue, std::move(ro));
+    rs->reader = tc::Reader::Open(*h->queue, ro);
+    for (uint32_t i = 1; i < readers; ++i) rs->more.push_back(tc::Reader::Open(*h->queue, ro));
+    if (shuffled) {
+      std::vector<tc::Reader*> all{rs->reader.get()};
+      for (auto& r : rs->more) all.push_back(r.get());
+      tc::ShufflerOptions so;
+      so.buffer_records = std::max<uint64_t>(shuffle->buffer, 1);
+      so.seed = shuffle->seed.value_or(h->queue->seed());
+      so.max_epoch = max_epoch;
+      rs->shuffler = std::make_unique<tc::Shuffler>(std::move(all), so);
+    }
   }
   h->Adopt(rs);
   return rs;

@@ -11,35 +11,40 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "queue.h"
 #include "tailcut/reader.h"
 #include "tailcut/record_format.h"
+#include "tailcut/shuffler.h"
 
 namespace tailcut::python {
 
-// A Reader opened on a queue. Its arena stays mapped as long as this object
-// lives; zero-copy views hold it.
+// A Reader opened on a queue -- or, to shuffle records (shuffle.h), several
+// Readers and a Shuffler over them. Its arenas stay mapped as long as this
+// object lives; zero-copy views hold it.
 class ReaderState : public Child {
  public:
   ReaderState(HandlePtr h, tc::RecordFormat format)
       : h(std::move(h)), format(format), pid(::getpid()) {}
   ~ReaderState() override {
     if (::getpid() != pid) {
+      (void)shuffler.release();
       (void)reader.release();
+      for (auto& r : more) (void)r.release();
       return;
     }
     if (PyGILState_Check()) {
       py::gil_scoped_release nogil;
-      reader.reset();
+      Destroy();
     } else {
-      reader.reset();
+      Destroy();
     }
   }
   void CloseFromQueue() noexcept override {
     std::lock_guard<std::mutex> lock(mu);
     if (!closed) {
-      reader->Close();
+      CloseReaders();
       closed = true;
       closed_by_queue = true;
     }
@@ -47,19 +52,50 @@ class ReaderState : public Child {
   // REQUIRES: mu, no GIL.
   void CloseLocked() noexcept {
     if (!closed) {
-      reader->Close();
+      CloseReaders();
       closed = true;
     }
   }
+  // Every Reader's counters, added up. Any thread (ReaderStats contract).
+  tc::ReaderStats Stats() const noexcept {
+    tc::ReaderStats s = reader->stats();
+    for (const auto& r : more) {
+      tc::ReaderStats m = r->stats();
+      s.bytes_read += m.bytes_read;
+      s.records += m.records;
+      s.items_taken += m.items_taken;
+      s.items_acked += m.items_acked;
+      s.items_given_back += m.items_given_back;
+      s.reads += m.reads;
+      s.short_reads += m.short_reads;
+      s.retries += m.retries;
+      s.carried_bytes += m.carried_bytes;
+      s.stale_items += m.stale_items;
+    }
+    return s;
+  }
 
-  HandlePtr h;  // declared first: destroyed after reader
-  std::unique_ptr<tc::Reader> reader;
+  HandlePtr h;                         // declared first: destroyed after the readers
+  std::unique_ptr<tc::Reader> reader;  // the only Reader, or the first of the shuffled ones
+  std::vector<std::unique_ptr<tc::Reader>> more;  // the other interleaved Readers
+  std::unique_ptr<tc::Shuffler> shuffler;         // over reader and more; null: file order
   tc::RecordFormat format;
   pid_t pid;
   std::mutex mu;  // one Next* at a time; close waits for it
   bool closed = false;
   bool closed_by_queue = false;
   bool failed = false;
+
+ private:
+  void CloseReaders() noexcept {
+    reader->Close();
+    for (auto& r : more) r->Close();
+  }
+  void Destroy() noexcept {
+    shuffler.reset();  // it points at the Readers
+    reader.reset();
+    more.clear();
+  }
 };
 
 using ReaderPtr = std::shared_ptr<ReaderState>;
@@ -87,10 +123,15 @@ std::span<const ReaderOption> ReaderOptionTable();
 // "buffer_budget_bytes, chunk_bytes, ...": the table's names, for docstrings.
 std::string ReaderOptionNames();
 
-// Opens a Reader on h for records()/batches() (`caller`, for messages).
+struct ShuffleArgs;  // shuffle.h
+
+// Opens a Reader on h for records()/batches() (`caller`, for messages); with
+// `shuffle` asking for it, the interleaved Readers and the Shuffler too.
 // REQUIRES: the GIL.
 ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::object& record_bytes,
-                     const py::kwargs& options, const char* caller);
+                     const py::kwargs& options, const char* caller,
+                     const ShuffleArgs* shuffle = nullptr,
+                     std::optional<uint64_t> max_epoch = std::nullopt);
 
 // A reader's (or batcher's) error, copied under the ReaderState's mu so that
 // it can be raised after the lock is let go.

@@ -16,6 +16,7 @@
 #include "errors.h"
 #include "module.h"
 #include "reader_state.h"
+#include "shuffle.h"
 #include "stats.h"
 #include "tailcut/batcher.h"
 #include "tailcut/crc32c.h"
@@ -84,7 +85,7 @@ struct IteratorBase {
   // out again records this one already handed out. Counted in
   // stats()['stale_items']; said once per item as a RuntimeWarning.
   void WarnIfStale() {
-    uint64_t stale = rs->reader->stats().stale_items;
+    uint64_t stale = rs->Stats().stale_items;
     if (stale <= stale_warned) return;
     std::string text = "queue '" + rs->h->name + "': " + std::to_string(stale - stale_warned) +
                        " item(s) this reader held were reassigned to another process after "
@@ -131,6 +132,7 @@ struct IteratorBase {
     throw py::stop_iteration();
   }
   py::object CurrentItem() {
+    if (rs->shuffler) return py::none();  // records of several items, mixed
     tc::WorkItem item;
     std::unique_lock<std::mutex> lock(rs->mu, std::defer_lock);
     {
@@ -167,6 +169,14 @@ struct RecordIterator : IteratorBase {
     if (done) throw py::stop_iteration();
     tc::Record record;
     ReadInSlices(Wait::Forever(), [&](Clock::time_point end, ReadFailure* failure) {
+      if (rs->shuffler) {  // max_epoch is the Shuffler's option then
+        tc::ReadStatus status = rs->shuffler->Next(&record, end);
+        if (status == tc::ReadStatus::kError) {
+          rs->failed = true;
+          *failure = ReadFailure::Of(rs->shuffler->error(), rs->shuffler->error_kind());
+        }
+        return status;
+      }
       tc::ReadStatus status = rs->reader->NextRecord(&record, end);
       if (status == tc::ReadStatus::kOk && PastEpochLocked()) return tc::ReadStatus::kEnd;
       if (status == tc::ReadStatus::kError) {
@@ -189,7 +199,8 @@ struct RecordIterator : IteratorBase {
 struct BatchIterator : IteratorBase {
   size_t batch_size = 0;
   bool copy = false;
-  std::unique_ptr<tc::Batcher> batcher;  // over rs->reader; used under rs->mu
+  std::unique_ptr<tc::Batcher> batcher;       // over rs->reader; used under rs->mu
+  std::unique_ptr<ShuffledBatches> shuffled;  // instead, over rs->shuffler; under rs->mu
   tc::Batch batch;
   uint64_t last_epoch = 0;  // epoch of the items of the last batch
 
@@ -212,11 +223,13 @@ struct BatchIterator : IteratorBase {
     if (done) throw py::stop_iteration();
     std::optional<ReadOutcome> got =
         ReadInSlices(wait, [&](Clock::time_point end, ReadFailure* failure) {
-          tc::ReadStatus status = batcher->Next(&batch, want, end);
+          tc::ReadStatus status =
+              shuffled ? shuffled->Next(&batch, want, end) : batcher->Next(&batch, want, end);
           if (status == tc::ReadStatus::kOk) last_epoch = batch.epoch;
           if (status == tc::ReadStatus::kError) {
             rs->failed = true;
-            *failure = ReadFailure::Of(batcher->error(), batcher->error_kind());
+            *failure = shuffled ? ReadFailure::Of(shuffled->error(), shuffled->error_kind())
+                                : ReadFailure::Of(batcher->error(), batcher->error_kind());
           }
           return status;
         });
@@ -267,12 +280,14 @@ void DefineIteratorCommon(Class& cls) {
       .def_property_readonly(
           "item", &Iter::CurrentItem,
           "The item the last record came from, as a dict (path, begin, end, "
-          "epoch, index, ticket), or None before the first record and at the end.")
+          "epoch, index, ticket), or None before the first record, at the end, and when "
+          "records are shuffled (shuffle_buffer, interleave: they come from several items).")
       .def(
-          "stats", [](Iter& self) { return ReaderStatsDict(self.rs->reader->stats()); },
-          "Reader counters since it opened: bytes_read, records, items_taken, items_acked, "
-          "items_given_back, reads, short_reads, retries, carried_bytes, stale_items (items "
-          "reassigned by the lease timeout while this reader held them).")
+          "stats", [](Iter& self) { return ReaderStatsDict(self.rs->Stats()); },
+          "Reader counters since it opened (summed over the interleaved readers): bytes_read, "
+          "records, items_taken, items_acked, items_given_back, reads, short_reads, retries, "
+          "carried_bytes, stale_items (items reassigned by the lease timeout while this reader "
+          "held them).")
       .def_property_readonly(
           "memory_state", [](Iter& self) { return self.rs->reader->memory_state(); },
           "One line on the reader's buffers (locked, io_uring-registered, CUDA-pinned).")
@@ -373,6 +388,16 @@ void DefineReaders(py::module_& m) {
       "concatenate them to write a .tfrecord file.");
 }
 
+constexpr const char* kShuffleDoc =
+    "Record-level shuffle: shuffle_buffer=n (records, <= 2**24; default 0) and interleave=k "
+    "(1..64 items read at once; default 1) read k items at a time with k readers (sharing "
+    "buffer_budget_bytes and the process's leases_per_client) and hand out their records in a "
+    "random order through a buffer of n records, seeded by shuffle_seed (default: the queue's "
+    "seed), so one process with the same seeds gets the same order. Records are then copied "
+    "(never zero-copy). Items are acked once their last record is in the buffer: records still "
+    "buffered when the process dies or the iterator is closed early are lost (at most n); "
+    "reading to the end loses nothing. See docs/python.md.";
+
 void DefineReaderMethods(QueueClass& queue) {
   // pybind11 copies docstrings; these need only live through the calls.
   const std::string records_doc =
@@ -382,14 +407,17 @@ void DefineReaderMethods(QueueClass& queue) {
       ReaderOptionNames() +
       " (backend: 'uring', 'pread' or None). Items are acked as their last record is passed. "
       "max_epoch=e: stop at the first item of an epoch after e (it goes back to the queue "
-      "whole, unread); items of epochs <= e, late ones included, are read.";
+      "whole, unread); items of epochs <= e, late ones included, are read. " +
+      std::string(kShuffleDoc);
   queue
       .def(
           "records",
           [](const HandlePtr& h, py::object format, py::object record_bytes, py::kwargs options) {
             auto it = std::make_shared<RecordIterator>();
             it->max_epoch = PopMaxEpoch(options);
-            it->rs = OpenReader(h, format, record_bytes, options, "records");
+            ShuffleArgs shuffle = PopShuffleArgs(options);
+            it->rs =
+                OpenReader(h, format, record_bytes, options, "records", &shuffle, it->max_epoch);
             RecordBuffer buf;
             buf.rs = it->rs;
             it->exporter = py::cast(std::move(buf));
@@ -413,9 +441,16 @@ void DefineReaderMethods(QueueClass& queue) {
               if (PyDict_DelItemString(options.ptr(), "short_at_end") != 0)
                 throw py::error_already_set();
             }
-            it->rs = OpenReader(h, format, record_bytes, options, "batches");
-            bo.zero_copy = it->rs->format.kind == tc::RecordFormatKind::kFixed && !copy;
-            it->batcher = std::make_unique<tc::Batcher>(*it->rs->reader, bo);
+            ShuffleArgs shuffle = PopShuffleArgs(options);
+            it->rs =
+                OpenReader(h, format, record_bytes, options, "batches", &shuffle, it->max_epoch);
+            if (it->rs->shuffler) {
+              it->shuffled =
+                  std::make_unique<ShuffledBatches>(*it->rs->shuffler, bo.short_at_end, drop_last);
+            } else {
+              bo.zero_copy = it->rs->format.kind == tc::RecordFormatKind::kFixed && !copy;
+              it->batcher = std::make_unique<tc::Batcher>(*it->rs->reader, bo);
+            }
             it->batch_size = bo.max_records;
             it->copy = copy;
             return it;
@@ -428,7 +463,9 @@ void DefineReaderMethods(QueueClass& queue) {
           "pair of numpy arrays. Valid until the next batch unless copy=True. max_epoch=e: as in "
           "records(); a batch never holds records of an epoch after e, nor of two epochs. "
           "short_at_end=True: once a batch holds a record, return it short rather than wait for "
-          "items other processes hold to fill it.");
+          "items other processes hold to fill it. shuffle_buffer, interleave, shuffle_seed: as in "
+          "records(); shuffled batches are always owned copies, and a batch still holds one "
+          "epoch's records.");
 }
 
 }  // namespace tailcut::python

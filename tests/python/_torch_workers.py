@@ -125,6 +125,10 @@ def ddp_rank(rank, args):
     ds.close()
     with open(os.path.join(args["out_dir"], f"rank{rank}.json"), "w") as f:
         json.dump(log, f)
+    # Skip the interpreter's teardown: torch 1.13 can deadlock in it when the
+    # DDP Reducer is destroyed (holding the GIL, it joins a gloo thread that
+    # waits for the GIL to free a finished collective's tensor).
+    os._exit(0)
 
 
 def loader_rank(rank, args):

@@ -296,3 +296,82 @@ def test_closing_the_queue_closes_its_readers(tmp_path, qname, notices):
         next(it)
     with pytest.raises(tailcut.InvalidArgumentError, match="closed"):
         next(batch_it)
+
+
+# ---- Record-level shuffle (shuffle_buffer=, interleave=) ---------------------------------------
+
+
+def fixed_ids(tmp_path, n_files=4, per_file=600):
+    """Files of int64 ids 0..n_files*per_file-1 in file order (8-byte records)."""
+    files = []
+    for i in range(n_files):
+        path = tmp_path / f"ids-{i}.bin"
+        np.arange(i * per_file, (i + 1) * per_file, dtype=np.int64).tofile(path)
+        files.append(str(path))
+    return files, n_files * per_file
+
+
+def read_ids(q, **kw):
+    return [int(i) for b in q.batches(50, **kw) for i in b.view(np.int64).ravel()]
+
+
+@pytest.mark.parametrize("kw", [dict(shuffle_buffer=256), dict(interleave=3),
+                                dict(shuffle_buffer=256, interleave=3)])
+def test_shuffled_batches_and_records_hold_every_record_once_in_a_seeded_order(
+        tmp_path, qname, notices, kw):
+    files, n = fixed_ids(tmp_path)
+    opts = dict(num_slices=16, shuffle=False, format="fixed", record_bytes=8,
+                on_notice=notices.append)
+    orders = []
+    for run, seed in enumerate([7, 7, 8]):
+        with tailcut.WorkQueue(files, name=f"{qname}-{run}", **opts) as q:
+            orders.append(read_ids(q, shuffle_seed=seed, **SMALL_READER, **kw))
+    assert sorted(orders[0]) == list(range(n))
+    assert orders[0] == orders[1], "same seeds, same order"
+    assert orders[0] != orders[2], "another shuffle_seed, another order"
+    assert orders[0] != list(range(n))
+    with tailcut.WorkQueue(files, name=f"{qname}-r", **opts) as q:
+        it = q.records(**SMALL_READER, **kw)
+        ids = [int.from_bytes(bytes(r), "little") for r in it]
+        assert it.item is None  # records of several items: no one item
+        assert it.stats()["records"] == n and it.stats()["items_acked"] == 16
+    assert sorted(ids) == list(range(n))
+
+
+def test_shuffled_batches_stop_at_max_epoch_and_give_the_next_epoch_back(tmp_path, qname, notices):
+    files, n = fixed_ids(tmp_path)
+    with tailcut.WorkQueue(files, name=qname, num_epochs=2, num_slices=8, format="fixed",
+                           record_bytes=8, on_notice=notices.append) as q:
+        for epoch in range(2):
+            it = q.batches(64, max_epoch=epoch, shuffle_buffer=300, interleave=2, **SMALL_READER)
+            ids = [int(i) for b in it for i in b.view(np.int64).ravel()]
+            assert sorted(ids) == list(range(n)) and it.epoch == epoch
+        assert q.summary()["done"] == 16
+
+
+def test_interleave_needs_leases_and_memory_and_says_which(tmp_path, qname, notices):
+    files, _ = fixed_ids(tmp_path)
+    with tailcut.WorkQueue(files, name=qname, format="fixed", record_bytes=8,
+                           on_notice=notices.append) as q:  # leases_per_client=8
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=r"^batches\(interleave=4\) with prefetch_items=2: the Readers hold "
+                                 r"up to 12 items, but queue '.*' has leases_per_client=8; lower "
+                                 r"interleave or prefetch_items, or open the queue with "
+                                 r"leases_per_client >= 12 \(in every process\)$"):
+            q.batches(10, interleave=4, prefetch_items=2)
+        with pytest.raises(tailcut.InvalidArgumentError, match=r"^records\(interleave=9\): 9 "
+                           r"Readers need at least one lease each.*leases_per_client >= 9"):
+            q.records(interleave=9)
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=r"buffer_budget_bytes \(65536\) is shared by 4 Readers, 16384 "
+                                 r"bytes each, less than the 3 chunks of chunk_bytes \(8192\)"):
+            q.records(interleave=4, buffer_budget_bytes=65536, chunk_bytes=8192)
+        for bad, text in [(dict(interleave=0), "interleave must be at least 1, got 0"),
+                          (dict(interleave=65), "interleave must be 1 to 64, got 65"),
+                          (dict(shuffle_buffer=-1), "shuffle_buffer must be a non-negative int"),
+                          (dict(shuffle_buffer=2**24 + 1),
+                           "shuffle_buffer must be at most 2\\*\\*24 records")]:
+            with pytest.raises(tailcut.InvalidArgumentError, match=text):
+                q.records(**bad)
+        with pytest.raises(TypeError, match="shuffle_seed must be an int"):
+            q.records(shuffle_buffer=4, shuffle_seed="x")

@@ -118,8 +118,9 @@ def test_every_binding_has_a_docstring():
 
 
 # Keyword-only arguments of records()/batches() that are not reader options.
-NOT_READER_OPTIONS = {"records": {"max_epoch"},
-                      "batches": {"max_epoch", "short_at_end", "copy", "drop_last"}}
+SHUFFLE_OPTIONS = {"shuffle_buffer", "interleave", "shuffle_seed"}
+NOT_READER_OPTIONS = {"records": {"max_epoch"} | SHUFFLE_OPTIONS,
+                      "batches": {"max_epoch", "short_at_end", "copy", "drop_last"} | SHUFFLE_OPTIONS}
 
 
 def stub_keyword_only(cls_name, method):

@@ -274,6 +274,9 @@ class WorkQueue:
         cuda_register: bool = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
         max_epoch: Optional[int] = ...,
+        shuffle_buffer: int = ...,
+        interleave: int = ...,
+        shuffle_seed: Optional[int] = ...,
     ) -> RecordIterator: ...
     def batches(
         self,
@@ -296,6 +299,9 @@ class WorkQueue:
         on_notice: Optional[Callable[[str], Any]] = ...,
         max_epoch: Optional[int] = ...,
         short_at_end: bool = ...,
+        shuffle_buffer: int = ...,
+        interleave: int = ...,
+        shuffle_seed: Optional[int] = ...,
     ) -> BatchIterator: ...
     def summary(self) -> _QueueStats: ...
     def add_summary(self, writer: _SummaryWriter, step: Optional[int] = None, prefix: str = "tailcut") -> None: ...

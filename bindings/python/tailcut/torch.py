@@ -47,6 +47,24 @@ _quieted = False
 # Records per read in per-record mode (batch_size=None).
 _RECORD_GROUP = 64
 
+# Record-level shuffle by default (see QueueDataset and docs/pytorch.md): 2
+# items read at once, their records mixed through a buffer of 2048 records.
+SHUFFLE_BUFFER = 2048
+INTERLEAVE = 2
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(*values):
+    """A 64-bit seed from ints (splitmix64 steps): the same values give the same
+    seed in every run, unlike hash() of a str."""
+    x = 0x9E3779B97F4A7C15
+    for v in values:
+        x = ((x ^ (int(v) & _MASK64)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
+    return x
+
 
 def _env_int(name, default):
     value = os.environ.get(name)
@@ -104,6 +122,15 @@ def _prepare(name, resume, restarted):
     else:
         tailcut.remove_queue(name, force=True)
         _log.warning("tailcut.torch: discarded %s (resume=False)", what)
+
+
+def _current_epoch(q):
+    """The epoch the job is in: that of the queue's first item not done
+    (items are done in about ticket order), not that of its next ticket, which
+    is the next epoch's as soon as every item of this one is handed out -- to
+    a sibling's shuffle buffer, say."""
+    s = q.summary()
+    return min(s["epoch"], s["done"] // max(s["num_items"], 1))
 
 
 def _resume_default(resume):
@@ -259,7 +286,8 @@ class QueueDataset(IterableDataset):
     """An IterableDataset that reads a tailcut work queue.
 
     QueueDataset(works, batch_size=None, *, transform=None, copy=False,
-                 drop_last=False, reader_options=None, **queue_options)
+                 drop_last=False, shuffle_buffer=2048, interleave=2,
+                 reader_options=None, resume=None, **queue_options)
 
     `works` and `queue_options` are tailcut.WorkQueue's arguments (num_epochs,
     shuffle, seed, num_slices, name, format, record_bytes, ...); every process
@@ -276,8 +304,20 @@ class QueueDataset(IterableDataset):
     (n, record_bytes) uint8 tensor. Other formats: (data, offsets), a uint8 and
     an int64 tensor, record i = data[offsets[i]:offsets[i + 1]].
 
-    Zero copy: in the process that reads (num_workers=0), a full batch of
-    fixed-size records is a read-only tensor over the reader's pinned buffers,
+    Record-level shuffle (on by default): each process reads `interleave`
+    items at once and hands out their records in a random order through a
+    buffer of `shuffle_buffer` records (tf.data's interleave + shuffle), seeded
+    by the queue's seed, the epoch and the process's rank and worker id, so
+    the same seed gives the same order. The items themselves come in the
+    queue's seeded order (shuffle=True). Records are copied then. The buffer
+    holds shuffle_buffer records per process; a process that dies (or an
+    iteration left early) loses the records still in it (their items are
+    done). shuffle_buffer=0 and interleave=1: records in file order within
+    each item, and zero-copy batches.
+
+    Zero copy (shuffle_buffer=0, interleave=1): in the process that reads
+    (num_workers=0), a full batch of fixed-size records is a read-only tensor
+    over the reader's pinned buffers,
     VALID ONLY UNTIL THE NEXT BATCH IS REQUESTED: use it (or copy it to the
     GPU) before asking for the next, never write to it, and pass copy=True
     for owned tensors. In DataLoader workers batches are always owned (the
@@ -286,7 +326,8 @@ class QueueDataset(IterableDataset):
     Epochs: an iteration reads the items of one epoch of the queue and stops at
     the first item of a later epoch (it goes back to the queue unread). The
     epoch is the one set with set_epoch() (as with DistributedSampler), else
-    the queue's current epoch when the iteration starts. A process that has
+    the queue's current epoch when the iteration starts (the epoch of its
+    first item not done). A process that has
     nothing left to read while others still hold items ends its iteration
     rather than wait for them. An item of an earlier epoch that comes back to
     the queue after every process finished that epoch (a reader that stopped
@@ -300,7 +341,8 @@ class QueueDataset(IterableDataset):
     """
 
     def __init__(self, works, batch_size=None, *, transform=None, copy=False, drop_last=False,
-                 reader_options=None, resume=None, **queue_options):
+                 shuffle_buffer=SHUFFLE_BUFFER, interleave=INTERLEAVE, reader_options=None,
+                 resume=None, **queue_options):
         super().__init__()
         if isinstance(works, (str, bytes, os.PathLike)):
             works = [works]
@@ -314,8 +356,14 @@ class QueueDataset(IterableDataset):
         self.transform = transform
         self.copy = bool(copy)
         self.drop_last = bool(drop_last)
+        for arg, value, low in (("shuffle_buffer", shuffle_buffer, 0), ("interleave", interleave, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{arg} must be an int >= {low}, got {value!r}")
+        self.shuffle_buffer = shuffle_buffer
+        self.interleave = interleave
         self.reader_options = dict(reader_options or {})
-        for key in ("max_epoch", "short_at_end", "copy", "drop_last", "batch_size"):
+        for key in ("max_epoch", "short_at_end", "copy", "drop_last", "batch_size",
+                    "shuffle_buffer", "interleave", "shuffle_seed"):
             if key in self.reader_options:
                 raise TypeError(f"reader_options may not set {key!r}: QueueDataset sets it")
         self._epoch = None  # set_epoch()
@@ -423,15 +471,22 @@ class QueueDataset(IterableDataset):
         pid = os.getpid()
         epoch, last = self._epoch, self._last_epoch.get(pid)
         if epoch is None or (last is not None and epoch <= last):
-            epoch = q.summary()["epoch"]
+            epoch = _current_epoch(q)
         self._last_epoch[pid] = epoch
-        in_worker = get_worker_info() is not None
+        worker = get_worker_info()
+        in_worker = worker is not None
+        shuffle = {}
+        if self.shuffle_buffer or self.interleave > 1:
+            # Deterministic per seed and epoch; distinct per rank and worker.
+            shuffle = dict(shuffle_buffer=self.shuffle_buffer, interleave=self.interleave,
+                           shuffle_seed=_mix(q.seed, epoch, _env_int("LOCAL_RANK", 0),
+                                             worker.id + 1 if in_worker else 0))
         if self.batch_size is None:
             it = q.batches(_RECORD_GROUP, copy=True, max_epoch=epoch, short_at_end=True,
-                           **self.reader_options)
+                           **shuffle, **self.reader_options)
         else:
             it = q.batches(self.batch_size, copy=self.copy or in_worker, max_epoch=epoch,
-                           short_at_end=True, **self.reader_options)
+                           short_at_end=True, **shuffle, **self.reader_options)
         return self._generate(_Source(it), epoch)
 
     def _generate(self, source, epoch):
@@ -476,7 +531,8 @@ class QueueDataset(IterableDataset):
 
     def __repr__(self):
         return (f"QueueDataset(name={self._queue_args['name']!r}, "
-                f"batch_size={self.batch_size!r})")
+                f"batch_size={self.batch_size!r}, shuffle_buffer={self.shuffle_buffer!r}, "
+                f"interleave={self.interleave!r})")
 
 
 # ---- Equal steps --------------------------------------------------------------------------------
