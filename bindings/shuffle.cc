@@ -59,9 +59,9 @@ void ShareReaderOptions(const QueueHandle& h, const ShuffleArgs& args, const cha
                 h.name + "' has leases_per_client=" + std::to_string(leases) +
                 "; lower interleave, or open the queue with leases_per_client >= " +
                 std::to_string(k) + " (in every process)");
-    // One item ahead each: k Readers already read k items at once, and every
-    // item held is one that a faster process cannot take.
-    ro->prefetch_items = static_cast<uint32_t>(std::min<uint64_t>(1, leases / k - 1));
+    // No item ahead: k Readers already read k items at once, and every item
+    // held is one that a faster process cannot take.
+    ro->prefetch_items = 0;
   }
   const uint64_t need = k * (uint64_t{ro->prefetch_items} + 1);
   if (need > leases)

@@ -50,7 +50,7 @@ ShuffleArgs PopShuffleArgs(py::kwargs& options);
 // Shares one iterator's reader options among args.interleave Readers: each
 // gets 1/interleave of buffer_budget_bytes (chunk_bytes, unless given, shrinks
 // so that each arena holds 4 chunks), and prefetch_items, unless given,
-// becomes 1 (0 when leases_per_client has no room for 2 items per Reader). Raises
+// becomes 0: the k Readers hold k items. Raises
 // InvalidArgumentError naming the options and the fix when they cannot fit. `given`: which options
 // the caller set.
 struct GivenReaderOptions {
