@@ -389,26 +389,106 @@ def test_records_are_shuffled_by_default_in_an_order_set_by_the_seed(uneven, qna
 # ---- Queue names, len(), reruns ----------------------------------------------------------------
 
 
-def test_default_queue_name_is_per_torchrun_job_and_attempt(tmp_path, monkeypatch):
-    works = [write_records(tmp_path / "a.bin", range(10))]
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    assert tt._default_name() == "work_queue"
-    run = f"job/{os.getpid()}"
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", run)
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    with tt.QueueDataset(works, 4, format="fixed", record_bytes=RECORD_BYTES) as ds:
-        assert ds.queue.name == f"torchrun-job_{os.getpid()}-0"
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    assert tt._default_name() == f"torchrun-job_{os.getpid()}-2"
-    explicit = f"mine-{os.getpid()}"
-    with tt.QueueDataset(works, 4, format="fixed", record_bytes=RECORD_BYTES, name=explicit) as ds:
-        assert ds.queue.name == explicit  # a given name is kept
-    for name in (f"torchrun-job_{os.getpid()}-0", explicit):
+def remove_quietly(*names):
+    for name in names:
         try:
             tailcut.remove_queue(name, force=True)
         except tailcut.NotFoundError:
             pass
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch, tmp_path):
+    """A torchrun-like environment: a script and arguments of this test only."""
+    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", ["/jobs/train.py", "--data", str(tmp_path)])
+
+    def launch(run_id, restart=0, port=29500):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        return tt._default_name()
+
+    return launch
+
+
+def test_default_queue_name_is_per_torchrun_job_and_attempt(torchrun_env, monkeypatch):
+    assert tt._default_name() == "work_queue"  # not under torchrun
+    # --rdzv_id given: the user's job id names the job.
+    assert torchrun_env(f"job/{os.getpid()}") == f"torchrun-job_{os.getpid()}-0"
+    assert torchrun_env(f"job/{os.getpid()}", restart=2) == f"torchrun-job_{os.getpid()}-2"
+    # --standalone: a new uuid per run; the job is its script and arguments, so that a
+    # rerun finds the queue a crashed run left.
+    standalone = torchrun_env("0d3f2f1e-5b7a-4c1d-9e2f-3a4b5c6d7e8f", port=41234)
+    assert standalone.startswith("torchrun-train-") and standalone.endswith("-0")
+    assert torchrun_env("7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", port=50111) == standalone
+    # No --rdzv_id: the run id is "none" for every job of the host; MASTER_PORT tells
+    # concurrent jobs apart (they cannot share it).
+    none_29500 = torchrun_env("none", port=29500)
+    assert none_29500 == torchrun_env("none", port=29500) != torchrun_env("none", port=29501)
+    assert none_29500.startswith("torchrun-train-") and none_29500 != standalone
+    # Another script, arguments or directory: another job.
+    monkeypatch.setattr(sys, "argv", sys.argv[:2] + ["elsewhere"])
+    assert torchrun_env("none", port=29500) != none_29500
+    assert len(none_29500) <= 80
+
+
+def test_queue_dataset_opens_the_default_torchrun_queue(tmp_path, torchrun_env):
+    works = [write_records(tmp_path / "a.bin", range(10))]
+    name = torchrun_env(f"job-{os.getpid()}")
+    with tt.QueueDataset(works, 4, format="fixed", record_bytes=RECORD_BYTES) as ds:
+        assert ds.queue.name == name == f"torchrun-job-{os.getpid()}-0"
+    explicit = f"mine-{os.getpid()}"
+    with tt.QueueDataset(works, 4, format="fixed", record_bytes=RECORD_BYTES, name=explicit) as ds:
+        assert ds.queue.name == explicit  # a given name is kept
+    remove_quietly(name, explicit)
+
+
+def test_a_rerun_under_standalone_resumes_or_restores_the_crashed_run(tmp_path, torchrun_env):
+    works = [write_records(tmp_path / "a.bin", range(800))]
+    opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, num_clients=1,
+                on_notice=quiet, **FILE_ORDER)
+
+    def crashed_run(run_id, restart=0):
+        name = torchrun_env(run_id, restart=restart)
+        ds = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)  # kept, as by a crash
+        steps = iter(tt.EqualSteps(ds, rank=0, world_size=1))
+        next(steps), next(steps)  # the first item is done; steps 0 and 1 agreed
+        ds.queue.close()
+        assert os.path.exists(tailcut.segment_path(name))
+        return name
+
+    first = crashed_run("11111111-1111-4111-8111-111111111111")
+    # The rerun has a new uuid (--standalone) but finds the queue, and says so; it goes
+    # on in a fresh queue made from the old one's state, so EqualSteps (whose steps
+    # the crashed run agreed on in the old one) works.
+    name = torchrun_env("22222222-2222-4222-8222-222222222222")
+    assert name == first
+    with pytest.warns(RuntimeWarning, match=rf"resuming queue '{name}', left unfinished"):
+        ds = tt.QueueDataset(works, 100, **opts)
+    steps = tt.EqualSteps(ds, rank=0, world_size=1)
+    assert 0 < sum(len(ids_of(b)) for b in steps) < 800
+    ds.close()
+    # With a checkpoint (restore_state) the checkpoint decides: the stale queue goes.
+    with tt.QueueDataset(works, 100, name=f"ckpt-{os.getpid()}", **opts) as start:
+        state = start.queue.state_dict()  # the job's start: nothing done
+    crashed_run("44444444-4444-4444-8444-444444444444")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torchrun_env("55555555-5555-4555-8555-555555555555")
+        ds = tt.QueueDataset(works, 100, restore_state=state, **opts)
+    assert sum(len(ids_of(b)) for b in ds) == 800
+    ds.close()
+    # A run that crashed after an elastic restart left attempt 1's queue: a new run
+    # cannot resume it under its own names, and removes it.
+    later = crashed_run("66666666-6666-4666-8666-666666666666", restart=1)
+    assert later.endswith("-1")
+    torchrun_env("77777777-7777-4777-8777-777777777777")
+    with tt.QueueDataset(works, 100, **opts) as ds:
+        assert sum(len(ids_of(b)) for b in ds) == 800
+    assert not os.path.exists(tailcut.segment_path(later))
+    remove_quietly(name, later)
 
 
 def test_len_is_exact_for_fixed_records_and_estimated_for_lines(tmp_path, qname):

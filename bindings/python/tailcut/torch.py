@@ -16,11 +16,15 @@ Importing this module imports torch; ``import tailcut`` does not.
 See docs/pytorch.md.
 """
 
+import hashlib
 import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import re
+import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -71,15 +75,49 @@ def _env_int(name, default):
     return default if value in (None, "") else int(value)
 
 
-def _default_name():
-    """The queue name when none is given: 'work_queue', or under torchrun one
-    per job and attempt, 'torchrun-<run id>-<restart count>', so that jobs of
-    one host never share a queue and an elastic restart starts a fresh one."""
+# torchrun's run id (TORCHELASTIC_RUN_ID) names a job only when the user gave
+# one (--rdzv_id). Without it the id is "none", the same for every job of the
+# host; with --standalone it is a fresh uuid4 per invocation, so a rerun of a
+# crashed job would never find that job's queue. Elastic restarts within one
+# torchrun keep the run id and count up TORCHELASTIC_RESTART_COUNT.
+_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def _safe(text):
+    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in text)
+
+
+def _torchrun_job():
+    """What names this torchrun job on the host, the same in each of its reruns;
+    None outside torchrun. The run id when the user gave one (--rdzv_id);
+    otherwise the working directory, the script and its arguments -- and
+    MASTER_PORT when the run id is "none" (static rendezvous: two jobs of one
+    host differ in it), not under --standalone (its port is drawn per run,
+    and two standalone jobs cannot share a host: both rendezvous on port
+    29400)."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if not run_id:
+        return None
+    if run_id != "none" and not _UUID4.match(run_id):
+        return _safe(run_id)[:80]
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    parts = [os.getcwd(), os.path.abspath(script), *sys.argv[1:]]
+    if run_id == "none":
+        parts.append("MASTER_PORT=" + os.environ.get("MASTER_PORT", ""))
+    digest = hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+    stem = _safe(os.path.splitext(os.path.basename(script))[0])[:40] or "job"
+    return f"{stem}-{digest[:12]}"
+
+
+def _default_name():
+    """The queue name when none is given: 'work_queue', or under torchrun one
+    per job and attempt, 'torchrun-<job>-<restart count>' (see _torchrun_job),
+    so that jobs of one host do not share a queue, a rerun of a job finds the
+    queue its crashed run left, and an elastic restart starts a fresh one."""
+    job = _torchrun_job()
+    if job is None:
         return "work_queue"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:80]
-    return f"torchrun-{safe}-{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
+    return f"torchrun-{job}-{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
 
 
 def _remove_earlier_attempts(name):
@@ -94,6 +132,24 @@ def _remove_earlier_attempts(name):
             pass
 
 
+def _remove_stale_later_attempts(name):
+    """A new run (attempt 0) of a job whose last run crashed after elastic
+    restarts finds that run's queue under a later attempt's name, which no
+    attempt of this run uses: removes it (the progress it had is in the job's
+    checkpoint, if it keeps one) and says so."""
+    head = name.rpartition("-")[0]
+    for listing in tailcut.list_queues():
+        other = listing["name"]
+        attempt = other[len(head) + 1:]
+        if other.startswith(head + "-") and attempt.isdigit() and int(attempt) > 0:
+            stale = _stale(other)
+            if stale is not None:
+                tailcut.remove_queue(other, force=True)
+                _log.warning("tailcut.torch: removed %s: only a run's first attempt is resumed by "
+                             "a rerun; resume from the job's checkpoint (restore_state=)",
+                             _describe(other, stale))
+
+
 def _stale(name):
     """inspect_queue() of a queue left by an earlier run: unfinished, no process alive; else None."""
     try:
@@ -105,17 +161,57 @@ def _stale(name):
     return summary
 
 
-def _prepare(name, resume, restarted):
+def _describe(name, stale):
+    return (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
+            f"{stale['done']} of {stale['total']} items done)")
+
+
+def _carry_over(queue_args):
+    """The state of a stale queue (finished items, progress within open ones),
+    after which the queue is removed; None if another process joined it
+    meanwhile (it is then resumed as it is)."""
+    args = {k: v for k, v in queue_args.items() if k != "restore_state"}
+    q = tailcut.WorkQueue(**args)
+    try:
+        state = q.state_dict()
+    finally:
+        q.close()
+    try:
+        tailcut.remove_queue(args["name"])
+    except tailcut.NotFoundError:
+        pass  # its close removed it
+    except tailcut.InvalidArgumentError:
+        return None  # a live process uses it
+    return state
+
+
+def _prepare(queue_args, resume, restarted, torchrun_default):
     """What local rank 0 does before a job opens its queue: remove the queues of
-    earlier attempts, and say plainly what it resumes or discard it (resume=False)."""
+    earlier attempts (or, in a new run, those a crashed run left under later
+    attempts' names), and say plainly what it resumes -- or discard it, when
+    told to (resume=False) or when the job restores a checkpoint
+    (restore_state), which then decides where the job goes on.
+
+    A queue is resumed in a fresh queue of the same name created from its
+    state (as restore_state would), not joined as it is: the steps EqualSteps
+    agreed on in the crashed run stay with the old queue, and agree_step
+    refuses steps below them."""
+    name = queue_args["name"]
     if restarted:
         _remove_earlier_attempts(name)
+    elif torchrun_default:
+        _remove_stale_later_attempts(name)
     stale = _stale(name)
     if stale is None:
         return
-    what = (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
-            f"{stale['done']} of {stale['total']} items done)")
-    if resume:
+    what = _describe(name, stale)
+    if "restore_state" in queue_args:
+        tailcut.remove_queue(name, force=True)
+        _log.warning("tailcut.torch: discarded %s: restore_state (a checkpoint) was given", what)
+    elif resume:
+        state = _carry_over(queue_args)
+        if state is not None:
+            queue_args["restore_state"] = state
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
                       f"(pass resume=False or set TAILCUT_RESUME=0 to start over)",
                       RuntimeWarning, stacklevel=4)
@@ -310,10 +406,12 @@ class QueueDataset(IterableDataset):
     by the queue's seed, the epoch and the process's rank and worker id, so
     the same seed gives the same order. The items themselves come in the
     queue's seeded order (shuffle=True). Records are copied then. The buffer
-    holds shuffle_buffer records per process; a process that dies (or an
-    iteration left early) loses the records still in it (their items are
-    done). shuffle_buffer=0 and interleave=1: records in file order within
-    each item, and zero-copy batches.
+    holds shuffle_buffer records per process, at most a quarter of the
+    process's even share of an epoch (records_per_epoch() / (num_clients x
+    DataLoader workers)); a process that dies (or an iteration left early)
+    loses the records still in it (their items are done). shuffle_buffer=0
+    and interleave=1: records in file order within each item, and zero-copy
+    batches.
 
     Zero copy (shuffle_buffer=0, interleave=1): in the process that reads
     (num_workers=0), a full batch of fixed-size records is a read-only tensor
@@ -361,6 +459,7 @@ class QueueDataset(IterableDataset):
                 raise ValueError(f"{arg} must be an int >= {low}, got {value!r}")
         self.shuffle_buffer = shuffle_buffer
         self.interleave = interleave
+        self._epoch_records = None  # records_per_epoch(), once
         self.reader_options = dict(reader_options or {})
         for key in ("max_epoch", "short_at_end", "copy", "drop_last", "batch_size",
                     "shuffle_buffer", "interleave", "shuffle_seed"):
@@ -385,18 +484,26 @@ class QueueDataset(IterableDataset):
 
     def _before_open(self):
         name = self._queue_args["name"]
-        restarted = (name == _default_name() and "TORCHELASTIC_RUN_ID" in os.environ
-                     and _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0)
+        torchrun_default = name == _default_name() and _torchrun_job() is not None
+        restarted = torchrun_default and _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
         if self._queue_args.get("restore_state") is None:
             self._queue_args.pop("restore_state", None)
-        if _env_int("LOCAL_RANK", 0) == 0:
-            _prepare(name, self.resume, restarted)
+        first = _env_int("LOCAL_RANK", 0) == 0
+        if first:
+            _prepare(self._queue_args, self.resume, restarted, torchrun_default)
+        if _env_int("LOCAL_WORLD_SIZE", 1) <= 1:
+            return
         # The other ranks of the host open the queue after local rank 0
-        # prepared it, when they can wait for it (the process group is up).
+        # prepared it (it may remove or replace a queue of that name): at a
+        # barrier when the process group is up, else once the name holds no
+        # stale queue (local rank 0 resumes or removes it).
         dist = torch.distributed
-        if ((restarted or not self.resume) and _env_int("LOCAL_WORLD_SIZE", 1) > 1
-                and dist.is_available() and dist.is_initialized()):
+        if dist.is_available() and dist.is_initialized():
             dist.barrier()
+        elif not first:
+            deadline = time.monotonic() + 120
+            while _stale(name) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     @property
     def queue(self):
@@ -478,7 +585,7 @@ class QueueDataset(IterableDataset):
         shuffle = {}
         if self.shuffle_buffer or self.interleave > 1:
             # Deterministic per seed and epoch; distinct per rank and worker.
-            shuffle = dict(shuffle_buffer=self.shuffle_buffer, interleave=self.interleave,
+            shuffle = dict(shuffle_buffer=self._buffer_for(worker), interleave=self.interleave,
                            shuffle_seed=_mix(q.seed, epoch, _env_int("LOCAL_RANK", 0),
                                              worker.id + 1 if in_worker else 0))
         if self.batch_size is None:
@@ -488,6 +595,18 @@ class QueueDataset(IterableDataset):
             it = q.batches(self.batch_size, copy=self.copy or in_worker, max_epoch=epoch,
                            short_at_end=True, **shuffle, **self.reader_options)
         return self._generate(_Source(it), epoch)
+
+    def _buffer_for(self, worker):
+        """shuffle_buffer, at most a quarter of this process's even share of an
+        epoch: a buffer fills before it hands anything out, and what it reads
+        ahead is taken from the other processes (the share is num_clients x
+        DataLoader workers ways)."""
+        if not self.shuffle_buffer:
+            return 0
+        if self._epoch_records is None:
+            self._epoch_records = self.records_per_epoch()[0]
+        processes = max(self._queue_args["num_clients"], 1) * (worker.num_workers if worker else 1)
+        return max(1, min(self.shuffle_buffer, self._epoch_records // (4 * processes)))
 
     def _generate(self, source, epoch):
         transform = self.transform
