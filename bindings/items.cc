@@ -28,16 +28,21 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
     case tc::TakeStatus::kOk:
       return taken->item;
     case tc::TakeStatus::kLimit:
-      Raise(g_exc.invalid_argument,
-            "queue '" + h.name + "': this process already holds " +
-                std::to_string(h.leases_per_client) +
-                " open items (leases_per_client); ack or give one back before taking more, "
-                "or open the queue with a larger leases_per_client (in every process)");
+      RaiseLeaseLimit(h);
     case tc::TakeStatus::kEnd:
     case tc::TakeStatus::kEmpty:
       break;
   }
   return std::nullopt;
+}
+
+void RaiseLeaseLimit(const QueueHandle& h) {
+  Raise(g_exc.invalid_argument,
+        "queue '" + h.name + "': this process already holds " +
+            std::to_string(h.leases_per_client) +
+            " open items (leases_per_client); ack or give one back before taking more, "
+            "open the queue with auto_ack=True (code written for PAI, which never acks), "
+            "or with a larger leases_per_client (in every process)");
 }
 
 void AckPrevious(std::weak_ptr<PyWorkItem>& last) {

@@ -145,5 +145,8 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
 // open, before the next one is taken. Raises StaleItemError if it was
 // reassigned meanwhile. REQUIRES: the GIL (which guards `last`).
 void AckPrevious(std::weak_ptr<PyWorkItem>& last);
+// What take() and input_producer().get() raise (InvalidArgumentError) when
+// this process holds leases_per_client items: waiting could wait for itself.
+[[noreturn]] void RaiseLeaseLimit(const QueueHandle& h);
 
 }  // namespace tailcut::python

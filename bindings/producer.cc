@@ -72,31 +72,45 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
     thread_ = std::make_unique<std::thread>([this] { Run(); });
   }
 
-  // REQUIRES: the GIL. Returns an item, None at the end, raises Empty.
+  // REQUIRES: the GIL. Returns an item, None at the end, raises Empty, or
+  // InvalidArgumentError when this process holds every lease (as take()).
   py::object Get(const py::object& timeout) {
     if (::getpid() != pid_) h_->CheckPid();
     if (h_->auto_ack) AckPrevious(h_->last_taken);
-    enum class Got { kItem, kEnd, kStopped };
+    Wait wait = Wait::FromTimeout(timeout, "timeout");
+    enum class Got { kItem, kEnd, kStopped, kLimit };
     tc::WorkItem item;
-    std::optional<Got> got =
-        InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
-          std::unique_lock<std::mutex> lock(mu_);
-          cv_.wait_until(lock, end, [&] { return !buffer_.empty() || end_ || stop_; });
-          if (!buffer_.empty()) {
-            item = buffer_.front();
-            buffer_.pop_front();
-            cv_.notify_all();
-            return std::optional<Got>(Got::kItem);
-          }
-          if (end_) return std::optional<Got>(Got::kEnd);
-          if (stop_) return std::optional<Got>(Got::kStopped);
-          return std::optional<Got>();
-        });
+    uint64_t me;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(mu_);
+      me = ++gets_;  // a take the thread starts from now on sees our acks
+    }
+    cv_.notify_all();  // a thread waiting at the lease limit tries again now
+    std::optional<Got> got = InSlices(wait, [&](Clock::time_point end) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, end,
+                     [&] { return !buffer_.empty() || end_ || stop_ || limit_after_ >= me; });
+      if (!buffer_.empty()) {
+        item = buffer_.front();
+        buffer_.pop_front();
+        cv_.notify_all();
+        return std::optional<Got>(Got::kItem);
+      }
+      if (end_) return std::optional<Got>(Got::kEnd);
+      if (stop_) return std::optional<Got>(Got::kStopped);
+      if (limit_after_ >= me) return std::optional<Got>(Got::kLimit);
+      return std::optional<Got>();
+    });
     if (!got)
       Raise(g_exc.empty, "input_producer of queue '" + h_->name + "': no item within the timeout");
     if (*got == Got::kEnd) return py::none();
     if (*got == Got::kStopped)
       Raise(g_exc.invalid_argument, "input_producer of queue '" + h_->name + "' is closed");
+    // Nothing buffered, and a take begun after this get() was called found
+    // every lease held by items handed out and not acked: only the consumer
+    // can free one, and it is waiting here.
+    if (*got == Got::kLimit) RaiseLeaseLimit(*h_);
     auto got_item = std::make_shared<PyWorkItem>(h_, item);
     if (h_->auto_ack) h_->last_taken = got_item;
     return py::cast(got_item);
@@ -135,10 +149,12 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
  private:
   void Run() noexcept {
     for (;;) {
+      uint64_t asked;  // gets_ before this take: get() calls it answers
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || buffer_.size() < capacity_; });
         if (stop_) return;
+        asked = gets_;
       }
       tc::WorkItem item;
       tc::TakeStatus status = h_->queue->Take(&item, Clock::now() + kSlice);
@@ -158,8 +174,13 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
           cv_.notify_all();
           return;
         case tc::TakeStatus::kLimit:
-          // The consumer holds every lease: wait for it to ack one.
-          cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return stop_; });
+          // The consumer holds every lease. A get() waiting for this take
+          // raises (it cannot ack while it waits); others, or the next get()
+          // after an ack, have the thread try again.
+          limit_after_ = asked;
+          cv_.notify_all();
+          cv_.wait_for(lock, std::chrono::milliseconds(20),
+                       [&] { return stop_ || gets_ != asked; });
           break;
         case tc::TakeStatus::kEmpty:
           break;
@@ -175,6 +196,10 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
   std::condition_variable cv_;
   std::deque<tc::WorkItem> buffer_;
   bool end_ = false, stop_ = false;
+  // get() calls so far; a get() numbered n raises the lease-limit error once
+  // a take begun after it (limit_after_ >= n) met the limit. Under mu_.
+  uint64_t gets_ = 0;
+  uint64_t limit_after_ = 0;
 };
 
 }  // namespace
@@ -208,7 +233,9 @@ void DefineProducers(py::module_& m) {
           "get", [](Producer& self, py::object timeout) { return self.Get(timeout); },
           py::arg("timeout") = py::none(),
           "The next WorkItem; None once every item of every epoch is done; raises Empty after "
-          "`timeout` seconds without an item.")
+          "`timeout` seconds without an item, and InvalidArgumentError (as take()) when nothing "
+          "is buffered and this process holds leases_per_client items: ack them, or open the "
+          "queue with auto_ack=True.")
       .def("__iter__", [](py::object self) { return self; })
       .def(
           "__next__",

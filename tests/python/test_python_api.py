@@ -121,14 +121,23 @@ def test_auto_ack_input_producer_runs_past_leases_per_client(tmp_path, qname):
         producer = q.input_producer()
         got = [w.index for w in iter(lambda: producer.get(timeout=30), None)]
         assert sorted(got) == list(range(12))
-    # Without auto_ack the same code stalls once 8 items (leases_per_client) are unacked.
+    # Without auto_ack the same code holds 8 items (leases_per_client) unacked; then get()
+    # raises what take() raises instead of waiting for an ack only its caller can make
+    # (it used to wait forever).
     with tailcut.WorkQueue(works, name=qname + "-b") as q:
         producer = q.input_producer()
-        held = [producer.get(timeout=30) for _ in range(6)]
-        with pytest.raises(tailcut.Empty):
-            for _ in range(6):
-                held.append(producer.get(timeout=1))
-        assert len(held) < 12
+        held = []
+        with pytest.raises(tailcut.InvalidArgumentError) as e:
+            for _ in range(12):
+                held.append(producer.get(timeout=30))
+        assert str(e.value) == (
+            f"queue '{qname}-b': this process already holds 8 open items (leases_per_client); "
+            "ack or give one back before taking more, open the queue with auto_ack=True (code "
+            "written for PAI, which never acks), or with a larger leases_per_client (in every "
+            "process)")
+        assert len(held) == 8
+        held.pop().ack()
+        held.append(producer.get(timeout=30))  # an ack frees a lease: get() goes on
         for w in held:
             w.ack()
         producer.close()

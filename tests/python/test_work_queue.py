@@ -251,8 +251,9 @@ def test_taking_beyond_leases_per_client_raises(files, qname, notices):
             q.take()
         assert str(e.value) == (
             f"queue '{qname}': this process already holds 2 open items (leases_per_client); "
-            "ack or give one back before taking more, or open the queue with a larger "
-            "leases_per_client (in every process)")
+            "ack or give one back before taking more, open the queue with auto_ack=True (code "
+            "written for PAI, which never acks), or with a larger leases_per_client (in every "
+            "process)")
         assert isinstance(e.value, ValueError)
         with pytest.raises(tailcut.InvalidArgumentError, match="below leases_per_client"):
             q.input_producer(capacity=2)
