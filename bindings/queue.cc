@@ -1,5 +1,10 @@
 #include "queue.h"
 
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <thread>
+
 #include "blocking.h"
 #include "conversions.h"
 #include "errors.h"
@@ -14,6 +19,105 @@ namespace {
 // Every live handle of this process, for the atexit hook.
 std::mutex g_handles_mu;
 std::vector<std::weak_ptr<QueueHandle>> g_handles;
+
+// The engine's longest wait (WorkQueueOptions durations are at most 7 days).
+constexpr std::chrono::milliseconds kLongestAttach{7LL * 24 * 3600 * 1000};
+
+// attach_timeout: seconds >= 0, or None / +inf for no limit (nullopt).
+std::optional<std::chrono::milliseconds> ToAttachTimeout(const py::handle& v) {
+  if (v.is_none()) return std::nullopt;
+  if (PyBool_Check(v.ptr()))
+    throw py::type_error("attach_timeout must be a number of seconds or None");
+  double s = PyFloat_AsDouble(v.ptr());
+  if (s == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::type_error("attach_timeout must be a number of seconds or None");
+  }
+  if (std::isinf(s) && s > 0) return std::nullopt;
+  if (!(s >= 0))
+    Raise(g_exc.invalid_argument,
+          "attach_timeout must be a number of seconds >= 0, or None (or float('inf')) to wait "
+          "without a limit; got " +
+              std::string(py::repr(v)));
+  return ToMillis(s);
+}
+
+// WorkQueue::Open, which may wait up to attach_timeout for a creator to set
+// the queue up, run on a thread of its own and waited for in slices
+// (blocking.h), so that Ctrl-C is answered within a slice. Without a limit
+// (`forever`), an attach that times out is tried again. On KeyboardInterrupt
+// the thread is left to finish on its own: a queue it opens after that is
+// closed at once, cleanly, as if this process had never joined. The thread
+// holds no Python object but the notice callback, which takes the GIL.
+// REQUIRES: the GIL.
+std::unique_ptr<tc::WorkQueue> OpenInSlices(tc::WorkQueueOptions o, bool forever) {
+  struct Job {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;  // the caller stopped waiting
+    std::unique_ptr<tc::WorkQueue> queue;
+    std::exception_ptr error;
+  };
+  auto job = std::make_shared<Job>();
+  std::thread thread([job, o = std::move(o), forever]() mutable {
+    std::unique_ptr<tc::WorkQueue> queue;
+    std::exception_ptr error;
+    for (;;) {
+      try {
+        queue = tc::WorkQueue::Open(o);
+      } catch (const tc::Error& e) {
+        error = std::current_exception();
+        if (forever && e.kind() == tc::ErrorKind::kTimeout) {
+          std::lock_guard<std::mutex> lock(job->mu);
+          if (!job->abandoned) {
+            error = nullptr;
+            continue;
+          }
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      break;
+    }
+    std::unique_lock<std::mutex> lock(job->mu);
+    if (job->abandoned) {
+      lock.unlock();
+      queue.reset();  // nobody will use it: a clean close
+      return;
+    }
+    job->queue = std::move(queue);
+    job->error = error;
+    job->done = true;
+    job->cv.notify_all();
+  });
+  try {
+    InSlices(Wait::Forever(), [&](Clock::time_point end) {
+      std::unique_lock<std::mutex> lock(job->mu);
+      return job->cv.wait_until(lock, end, [&] { return job->done; }) ? std::optional<bool>(true)
+                                                                      : std::nullopt;
+    });
+  } catch (...) {  // KeyboardInterrupt (or another exception of a signal handler)
+    std::unique_ptr<tc::WorkQueue> opened;
+    {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->abandoned = true;
+      opened = std::move(job->queue);  // set if it finished just now
+    }
+    thread.detach();
+    {
+      py::gil_scoped_release nogil;
+      opened.reset();
+    }
+    throw;
+  }
+  {
+    py::gil_scoped_release nogil;  // the thread's last steps may need the GIL
+    thread.join();
+  }
+  if (job->error) std::rethrow_exception(job->error);
+  return std::move(job->queue);
+}
 
 HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool shuffle,
                     const py::object& seed, const py::object& prefix, const py::object& num_slices,
@@ -49,6 +153,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   auto h = std::make_shared<QueueHandle>();
   h->name = name;
   py::object format = py::none(), record_bytes = py::none();
+  bool attach_forever = false;
   for (auto kv : more) {
     std::string key = py::str(kv.first);
     py::object v = py::reinterpret_borrow<py::object>(kv.second);
@@ -65,7 +170,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
     } else if (key == "leases_per_client") {
       o.leases_per_client = ToU32(v, "leases_per_client");
     } else if (key == "attach_timeout") {
-      o.attach_timeout = ToMillis(ToSeconds(v, "attach_timeout"));
+      std::optional<std::chrono::milliseconds> t = ToAttachTimeout(v);
+      attach_forever = !t;
+      o.attach_timeout = t ? *t : kLongestAttach;
     } else if (key == "lease_timeout") {
       o.lease_timeout =
           v.is_none() ? std::chrono::milliseconds(0) : ToMillis(ToSeconds(v, "lease_timeout"));
@@ -100,10 +207,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   h->notice = o.on_notice;
   h->open_args = open_args;
   h->pid = ::getpid();
-  {
-    py::gil_scoped_release nogil;
-    h->queue = tc::WorkQueue::Open(std::move(o));
-  }
+  h->queue = OpenInSlices(std::move(o), attach_forever);
   std::lock_guard<std::mutex> lock(g_handles_mu);
   g_handles.erase(std::remove_if(g_handles.begin(), g_handles.end(),
                                  [](const std::weak_ptr<QueueHandle>& w) { return w.expired(); }),
@@ -131,7 +235,8 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "epoch across all processes. Use from many threads is safe. A forked child must open its "
       "own. Extra keywords: format, record_bytes (part of the configuration: every process must "
       "agree), max_clients, leases_per_client, attach_timeout and lease_timeout (seconds; "
-      "lease_timeout None: off), restore_state (bytes from state_dict()['state']), on_notice "
+      "attach_timeout None: no limit; lease_timeout None: off), restore_state (bytes from "
+      "state_dict()['state']), on_notice "
       "(callable taking one str, or None for stderr), auto_ack (PAI compatibility: each take() or "
       "input_producer get() acks the item handed out before it, close() the last; "
       "at-most-once, see docs/python.md).");

@@ -184,3 +184,81 @@ def test_close_from_another_thread_ends_a_reader_waiting_for_a_held_item(tmp_pat
         reader.join(5)
         assert not reader.is_alive() and time.monotonic() - start < 1.0
         assert outcome == [f"queue '{qname}' was closed while it was being read"]
+
+
+# ---- Opening a queue, and stale items in batches() -------------------------------------------
+
+OPENER = textwrap.dedent("""
+    import sys, tailcut
+    name, timeout, works = sys.argv[1], sys.argv[2], sys.argv[3:]
+    print("opening", flush=True)
+    try:
+        tailcut.WorkQueue(works, name=name, attach_timeout=None if timeout == "None" else
+                          float(timeout), on_notice=lambda line: None)
+        print("opened", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("timeout", ["None", "inf", "3600"])
+def test_sigint_interrupts_opening_a_queue_whose_creator_never_sets_it_up(
+        tmp_path, qname, timeout):
+    """A creator stopped (SIGSTOP) before it sized its segment leaves it empty: an attacher
+    waits for it to grow, up to attach_timeout (None, inf: without a limit). Ctrl-C ends
+    the wait promptly, whatever it is."""
+    files = two_files(tmp_path)
+    path = tailcut.segment_path(qname)
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))  # what the creator made
+    opener = subprocess.Popen([sys.executable, "-c", OPENER, qname, timeout] + files,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert opener.stdout.readline().strip() == "opening"
+        time.sleep(1.0)
+        assert opener.poll() is None, "the open did not wait for the segment"
+        sent = time.monotonic()
+        opener.send_signal(signal.SIGINT)
+        rc = opener.wait(30)
+        elapsed = time.monotonic() - sent
+        rest = opener.stdout.read()
+    finally:
+        opener.kill()
+        opener.wait()
+        os.unlink(path)
+    assert rc == 3 and "interrupted" in rest, opener.stderr.read()
+    assert elapsed < SIGINT_LIMIT_S, f"KeyboardInterrupt came {elapsed:.2f} s after SIGINT"
+
+
+def test_a_short_attach_timeout_replaces_a_segment_its_creator_never_set_up(tmp_path, qname):
+    files = two_files(tmp_path)
+    path = tailcut.segment_path(qname)
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+    notices = []
+    with tailcut.WorkQueue(files, name=qname, attach_timeout=0.2, on_notice=notices.append) as q:
+        assert sum(1 for _ in q.records()) == 20
+    assert any("removed an empty segment" in line for line in notices), notices
+
+
+def test_a_batch_reader_whose_items_were_reassigned_counts_them_and_warns(tmp_path, qname):
+    import multiprocessing
+
+    import _workers
+    files = [write_lines(tmp_path / f"{c}.txt", [b"%c%05d" % (ord(c), i) for i in range(2000)])
+             for c in "ab"]
+    opts = dict(num_slices=8, lease_timeout=0.2, shuffle=False)
+    with tailcut.WorkQueue(files, name=qname, on_notice=lambda line: None, **opts) as q:
+        it = q.batches(5, **SMALL_READER)
+        for _ in range(2):
+            next(it)
+        assert it.stats()["stale_items"] == 0
+        # Stalled past the lease timeout: another process takes (and acks) every item.
+        ctx = multiprocessing.get_context("spawn")
+        p = ctx.Process(target=_workers.ack_all, args=(qname, files, opts))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0
+        with pytest.warns(RuntimeWarning, match="reassigned to another process"):
+            rest = sum(len(offsets) - 1 for _, offsets in it)
+        assert it.stats()["stale_items"] >= 1
+        assert rest < 4000 - 10

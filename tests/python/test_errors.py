@@ -71,7 +71,12 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
         (dict(num_slices=0),
          f"queue '{qname}': num_slices is 0; leave it unset (one item per file) or give 1 or more"),
         (dict(max_clients=0), f"queue '{qname}': max_clients must be 1..4096"),
-        (dict(attach_timeout=-1), "attach_timeout must be a finite number of seconds >= 0, got -1"),
+        (dict(attach_timeout=-1), "attach_timeout must be a number of seconds >= 0, or None (or "
+                                  "float('inf')) to wait without a limit; got -1"),
+        (dict(attach_timeout=float("nan")), "attach_timeout must be a number of seconds >= 0, or "
+                                            "None (or float('inf')) to wait without a limit; got nan"),
+        (dict(attach_timeout=8 * 86400),
+         f"queue '{qname}': attach_timeout is 691200000 ms; it must be 0..604800000 ms (7 days)"),
         (dict(lease_timeout=float("nan")),
          "lease_timeout must be a finite number of seconds >= 0, got nan"),
         (dict(restore_state={"seed": 1}),

@@ -244,7 +244,7 @@ class WorkQueue:
         record_bytes: Optional[int] = ...,
         max_clients: int = ...,
         leases_per_client: int = ...,
-        attach_timeout: float = ...,
+        attach_timeout: Optional[float] = ...,
         lease_timeout: Optional[float] = ...,
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
