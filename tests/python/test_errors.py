@@ -159,6 +159,9 @@ def test_bad_reader_options_name_the_option_and_the_fix(files, qname, notices):
         with pytest.raises(tailcut.InvalidArgumentError,
                            match=exact("batch_size must be at least 1, got 0")):
             q.batches(0)
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=exact("max_records must be at least 1, got 0")):
+            q.batches(1).read(0)
         with pytest.raises(TypeError,
                            match=exact("batches() got an unexpected keyword argument 'bogus'")):
             q.batches(10, bogus=1)

@@ -280,7 +280,8 @@ pid3=${holder_pids[3]}
 kill_holder 3
 
 run "$TAILCUT" ls
-check_rc 0 "ls with a dead client" && check_match "$out" "^$qb +0/1 " "ls: no live client of 1"
+check_rc 0 "ls with a dead client" && check_match "$out" "^$qb +0/1 " "ls: no live client of 1" &&
+  check_match "$out" "^$qb .* a process of it died, so a rerun resumes it *\$" "ls: why the queue is kept"
 run "$TAILCUT" stat "$qb"
 check_rc 0 "stat with a dead client" && check_match "$out" "^ *[0-9]+ +$pid3 +dead " "stat: dead client row"
 run "$TAILCUT" rm "$qb"
