@@ -52,7 +52,8 @@ std::string ShmFree() {
 }  // namespace
 
 Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
-                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client) {
+                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client,
+                         bool fed) {
   Geometry g;
   g.num_files = num_files;
   g.num_items = num_items;
@@ -88,6 +89,13 @@ Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_
   off = AlignUp(off + path_bytes);
   g.bitmap = off;
   off = AlignUp(off + sizeof(uint64_t) * g.bitmap_words());
+  g.fed = fed;
+  if (fed) {
+    g.fed_blocks = off;
+    off = AlignUp(off + sizeof(FedBlock) * kFedBlocks);
+    g.skip = off;
+    off = AlignUp(off + sizeof(uint64_t) * g.bitmap_words());
+  }
   g.total = off;
   return g;
 }
@@ -275,8 +283,9 @@ void Segment::Validate() {
     throw corrupt("inconsistent counts (items " + std::to_string(h.num_items) + ", epochs " +
                   std::to_string(h.num_epochs) + ", tickets " + std::to_string(h.total_tickets) +
                   ")");
+  if (h.fed > 1) throw corrupt("fed flag " + std::to_string(h.fed) + " is neither 0 nor 1");
   Geometry g = ComputeGeometry(h.num_files, h.num_items, h.total_tickets, h.path_bytes,
-                               h.max_clients, h.leases_per_client);
+                               h.max_clients, h.leases_per_client, h.fed == 1);
   if (g.total == 0) throw corrupt("counts out of range");
   if (g.total != size_)
     throw corrupt("counts need " + std::to_string(g.total) + " bytes, object has " +
@@ -285,6 +294,7 @@ void Segment::Validate() {
   geometry_ = g;
   if (!IsRobustMutex(&h.admin_mutex) || !IsRobustMutex(&h.sweep_mutex))
     throw corrupt("its admin or sweep lock is damaged");
+  if (g.fed && !IsRobustMutex(&h.feeder_mutex)) throw corrupt("its feeder lock is damaged");
   for (uint64_t c = 0; c < g.max_clients; ++c)
     if (!IsRobustMutex(&client(c).life))
       throw corrupt("the lock of client slot " + std::to_string(c) + " is damaged");

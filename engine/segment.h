@@ -78,6 +78,20 @@ class Segment {
   bool IsDone(uint64_t ticket) const {
     return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;
   }
+  // A fed queue only (geometry().fed): tickets this host must not hand out,
+  // because another host holds or finished them. Set by the feeder before
+  // it raises the cursor's limit past them (release there, acquire here).
+  FedBlock& fed_block(uint64_t i) const { return At<FedBlock>(geometry_.fed_blocks)[i]; }
+  SharedAtomic<uint64_t>& skip_word(uint64_t i) const {
+    return At<SharedAtomic<uint64_t>>(geometry_.skip)[i];
+  }
+  bool IsSkipped(uint64_t ticket) const {
+    return geometry_.fed &&
+           // seq_cst: pairs with the seq_cst skip-bit changes and cursor load of LocalFeed::
+           // Grant, so that a taker passing a ticket the feeder just gave back to this host
+           // either sees it is no longer skipped or was seen passing it (then a sweep re-issues).
+           ((skip_word(ticket / 64).load(std::memory_order_seq_cst) >> (ticket % 64)) & 1);
+  }
 
  private:
   Segment(std::string queue_name, int fd, bool created);

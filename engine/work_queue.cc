@@ -15,7 +15,9 @@
 #include "engine/clock.h"
 #include "engine/config.h"
 #include "engine/crash_point.h"
+#include "engine/feeder.h"
 #include "engine/futex.h"
+#include "engine/local_feed.h"
 #include "engine/queue_core.h"
 #include "engine/robust_mutex.h"
 #include "engine/segment.h"
@@ -81,6 +83,8 @@ class WorkQueue::Impl {
   void Register();  // admin held
   void ApplyRestore(const SavedState& state);
   bool TakeOnce(WorkItem* out, bool* limit) noexcept;
+  // A fed queue's next ticket below the cursor's limit, or kNoTicket.
+  uint64_t NextFedTicket() noexcept;
   bool ClaimOrphan(WorkItem* out) noexcept;
   bool TrySplit(WorkItem* out) noexcept;
   // Bytes acked per busy nanosecond of a client, 0 if not known yet.
@@ -112,11 +116,27 @@ class WorkQueue::Impl {
   // orphan (none at first): every orphan published up to it was visible to
   // that scan, so the leases need scanning again only once it moves.
   std::atomic<uint64_t> no_orphans_at_seq_{~uint64_t{0}};
+  // A job across hosts: the tier's feeder (its thread runs while open) and
+  // the queue's side of it.
+  std::unique_ptr<Feeder> feeder_;
+  std::unique_ptr<LocalFeed> feed_;
   bool closed_ = true;
 };
 
 void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
+  // A job across hosts: the tier decides the seed, and this host's queue
+  // gets a name of its own (so hosts can also be simulated on one machine).
+  FeedJob job{options_.name,         config_.items.size(), config_.num_epochs,
+              config_.seed_explicit, config_.seed,         DataFingerprint(config_)};
+  feeder_ = OpenFeeder(options_, job);
+  if (feeder_) {
+    config_.fed = true;
+    config_.seed = feeder_->seed();
+    config_.seed_explicit = true;
+    options_.name += "." + ResolveHostId(options_);
+    options_.restore_state.clear();  // the tier's state: the feeder restored it
+  }
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
     restore_ = DeserializeState(options_.name, options_.restore_state);
@@ -139,8 +159,9 @@ void WorkQueue::Impl::Open() {
   }
   uint64_t path_bytes = 0;
   for (const auto& p : config_.paths) path_bytes += p.size();
-  Geometry g = ComputeGeometry(config_.paths.size(), config_.items.size(), config_.total_tickets(),
-                               path_bytes, config_.max_clients, config_.leases_per_client);
+  Geometry g =
+      ComputeGeometry(config_.paths.size(), config_.items.size(), config_.total_tickets(),
+                      path_bytes, config_.max_clients, config_.leases_per_client, config_.fed);
   if (g.total == 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options_.name + "': configuration too large");
@@ -153,6 +174,15 @@ void WorkQueue::Impl::Open() {
         wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
       }
       closed_ = false;
+      if (feeder_) {
+        feed_ = std::make_unique<LocalFeed>(segment_.get(), core_.get());
+        try {
+          feeder_->Start(feed_.get());
+        } catch (...) {
+          Close();
+          throw;
+        }
+      }
       return;
     }
   }
@@ -478,6 +508,15 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
       c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
       continue;
     }
+    if (segment_->IsSkipped(ticket)) {
+      // A fed queue's feeder dropped the ticket (its block went to another
+      // host): complete the lease as an ack would, never hand it out.
+      uint64_t acking = NextLeaseWord(open, kLeaseAcking, slot_);
+      // acq_rel: as Ack's CAS to ACKING; FinishAck then frees the lease.
+      if (ls.word.compare_exchange_strong(open, acking, std::memory_order_acq_rel))
+        core_->FinishAck(l, acking);
+      continue;
+    }
     ls.progress.store(ProgressWord(begin, open), std::memory_order_relaxed);
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
     me().items_recovered.fetch_add(1, std::memory_order_relaxed);
@@ -498,8 +537,13 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
       ClaimOrphan(out))
     return true;
   SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
+  // total_tickets, or in a fed queue what its feeder granted so far.
+  // acquire: pairs with LocalFeed::Grant's release store, so the skip bits
+  // set below the new limit are seen by IsSkipped below.
+  SharedAtomic<uint64_t>& granted = segment_->cursor().limit;
   const uint64_t total = core_->total();
-  while (cursor.load(std::memory_order_relaxed) < total) {
+  const bool fed = config_.fed;
+  while (cursor.load(std::memory_order_relaxed) < granted.load(std::memory_order_acquire)) {
     // Reserve a lease of our region before taking a ticket, so that a death
     // right after fetch_add leaves a trace (I3).
     uint64_t l = 0, taking = 0;
@@ -509,7 +553,7 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     }
     LeaseSlot& ls = segment_->lease(l);
     CrashPoint("take.after_reserve");
-    uint64_t ticket = cursor.fetch_add(1, std::memory_order_acq_rel);
+    uint64_t ticket = fed ? NextFedTicket() : cursor.fetch_add(1, std::memory_order_acq_rel);
     CrashPoint("take.after_fetch_add");
     // Nothing recorded yet (the ticket stays kNoTicket): freeing is the CAS.
     auto release = [&] {
@@ -520,7 +564,8 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
       release();
       break;
     }
-    if (segment_->IsDone(ticket)) {  // done before a restore
+    // Done before a restore, or (fed) another host's.
+    if (segment_->IsDone(ticket) || segment_->IsSkipped(ticket)) {
       release();
       continue;
     }
@@ -546,6 +591,21 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     return true;
   }
   return false;
+}
+
+uint64_t WorkQueue::Impl::NextFedTicket() noexcept {
+  // A fetch_add could pass the limit, and a ticket past it is not ours to
+  // hand out yet: advance by CAS, and only below the limit.
+  SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
+  // acquire (cursor and limit), seq_cst (CAS): as TakeOnce's fetch_add, whose release half
+  // publishes the TAKING lease reserved before it to TrySweep and AllDone (I3); the limit's
+  // acquire pairs with LocalFeed::Grant's release store.
+  uint64_t ticket = cursor.load(std::memory_order_acquire);
+  for (;;) {
+    if (ticket >= segment_->cursor().limit.load(std::memory_order_acquire)) return kNoTicket;
+    // seq_cst: see Segment::IsSkipped, which the caller checks next.
+    if (cursor.compare_exchange_weak(ticket, ticket + 1, std::memory_order_seq_cst)) return ticket;
+  }
 }
 
 bool WorkQueue::Impl::ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept {
@@ -784,11 +844,17 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
       std::vector<int> pids = core_->LivePids(slot_);
       std::string list;
       for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);
-      Notice(
-          "queue '" + options_.name + "': waiting " +
-          std::to_string((t1 - wait_start) / 1000000000ull) +
-          " s for items still held by other processes (pids " + list +
-          "); they come back if those die. Set lease_timeout to reassign items of hung processes");
+      if (feeder_)
+        Notice("queue '" + options_.name + "': waiting " +
+               std::to_string((t1 - wait_start) / 1000000000ull) +
+               " s for more items from the coordinator: other hosts hold the rest, and what a "
+               "host holds comes back once it stops renewing it (global_ttl)");
+      else
+        Notice("queue '" + options_.name + "': waiting " +
+               std::to_string((t1 - wait_start) / 1000000000ull) +
+               " s for items still held by other processes (pids " + list +
+               "); they come back if those die. Set lease_timeout to reassign items of hung "
+               "processes");
     }
   }
   return TakeStatus::kOk;
@@ -846,6 +912,9 @@ AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
 }
 
 std::string WorkQueue::Impl::SaveState() const {
+  // Across hosts the job's state is the tier's: cursor and done marks of
+  // every host (items open anywhere are read again after a restore).
+  if (feeder_) return feeder_->SaveState();
   if (closed_) throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "' is closed");
   Segment& seg = *segment_;
   SavedState s;
@@ -957,6 +1026,9 @@ std::string WorkQueue::Impl::SaveState() const {
 void WorkQueue::Impl::Close() noexcept {
   if (closed_) return;
   closed_ = true;
+  // The feeder first: it acks what this host finished and hands the feed to
+  // another process of the host, while the segment is still mapped.
+  if (feeder_) feeder_->Stop();
   Segment& seg = *segment_;
   for (uint64_t l = 0; l < core_->num_leases(); ++l) {
     LeaseSlot& ls = seg.lease(l);
