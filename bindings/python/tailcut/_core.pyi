@@ -250,6 +250,10 @@ class WorkQueue:
         on_notice: Optional[Callable[[str], Any]] = ...,
         auto_ack: bool = ...,
         keep_unfinished: bool = ...,
+        coordinator: Optional[str] = ...,
+        host_id: Optional[str] = ...,
+        global_ttl: float = ...,
+        global_block_size: int = ...,
     ) -> None: ...
     def take(self, timeout: Optional[float] = None) -> Optional[WorkItem]: ...
     def agree_step(
