@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 
+#include "engine/futex.h"
 #include "engine/robust_mutex.h"
 
 namespace tailcut::detail {
@@ -233,6 +235,21 @@ void LocalFeed::End() noexcept {
 bool LocalFeed::ended() const noexcept {
   // acquire: pairs with End's release store.
   return seg_->counters().fed_end.load(std::memory_order_acquire) == 1;
+}
+
+uint32_t LocalFeed::DemandSeq() const noexcept {
+  // seq_cst: pairs with the takers' seq_cst bump (WorkQueue::Impl::Take) and WakeFeeder.
+  return seg_->counters().feed_wanted.load(std::memory_order_seq_cst);
+}
+
+void LocalFeed::WaitForDemand(uint32_t seq, uint64_t timeout_ns) const noexcept {
+  FutexWait(seg_->counters().feed_wanted, seq, timeout_ns);
+}
+
+void LocalFeed::WakeFeeder() noexcept {
+  // seq_cst: as the takers' bump; the wait above compares the word with what DemandSeq read.
+  seg_->counters().feed_wanted.fetch_add(1, std::memory_order_seq_cst);
+  FutexWake(seg_->counters().feed_wanted, INT_MAX);
 }
 
 }  // namespace tailcut::detail

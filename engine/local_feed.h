@@ -73,6 +73,12 @@ class TAILCUT_EXPORT LocalFeed {
   // Take returns kEnd here once the local leases are settled.
   void End() noexcept;
   bool ended() const noexcept;
+  // The feeder's sleep between rounds: returns after timeout_ns, or once a
+  // taker ran dry (or WakeFeeder was called) since DemandSeq() returned seq.
+  uint32_t DemandSeq() const noexcept;
+  void WaitForDemand(uint32_t seq, uint64_t timeout_ns) const noexcept;
+  // Wakes a feeder in WaitForDemand (any process's: it looks and sleeps again).
+  void WakeFeeder() noexcept;
   // The job's tickets (num_items * num_epochs).
   uint64_t total() const noexcept { return core_->total(); }
 

@@ -250,6 +250,10 @@ struct alignas(kCacheLine) Counters {
   // done on every host (LocalFeed::End). Release store there, acquire in
   // AllDone: the skip bits set before it are seen.
   SharedAtomic<uint32_t> fed_end;
+  // A fed queue: futex word the leading feeder sleeps on between rounds;
+  // bumped (seq_cst) by a taker that found nothing to take, so that the
+  // feeder claims more at once rather than at its next round.
+  SharedAtomic<uint32_t> feed_wanted;
 };
 static_assert(offsetof(Counters, orphan_seq) == 0 && offsetof(Counters, wake_seq) == kCacheLine,
               "orphan_seq has a cache line of its own");

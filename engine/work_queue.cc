@@ -809,6 +809,12 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     bool limit = false;
     if (TakeOnce(out, &limit)) break;
     if (limit) return TakeStatus::kLimit;
+    if (config_.fed) {
+      // Tell the host's feeder that takers ran dry: it claims more at once.
+      // seq_cst: pairs with LocalFeed::DemandSeq, read before the feeder sleeps.
+      c.feed_wanted.fetch_add(1, std::memory_order_seq_cst);
+      FutexWake(c.feed_wanted, INT_MAX);
+    }
     // Nothing to hand out: see whether anything can still come back.
     Housekeep();
     // Scan whatever orphan_seq says: a publisher that died between its CAS

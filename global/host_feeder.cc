@@ -30,6 +30,8 @@ using std::chrono::milliseconds;
 // tries to lead.
 constexpr milliseconds kFeedPeriod{20};
 constexpr milliseconds kFollowPeriod{100};
+// How soon a leader asks again after the tier said kWait.
+constexpr milliseconds kWaitPeriod{50};
 
 std::string Hex(uint64_t v) {
   char buf[17];
@@ -90,6 +92,7 @@ class HostFeeder final : public Feeder {
       stop_ = true;
     }
     wake_.notify_all();
+    if (feed_ != nullptr) feed_->WakeFeeder();
     if (thread_.joinable()) thread_.join();
   }
 
@@ -131,7 +134,13 @@ class HostFeeder final : public Feeder {
         }
         continue;
       }
-      bool stopping = !SleepUntil(Clock::now() + kFeedPeriod);
+      feed_->WaitForDemand(demand_seq_, kFeedPeriod.count() * 1000000ull);
+      demand_seq_ = feed_->DemandSeq();
+      bool stopping;
+      {
+        std::lock_guard lock(mu_);
+        stopping = stop_;
+      }
       try {
         Feed(stopping);
         failing_since_ = Clock::time_point{};
@@ -166,6 +175,7 @@ class HostFeeder final : public Feeder {
     }
     next_renew_ = Clock::now();
     next_claim_ = Clock::now();
+    demand_seq_ = feed_->DemandSeq();
     if (after_death && !blocks.empty())
       Notice("queue '" + tier_->job().name + "': took over feeding host " + tier_->host_id() +
              " with " + std::to_string(blocks.size()) + " blocks from a feeder that died");
@@ -220,11 +230,12 @@ class HostFeeder final : public Feeder {
       next_renew_ = now + ttl_ / 3;
     }
 
-    // Claims: keep about one block of untaken tickets ahead of the takers.
+    // Claims: keep two blocks of untaken tickets ahead of the takers (a
+    // taker that runs dry wakes us at once, see WaitForDemand).
     if (feed_->ended() || now < next_claim_) return;
     uint64_t untaken = 0;
     for (const Held& h : held_) untaken += feed_->Untaken(h.block.tickets);
-    while (untaken < tier_->job().block_size && held_.size() + 1 < kFedBlocks) {
+    while (untaken < 2 * tier_->job().block_size && held_.size() + 1 < kFedBlocks) {
       GlobalBlock block;
       milliseconds retry{0};
       GlobalClaimStatus st = tier_->Claim(ttl_, &block, &retry);
@@ -233,8 +244,9 @@ class HostFeeder final : public Feeder {
         return;
       }
       if (st == GlobalClaimStatus::kWait) {
-        next_claim_ =
-            Clock::now() + std::clamp<milliseconds>(retry, kFeedPeriod, milliseconds(1000));
+        // Nothing new: only a block that expires comes back, or the end.
+        // Ask again soon, so that the end is seen without delay.
+        next_claim_ = Clock::now() + std::clamp<milliseconds>(retry, kFeedPeriod, kWaitPeriod);
         return;
       }
       FedBlockInfo info{block.first, block.last, block.generation};
@@ -265,6 +277,7 @@ class HostFeeder final : public Feeder {
   // The leader's view (the feeder thread's alone).
   std::vector<Held> held_;
   Clock::time_point next_renew_, next_claim_, failing_since_;
+  uint32_t demand_seq_ = 0;
 };
 
 }  // namespace
