@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -15,6 +17,8 @@
 #include "engine/config.h"
 #include "engine/futex.h"
 #include "engine/robust_mutex.h"
+#include "io/buffer_arena.h"
+#include "io/cuda_host.h"
 #include "pool/ring_core.h"
 #include "pool/ring_segment.h"
 
@@ -244,6 +248,9 @@ struct BatchRing::Impl {
   // Takes a client slot (admin mutex held). Throws when all are in use.
   void Register();
   void Leave() noexcept;
+  // Registers the arena with CUDA when options and role ask for it, says
+  // so in memory_state, and gives a notice for a GPU that refused.
+  void PinArena(const BatchRingOptions& options);
 
   // Calls try_once until it returns something other than kTimeout (nothing
   // yet), sleeping on `seq` between tries, until the deadline.
@@ -263,7 +270,41 @@ struct BatchRing::Impl {
   uint64_t self = detail::kNoClient;
   detail::LifeHolder holder;
   std::atomic<int64_t> last_check_ns{0};
+  std::unique_ptr<detail::CudaHostRegistration> cuda;  // a trainer's, undone before unmapping
+  std::string memory_state;
 };
+
+void BatchRing::Impl::PinArena(const BatchRingOptions& options) {
+  const detail::RingGeometry& g = core.geometry();
+  const uint64_t arena_bytes = g.slot_stride * g.num_slots;
+  memory_state = "arena: " + detail::FormatBytes(arena_bytes) + " (" + std::to_string(g.num_slots) +
+                 " slots of " + detail::FormatBytes(g.slot_stride) + ")";
+  if (role != RingRole::kTrainer || !options.cuda_register) return;
+  // The arena only: the control part of the segment is never copied to a GPU.
+  cuda = std::make_unique<detail::CudaHostRegistration>(seg->base() + g.arena, arena_bytes);
+  if (cuda->pinned()) {
+    memory_state += " + CUDA-pinned";
+    return;
+  }
+  memory_state += "; not CUDA-pinned: " + cuda->problem();
+  // A GPU the arena could not be registered with: once per process. A host
+  // without a GPU is normal and stays silent.
+  static std::atomic<bool> said{false};
+  // relaxed: only one notice; nothing is published through the flag.
+  if (cuda->no_gpu() || said.exchange(true, std::memory_order_relaxed)) return;
+  std::string line = "tailcut batch ring '" + seg->name() +
+                     "': arena not CUDA-pinned: " + cuda->problem() +
+                     "; host-to-device copies of batches will be staged by the driver";
+  try {
+    if (options.on_notice) {
+      options.on_notice(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  } catch (...) {
+    // A notice sink that throws loses its notice, not the ring.
+  }
+}
 
 void BatchRing::Impl::Register() {
   const uint64_t n = core.geometry().max_clients;
@@ -389,7 +430,10 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
 
 BatchRing::BatchRing(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-BatchRing::~BatchRing() { impl_->Leave(); }
+BatchRing::~BatchRing() {
+  impl_->cuda.reset();  // while the arena is still mapped
+  impl_->Leave();
+}
 
 std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole role) {
   detail::ValidateQueueName(o.name);
@@ -438,7 +482,9 @@ std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole r
         throw;
       }
       pthread_mutex_unlock(&h.admin_mutex);
-      return std::unique_ptr<BatchRing>(new BatchRing(std::move(impl)));
+      std::unique_ptr<BatchRing> ring(new BatchRing(std::move(impl)));
+      ring->impl_->PinArena(o);  // not under the admin lock: loading CUDA takes a while
+      return ring;
     }
     std::unique_ptr<detail::RingSegment> seg;
     try {
@@ -490,7 +536,9 @@ std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole r
     pthread_mutex_unlock(&h.admin_mutex);
     // Adopt a stale ring: slots of clients that died are recovered now.
     RecoverDead(impl->core, impl->self);
-    return std::unique_ptr<BatchRing>(new BatchRing(std::move(impl)));
+    std::unique_ptr<BatchRing> ring(new BatchRing(std::move(impl)));
+    ring->impl_->PinArena(o);
+    return ring;
   }
 }
 
@@ -628,6 +676,8 @@ void BatchRing::Close() noexcept { EndEpoch(kAllEpochs); }
 int BatchRing::RecoverDeadClients() noexcept { return RecoverDead(impl_->core, impl_->self); }
 
 BatchRingStats BatchRing::Stats() const { return StatsOf(impl_->core, *impl_->seg, impl_->self); }
+bool BatchRing::cuda_pinned() const noexcept { return impl_->cuda && impl_->cuda->pinned(); }
+const std::string& BatchRing::memory_state() const noexcept { return impl_->memory_state; }
 uint32_t BatchRing::client_slot() const noexcept { return static_cast<uint32_t>(impl_->self); }
 uint64_t BatchRing::slot_bytes() const noexcept { return impl_->core.geometry().slot_bytes; }
 uint32_t BatchRing::num_slots() const noexcept { return impl_->core.geometry().num_slots; }
