@@ -164,6 +164,7 @@ py::dict StatsDict(const tc::BatchRingStats& s) {
   d["stale_tokens"] = s.stale_tokens;
   d["closed"] = s.closed;
   d["ended_through"] = s.ended_through;
+  d["now_ns"] = s.now_ns;
   py::list clients;
   for (const tc::RingClientStats& c : s.clients) {
     py::dict cd;
@@ -177,6 +178,8 @@ py::dict StatsDict(const tc::BatchRingStats& s) {
     cd["popped"] = c.popped;
     cd["released"] = c.released;
     cd["wait_seconds"] = c.wait_seconds;
+    cd["waiting_seconds"] = c.waiting_seconds;
+    cd["joined_ns"] = c.joined_ns;
     clients.append(cd);
   }
   d["clients"] = clients;

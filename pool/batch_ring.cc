@@ -158,6 +158,7 @@ int RecoverDead(RingCore& core, uint64_t self) noexcept {
 
 BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t self) {
   BatchRingStats s;
+  s.now_ns = detail::MonotonicNs();
   const detail::RingGeometry& g = core.geometry();
   s.name = seg.name();
   s.segment_path = seg.path();
@@ -216,6 +217,10 @@ BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t 
     cs.popped = rc.popped.load(std::memory_order_relaxed);
     cs.released = rc.released.load(std::memory_order_relaxed);
     cs.wait_seconds = static_cast<double>(rc.wait_ns.load(std::memory_order_relaxed)) / 1e9;
+    uint64_t since = rc.waiting_since_ns.load(std::memory_order_relaxed);
+    if (since != 0 && since < s.now_ns)
+      cs.waiting_seconds = static_cast<double>(s.now_ns - since) / 1e9;
+    cs.joined_ns = rc.joined_ns.load(std::memory_order_relaxed);
     s.clients.push_back(cs);
   }
   return s;
@@ -324,7 +329,7 @@ void BatchRing::Impl::Register() {
     if (!holder.Start(&rc.life)) continue;
     // relaxed: published by the release store of state below.
     for (auto* counter : {&rc.acquired, &rc.published, &rc.abandoned, &rc.popped, &rc.released,
-                          &rc.wait_ns, &rc.left_ns})
+                          &rc.wait_ns, &rc.left_ns, &rc.waiting_since_ns})
       counter->store(0, std::memory_order_relaxed);
     rc.role.store(role == RingRole::kTrainer ? detail::kRoleTrainer : detail::kRoleLoader,
                   std::memory_order_relaxed);
@@ -395,6 +400,9 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
   if (st != RingStatus::kTimeout) return st;
   auto start = Clock::now();
   auto now = start;
+  // relaxed: a statistic for Stats (tailcut top), read by no decision.
+  uint64_t since = detail::MonotonicNs();
+  me().waiting_since_ns.store(since, std::memory_order_relaxed);
   for (;;) {
     if (now >= deadline) break;
     int64_t now_ns =
@@ -421,10 +429,12 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
     if (st != RingStatus::kTimeout) break;
     now = Clock::now();
   }
-  // relaxed: statistics only.
+  // relaxed: statistics only. The CAS clears only our own start: another
+  // thread of this client may have started a wait since.
   me().wait_ns.fetch_add(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
       std::memory_order_relaxed);
+  me().waiting_since_ns.compare_exchange_strong(since, 0, std::memory_order_relaxed);
   return st;
 }
 

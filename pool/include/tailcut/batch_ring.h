@@ -134,7 +134,9 @@ struct RingClientStats {
   bool alive = false;
   RingRole role = RingRole::kLoader;
   uint64_t acquired = 0, published = 0, abandoned = 0, popped = 0, released = 0;
-  double wait_seconds = 0;
+  double wait_seconds = 0;     // waits for a slot or a batch that ended
+  double waiting_seconds = 0;  // the wait it is in now, so far (0: not waiting)
+  uint64_t joined_ns = 0;      // CLOCK_MONOTONIC, as BatchRingStats::now_ns
 };
 
 struct BatchRingStats {
@@ -147,6 +149,7 @@ struct BatchRingStats {
   uint64_t published = 0, released = 0, reclaimed = 0, redelivered = 0, stale_tokens = 0;
   bool closed = false;
   uint64_t ended_through = 0;  // highest ended epoch + 1 (0: none)
+  uint64_t now_ns = 0;         // CLOCK_MONOTONIC when these were read: rates over a lifetime
   std::vector<RingClientStats> clients;
 };
 
