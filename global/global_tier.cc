@@ -195,9 +195,15 @@ class GlobalTier::Impl {
     return GlobalAckStatus::kOk;
   }
 
-  void Connect() {
+  // Connects, and throws kNotFound unless the job exists.
+  void ConnectToExistingJob() {
     std::lock_guard lock(mu_);
     redis_.Connect();
+    Reply reply = redis_.Run({"EXISTS", keys_[0]});
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+      throw Error(ErrorKind::kNotFound, "tailcut: no job '" + options_.job.name + "' on " +
+                                            redis_.address().Display() +
+                                            " (never created, or its keys were deleted)");
   }
 
   GlobalStats Stats() {
@@ -314,7 +320,7 @@ GlobalStats GlobalTier::Inspect(GlobalTierOptions options) {
   if (options.host_id.empty()) options.host_id = DefaultHostId();
   CoordinatorAddress address = CoordinatorFromEnvironment(options.coordinator);
   Impl impl(std::move(options), std::move(address));
-  impl.Connect();
+  impl.ConnectToExistingJob();
   return impl.Stats();
 }
 

@@ -29,6 +29,9 @@
 #include "tailcut/stats_fields.h"
 #include "tailcut/work_queue.h"
 #include "tools/top.h"
+#ifdef TAILCUT_CLI_GLOBAL
+#include "tools/global_top.h"
+#endif
 
 #ifndef TAILCUT_VERSION
 #define TAILCUT_VERSION "unknown"
@@ -421,6 +424,10 @@ int Main(int argc, char** argv) {
   top->add_option("--ring", ring_name,
                   "the batch ring to show (default: NAME.pool, the queue's PooledLoader, if any)");
   top->add_flag("--once", once, "print one frame (rates over each client's lifetime) and exit");
+  std::string coordinator;
+  top->add_option("--coordinator", coordinator,
+                  "show the job NAME across hosts as this coordinator sees it "
+                  "(redis://[user[:password]@]HOST:PORT/DB; TAILCUT_COORDINATOR if empty)");
   top->footer(
       "Refreshes every second, like top: the epoch, done / in flight / remaining\n"
       "with a progress bar, recovered items, split tails and stale acks, then one\n"
@@ -438,10 +445,16 @@ int Main(int argc, char** argv) {
       "been waiting for one for a second, is flagged as starving: add loaders.\n"
       "With --ring and no NAME, only the ring; it ends when the ring is removed.\n"
       "\n"
+      "With --coordinator, the job NAME across hosts instead (docs/global.md):\n"
+      "done / total, then one row per host with blocks claimed and re-owned,\n"
+      "tickets acked (and per second), refused stale calls, open blocks and the\n"
+      "soonest deadline. Ends when every host is done. The password is never shown.\n"
+      "\n"
       "Examples:\n"
       "  $ tailcut top imagenet\n"
       "  $ tailcut top imagenet --once\n"
-      "  $ tailcut top --ring imagenet.pool");
+      "  $ tailcut top --ring imagenet.pool\n"
+      "  $ tailcut top --coordinator redis://redis.internal:6379/0 imagenet");
 
   CLI::App* rm = app.add_subcommand("rm", "remove a queue's shared-memory segment");
   rm->add_option("NAME", name, "the queue")->required();
@@ -513,6 +526,15 @@ int Main(int argc, char** argv) {
     }
     if (ls->parsed()) return RunLs();
     if (stat->parsed()) return RunStat(name, json);
+    if (top->parsed() && (!coordinator.empty() || top->count("--coordinator") > 0)) {
+#ifdef TAILCUT_CLI_GLOBAL
+      if (name.empty()) return UsageFailure("top --coordinator needs the job's NAME", top);
+      return tailcut_cli::RunGlobalTop(coordinator, name, once, 1.0);
+#else
+      return UsageFailure(
+          "this tailcut was built without the cross-host tier (hiredis): no --coordinator", top);
+#endif
+    }
     if (top->parsed()) {
       if (name.empty() && ring_name.empty())
         return UsageFailure("top needs a queue NAME, or --ring RING", top);
@@ -521,7 +543,10 @@ int Main(int argc, char** argv) {
     if (ring->parsed()) return RunRing(name, json, remove);
     return RunRm(name, force);
   } catch (const tailcut::Error& e) {
-    std::cerr << "tailcut: " << e.what() << '\n';
+    // The cross-host tier's messages name tailcut themselves.
+    std::string_view what = e.what();
+    if (what.rfind("tailcut: ", 0) == 0) what.remove_prefix(9);
+    std::cerr << "tailcut: " << what << '\n';
     return kExitError;
   } catch (const std::exception& e) {
     std::cerr << "tailcut: " << app.get_subcommands().front()->get_name() << ": " << e.what()

@@ -114,3 +114,35 @@ def test_a_checkpoint_of_the_job_restores_into_the_rest_of_it(redis_url, data, q
             with item:
                 rest.append(item.index)
     assert sorted(first + rest) == list(range(40)), "every item once, before or after the save"
+
+
+def _cli():
+    """The tailcut command built beside this package (build/bin/tailcut)."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        cli = os.path.join(os.path.dirname(os.path.abspath(entry)), "bin", "tailcut")
+        if os.path.exists(cli):
+            return cli
+    pytest.skip("the tailcut command is not built beside the package")
+
+
+def test_top_with_a_coordinator_shows_the_job_across_hosts(redis_url, data, qname):
+    paths, n = data
+    with tailcut.WorkQueue(paths, name=qname, num_slices=40, coordinator=redis_url,
+                           host_id="trainer-7", format="lines", global_block_size=4,
+                           on_notice=lambda line: None) as q:
+        for _ in range(5):
+            with q.take():
+                pass
+        time.sleep(0.5)  # the host's feeder acks finished items every 20 ms
+        out = subprocess.run([_cli(), "top", "--coordinator", redis_url, qname, "--once"],
+                             capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert f"job {qname} on {redis_url}" in out.stdout
+    assert "done 5/40" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("trainer-7"))
+    claims, reowned, acked = row.split()[1:4]
+    assert int(claims) >= 2 and reowned == "0" and acked == "5"
+    missing = subprocess.run([_cli(), "top", "--coordinator", redis_url, qname + "-none",
+                              "--once"], capture_output=True, text=True, timeout=30)
+    assert missing.returncode != 0
+    assert missing.stderr.startswith(f"tailcut: no job '{qname}-none' on {redis_url}")

@@ -165,7 +165,7 @@ class TAILCUT_EXPORT GlobalTier {
   static std::unique_ptr<GlobalTier> Open(GlobalTierOptions options);
   // Stats of the job options.job.name without joining it (only the name,
   // coordinator and timeouts are used): for tools. Throws as Open does, and
-  // kCorrupt when no such job is on that Redis.
+  // kNotFound when no such job is on that Redis.
   static GlobalStats Inspect(GlobalTierOptions options);
   ~GlobalTier();
   GlobalTier(const GlobalTier&) = delete;
