@@ -219,6 +219,7 @@ TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNo
   job_.url = redis.url();
   job_.name = UniqueJob("kill");
   job_.ttl = milliseconds(1000);
+  job_.work_per_item = milliseconds(5);
   const uint64_t total = NumItems(job_) * kEpochs;
   std::vector<Host> hosts;
   for (const char* id : {"a", "b", "c"}) hosts.push_back(StartHost(job_, id, 3, dir_.path()));
@@ -226,6 +227,7 @@ TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNo
   auto give_up = Clock::now() + std::chrono::seconds(20);
   while (Counts({hosts[2]}).size() < 30 && Clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the kill";
   for (pid_t pid : hosts[2].pids) kill(pid, SIGKILL);
   Wait(hosts[2]);
   for (int i = 0; i < 2; ++i)
@@ -235,6 +237,15 @@ TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNo
   EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
   for (const auto& [key, n] : survivors) EXPECT_EQ(n, 1) << "item key " << key;
   EXPECT_GT(Counts({hosts[2]}).size(), 0u);
+  // The dead host's blocks expired and were re-owned; Redis counts each ticket once.
+  GlobalTierOptions o;
+  o.coordinator = job_.url;
+  o.job = {job_.name, total / kEpochs, kEpochs, 4, 0, ""};
+  GlobalStats stats = GlobalTier::Inspect(o);
+  EXPECT_EQ(stats.done, total);
+  uint64_t reclaims = 0;
+  for (const GlobalHostStats& h : stats.hosts) reclaims += h.reclaims;
+  EXPECT_GT(reclaims, 0u) << "nobody re-owned the dead host's blocks";
 }
 
 TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOnceInRedis) {
@@ -250,6 +261,7 @@ TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOn
   auto give_up = Clock::now() + std::chrono::seconds(20);
   while (Counts({hosts[2]}).size() < 20 && Clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the pause";
   for (pid_t pid : hosts[2].pids) kill(pid, SIGSTOP);
   std::this_thread::sleep_for(job_.ttl * 4);  // its blocks expire and go to a and b
   for (pid_t pid : hosts[2].pids) kill(pid, SIGCONT);
@@ -278,12 +290,14 @@ TEST_F(CoordinatedQueueTest, RedisCrashingAndRestartingMidEpochKeepsExactlyOnce)
   job_.url = redis.url();
   job_.name = UniqueJob("redis");
   job_.ttl = milliseconds(6000);  // a Claim whose reply was lost comes back after it
+  job_.work_per_item = milliseconds(5);
   const uint64_t total = NumItems(job_) * kEpochs;
   std::vector<Host> hosts;
   for (const char* id : {"a", "b"}) hosts.push_back(StartHost(job_, id, 2, dir_.path()));
   auto give_up = Clock::now() + std::chrono::seconds(20);
   while (Counts(hosts).size() < total / 3 && Clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before Redis crashed";
   redis.Kill();
   std::this_thread::sleep_for(milliseconds(300));
   redis.Start();  // from its append-only file
