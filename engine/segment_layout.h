@@ -101,6 +101,10 @@ inline constexpr uint32_t kLeasePreset = 1;
 // done bit: the anchor's ack does, and "done" is "bit set and no lease holds
 // the ticket".
 inline constexpr uint32_t kLeasePiece = 2;
+// Lease flag: its owner hands on what it reads (WorkQueue::Commit), so what
+// it committed survives it: handed back (owner dead, lease timeout, give
+// back), the lease resumes at its progress offset, not at its begin.
+inline constexpr uint32_t kLeaseCommitted = 4;
 
 // The low bits of a lease word's generation, kept in words that are written
 // after a check of the lease word (a paused owner's Claim or Progress may

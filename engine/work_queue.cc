@@ -56,6 +56,7 @@ class WorkQueue::Impl {
   AckStatus Ack(const WorkItem& item) noexcept;
   AckStatus GiveBack(const WorkItem& item) noexcept;
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
+  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
   AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
   StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                        std::chrono::steady_clock::time_point deadline) noexcept;
@@ -898,6 +899,22 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   return AckStatus::kOk;
 }
 
+AckStatus WorkQueue::Impl::Commit(const WorkItem& item, uint64_t offset) noexcept {
+  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
+  LeaseSlot& ls = segment_->lease(item.lease);
+  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
+  // acquire: pairs with the CASes that made the lease ours; a stale owner writes nothing.
+  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  AckStatus status = Progress(item, offset, 0);
+  if (status != AckStatus::kOk) return status;
+  // relaxed: only the owner writes flags while the lease is OPEN; whoever hands the lease back
+  // reads them after taking the word (its CAS, or the owner's death through the life mutex).
+  uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+  if (!(flags & kLeaseCommitted))
+    ls.flags.store(flags | kLeaseCommitted, std::memory_order_relaxed);
+  return AckStatus::kOk;
+}
+
 AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
                                     uint64_t records) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
@@ -1108,6 +1125,9 @@ AckStatus WorkQueue::Ack(const WorkItem& item) noexcept { return impl_->Ack(item
 AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept { return impl_->GiveBack(item); }
 AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
   return impl_->Progress(item, offset, records);
+}
+AckStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
+  return impl_->Commit(item, offset);
 }
 AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
   return impl_->Claim(item, up_to, end);

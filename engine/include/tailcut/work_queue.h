@@ -243,6 +243,15 @@ class TAILCUT_EXPORT WorkQueue {
   // nothing recorded, unless begin <= offset <= end (the item as handed out:
   // a record that starts before a split's lower end may end past it).
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
+  // Progress for a process that hands on what it reads to a place that
+  // outlives it (a loader publishing batches into a BatchRing): the records
+  // before `offset` are delivered, so should this process die, or give the
+  // item back, or lose it to a lease timeout, the item is handed out again
+  // from `offset`, not from its begin. Call it after each hand-off; a crash
+  // between the hand-off and this call repeats what that hand-off held. Not
+  // for items this process splits (Claim): those resume at their begin.
+  // Same checks and statuses as Progress.
+  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
   // before `up_to`, claim them (any up_to: below begin claims nothing, past
