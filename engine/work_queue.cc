@@ -247,66 +247,38 @@ void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
 }
 
 bool WorkQueue::Impl::TryAttach() {
-  bool abandoned = false;
-  try {
-    segment_ = Segment::OpenExisting(options_.name, options_.attach_timeout, &abandoned);
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::kNotFound) return false;  // removed meanwhile: create it
-    throw;
-  }
-  if (!segment_) {
-    if (abandoned)
-      Notice("queue '" + options_.name + "': removed an empty segment left by a creator that died");
-    return false;
-  }
-  if (!segment_->WaitForMagic(options_.attach_timeout)) {
-    if (segment_->UnlinkIfSame())
+  Attachment a = AttachSegment(options_.name, AttachMode::kJoin, options_.attach_timeout);
+  switch (a.state) {
+    case AttachState::kAttached:
+      break;
+    case AttachState::kNotFound:  // removed meanwhile: create it
+      return false;
+    case AttachState::kUnsized:
+      if (a.segment->UnlinkIfSame())
+        Notice("queue '" + options_.name +
+               "': removed an empty segment left by a creator that died");
+      return false;
+    case AttachState::kUnpublished:
+      if (a.segment->UnlinkIfSame())
+        Notice("queue '" + options_.name +
+               "': removed a segment whose creator died before setting it up");
+      return false;
+    case AttachState::kRemoved:
+      // Its remover unlinks it right after marking it, unless it was killed
+      // in between: finish the removal (UnlinkIfSame is safe to repeat), or
+      // every later Open would find this segment again.
+      a.segment->UnlinkIfSame();
+      return false;
+    case AttachState::kCreating:
+      a.segment->UnlinkIfSame();
+      a.segment->header().state.store(kRemoved, std::memory_order_release);
       Notice("queue '" + options_.name +
-             "': removed a segment whose creator died before setting it up");
-    segment_.reset();
-    return false;
+             "': replaced a segment whose creator died while setting it up");
+      return false;
   }
-  segment_->CheckPreamble();
+  segment_ = std::move(a.segment);
   Header& h = segment_->header();
-  RobustLock admin(&segment_->header().admin_mutex);
-  bool died = false;
-  int rc = admin.Lock(options_.attach_timeout, &died);
-  if (rc == ETIMEDOUT)
-    throw Error(ErrorKind::kTimeout, "queue '" + options_.name + "': process " +
-                                         std::to_string(h.creator_pid) +
-                                         " has been creating or changing it for more than " +
-                                         std::to_string(options_.attach_timeout.count()) +
-                                         " ms; is it stopped? (attach_timeout)");
-  if (rc != 0)
-    throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': segment " + segment_->path() +
-                                         " has an unusable lock (" + std::strerror(rc) +
-                                         "); remove it with `tailcut rm --force " + options_.name +
-                                         "`");
-  uint32_t state = h.state.load(std::memory_order_acquire);
-  if (state == kRemoved) {
-    // Its remover unlinks it right after marking it, unless it was killed
-    // in between: finish the removal (UnlinkIfSame is safe to repeat), or
-    // every later Open would find this segment again.
-    segment_->UnlinkIfSame();
-    admin.Unlock();
-    segment_.reset();
-    return false;
-  }
-  if (state != kReady) {
-    if (!died && state != kCreating)
-      throw Error(ErrorKind::kCorrupt,
-                  "queue '" + options_.name + "': segment " + segment_->path() +
-                      " is in an unknown state; remove it with `tailcut rm --force " +
-                      options_.name + "`");
-    segment_->UnlinkIfSame();
-    h.state.store(kRemoved, std::memory_order_release);
-    Notice("queue '" + options_.name +
-           "': replaced a segment whose creator died while setting it up");
-    admin.Unlock();
-    segment_.reset();
-    return false;
-  }
-  segment_->Validate();
+  RobustLock& admin = *a.admin;
   core_ = std::make_unique<QueueCore>(segment_.get(), ReadItems(*segment_), h.num_epochs, h.seed,
                                       h.shuffle != 0);
   int live = core_->LiveClients(kNoOwner, /*admin_held=*/true);
