@@ -112,6 +112,8 @@ class Segment {
     return At<SharedAtomic<uint64_t>>(geometry_.bitmap)[i];
   }
   bool IsDone(uint64_t ticket) const {
+    // acquire: pairs with FinishAck's acq_rel fetch_or of the bit
+    // (queue_core.cc).
     return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;
   }
 
