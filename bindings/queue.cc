@@ -1,5 +1,7 @@
 #include "queue.h"
 
+#include <cstdio>
+
 #include "blocking.h"
 #include "conversions.h"
 #include "errors.h"
@@ -105,7 +107,13 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   }
   h->restore_state = o.restore_state;
   h->leases_per_client = o.leases_per_client;
-  h->notice = o.on_notice;
+  h->notice = o.on_notice;  // empty (on_notice=None): a Reader prints its own
+  if (!o.on_notice) {
+    // The library's default (engine/work_queue.cc), in Python's words.
+    o.on_notice = [](const std::string& line) {
+      std::fprintf(stderr, "tailcut: %s\n", PythonWording(line).c_str());
+    };
+  }
   h->open_args = open_args;
   h->pid = ::getpid();
   {
