@@ -47,6 +47,8 @@ import struct
 import sys
 import threading
 import time
+import warnings
+import weakref
 
 import numpy as np
 
@@ -499,7 +501,11 @@ def read_pool_spec(ring_name):
     return spec
 
 
-def _remove_spec(ring_name):
+def _remove_spec(ring_name, writer_pid):
+    """Removes the description, in the process that wrote it only (a forked
+    child that exits normally must not remove its parent's)."""
+    if os.getpid() != writer_pid:
+        return
     try:
         os.unlink(pool_spec_path(ring_name))
     except FileNotFoundError:
@@ -579,8 +585,9 @@ class PooledLoader:
         self.epoch = 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
+        self._leaving = set()  # pids of those asked to leave
         self._started = False
-        self._spec_written = False
+        self._spec_removal = None  # removes the description at close() or exit
         self._current = None
         self._stash = None
         self._carried = []
@@ -607,10 +614,10 @@ class PooledLoader:
                     transform=self.transform, max_clients=_RING_MAX_CLIENTS)
 
     def _publish_spec(self):
-        if not self._spec_written:
+        if self._spec_removal is None:
             _write_spec(self.name, self.queue, self._recipe, self.slot_bytes, self.num_slots,
                         _RING_MAX_CLIENTS, 0.005)
-            self._spec_written = True
+            self._spec_removal = weakref.finalize(self, _remove_spec, self.name, os.getpid())
 
     def start_loaders(self):
         """Starts this host's num_workers loader processes (done by local rank
@@ -641,10 +648,10 @@ class PooledLoader:
         a free slot, which this rank frees by iterating."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be an int >= 0, got {n!r}")
-        live = [p for p in self.loaders if p.exitcode is None and not getattr(p, "_leaving", 0)]
+        live = [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
         chosen = live[len(live) - min(n, len(live)):]
         for p in chosen:
-            p._leaving = True
+            self._leaving.add(p.pid)
             p.terminate()
         return chosen
 
@@ -654,7 +661,7 @@ class PooledLoader:
             self.ring.release(batch)
 
     def _next(self, epoch, report):
-        """The next batch of `epoch` (with carry_over, or a late one of an
+        """The next batch of `epoch` (or, with carry_over, a late one of an
         earlier epoch), or None at its end."""
         self._release_current()
         while True:
@@ -683,7 +690,6 @@ class PooledLoader:
         if copy:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
                       else arrays.copy())
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only arrays: documented
             if isinstance(arrays, tuple):
@@ -783,9 +789,8 @@ class PooledLoader:
         self._carried = []
         if self.local_rank == 0:
             self.ring.end_epoch(None)
-        if self._spec_written:
-            _remove_spec(self.name)
-            self._spec_written = False
+        if self._spec_removal is not None:
+            self._spec_removal()  # once
         self.ring.close()
         deadline = time.monotonic() + 10.0
         for p in self.loaders:
@@ -893,7 +898,7 @@ def _list_pools(out):
         trainers = sum(c["role"] == "trainer" for c in live)
         ready = f"{ring['ready']}/{ring['num_slots']}"
         print(f"{name:32s} {q['name']:28s} {q['epoch']:>3d}/{q['num_epochs']:<3d} {loaders:>7d} "
-              f"{trainers:>8d} {ready:>7s}  {'starving' if ring['ready'] == 0 else 'ok'}",
+              f"{trainers:>8d} {ready:>7s}  {'no batch ready' if ring['ready'] == 0 else 'ok'}",
               file=out)
 
 
