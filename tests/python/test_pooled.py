@@ -216,12 +216,16 @@ def test_two_loaders_two_trainers_deliver_every_record_once(rname, tmp_path):
     path = write_ids(tmp_path / "ids.bin", n)
     ring_args = dict(batch_size=25, slot_bytes=1 << 14, num_slots=6)
 
+    ready_r, ready_w = os.pipe()
+
     def trainer(k):
         def run():
             ring = tailcut.BatchRing(rname + ".pool", 1 << 14, 6, "trainer")
+            os.write(ready_w, b"r")
             ids = []
             while (b := ring.pop(through_epoch=0, timeout=60)) is not None:
                 ids += ids_of(pool.decode_batch(b.data, b.header))
+                time.sleep(0.001)  # a step: the other trainer pops meanwhile
                 ring.release(b)
             np.save(tmp_path / f"ids{k}.npy", np.array(ids, np.uint64))
         return run
@@ -229,6 +233,10 @@ def test_two_loaders_two_trainers_deliver_every_record_once(rname, tmp_path):
     ds = dataset(path, rname, num_slices=37, shuffle=True, seed=3)
     keep = tailcut.BatchRing(rname + ".pool", 1 << 14, 6, "trainer")
     pids = [fork(trainer(0)), fork(trainer(1))]
+    # Both trainers have joined before the first batch exists, so both get some.
+    assert os.read(ready_r, 1) + os.read(ready_r, 1) == b"rr"
+    os.close(ready_r)
+    os.close(ready_w)
     loaders = pool.start_loaders(ds, rname + ".pool", 2, **ring_args)
     for pid in pids:
         wait_ok(pid)
