@@ -58,7 +58,9 @@ def watch(ring, loader_cmd, *, interval, starve, max_loaders, cooldown, job=None
         live = [c for c in s["clients"] if c["alive"]]
         trainers = [c for c in live if c["role"] == "trainer"]
         loaders = sum(c["role"] == "loader" for c in live)
-        waited = sum(c["wait_seconds"] for c in trainers)
+        # Waits done plus the one in progress: a trainer starved for the whole
+        # interval has not finished its wait yet.
+        waited = sum(c["wait_seconds"] + c.get("waiting_seconds", 0.0) for c in trainers)
         if last is not None and trainers:
             span = now - last[0]
             share = max(waited - last[1], 0.0) / (span * len(trainers))
