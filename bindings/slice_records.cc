@@ -58,7 +58,8 @@ class Fd {
 // one item is small next to a process's memory, and the caller wants bytes.
 struct Parsed {
   std::vector<std::string> records;
-  std::string error;  // the parser's kError text
+  std::vector<uint64_t> ends;  // the file offset just past each record
+  std::string error;           // the parser's kError text
 };
 
 // REQUIRES: the GIL is not held (it reads the file).
@@ -110,6 +111,7 @@ Parsed ReadSlice(const std::string& path, const tc::RecordFormat& format, uint64
     pos += consumed;
     if (status == tc::ParseStatus::kRecord) {
       out.records.emplace_back(reinterpret_cast<const char*>(record.data), record.size);
+      out.ends.push_back(pos);
     } else if (status == tc::ParseStatus::kNeedMore) {
       if (eof) {  // the protocol never asks for more past the end; refuse to spin
         out.error = "file '" + path + "' at offset " + std::to_string(pos) +
@@ -133,7 +135,7 @@ void DefineSliceRecords(py::module_& m) {
   m.def(
       "slice_records",
       [](py::object path, uint64_t begin, uint64_t end, const std::string& format,
-         py::object record_bytes, uint64_t max_record_bytes) {
+         py::object record_bytes, uint64_t max_record_bytes, bool with_ends) -> py::object {
         std::string p = ToPath(path);
         tc::RecordFormat f = ParseFormat(format, record_bytes);
         if (max_record_bytes == 0)
@@ -150,14 +152,18 @@ void DefineSliceRecords(py::module_& m) {
         if (!parsed.error.empty()) Raise(g_exc.corrupt, parsed.error);
         py::list out;
         for (const std::string& r : parsed.records) out.append(py::bytes(r));
-        return out;
+        if (!with_ends) return std::move(out);
+        return py::make_tuple(out, py::cast(parsed.ends));
       },
       py::arg("path"), py::arg("begin"), py::arg("end"), py::arg("format"),
       py::arg("record_bytes") = py::none(), py::arg("max_record_bytes") = 64ull << 20,
+      py::arg("with_ends") = false,
       "The records that start in [begin, end) of the file `path`, as a list of bytes, parsed "
       "as the reader parses them: format 'lines' (a trailing '\\r' stripped), 'tfrecord' (both "
       "CRCs checked; a slice starting mid-file resynchronises), 'fixed' (with record_bytes) or "
-      "'file'. A malformed record raises CorruptError naming the file and the offset.");
+      "'file'. A malformed record raises CorruptError naming the file and the offset. With "
+      "with_ends=True, (records, ends): ends[i] is the file offset just past record i, where "
+      "a reader of the rest starts (WorkItem.commit).");
 }
 
 }  // namespace tailcut::python

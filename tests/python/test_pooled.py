@@ -255,7 +255,7 @@ def test_two_loaders_two_trainers_deliver_every_record_once(rname, tmp_path):
 def test_a_loader_killed_mid_run_loses_nothing_and_leaks_no_slot(rname, tmp_path):
     n = 2000
     path = write_ids(tmp_path / "ids.bin", n)
-    ds = dataset(path, rname, num_slices=40, shuffle=False)
+    ds = dataset(path, rname, num_slices=10, shuffle=False)  # 200 records an item
 
     def slow(batch):
         time.sleep(0.01)
@@ -266,7 +266,7 @@ def test_a_loader_killed_mid_run_loses_nothing_and_leaks_no_slot(rname, tmp_path
                                  num_slots=4, transform=slow)
     ids, killed = [], False
     while (b := trainer.pop(through_epoch=0, timeout=60)) is not None:
-        if not killed and len(ids) >= 200:
+        if not killed and len(ids) >= 300:
             os.kill(loaders[0].pid, signal.SIGKILL)
             killed = True
         ids += ids_of(pool.decode_batch(b.data, b.header))
@@ -275,10 +275,12 @@ def test_a_loader_killed_mid_run_loses_nothing_and_leaks_no_slot(rname, tmp_path
     loaders[1].join(30)
     assert loaders[0].exitcode == -signal.SIGKILL and loaders[1].exitcode == 0
     assert set(ids) == set(range(n))  # its items came back
-    # At least once: only the items the killed loader held (recovered) come
-    # out twice, at most their records (50 per item here).
-    recovered = ds.queue.summary()["recovered_items"]
-    assert len(ids) - n <= recovered * (n // 40)
+    # Its items came back from their committed offsets: at most the batch it
+    # published just before it died (between the publish and its commit)
+    # comes out twice, not the records it published of the item it was
+    # reading (about 160 here without commits).
+    assert ds.queue.summary()["recovered_items"] >= 1
+    assert len(ids) - n <= 20
     stats = trainer.stats()
     assert (stats["free"], stats["filling"], stats["ready"], stats["popped"]) == (4, 0, 0, 0)
     assert stats["published"] == stats["released"]

@@ -8,7 +8,8 @@ import builtins
 import os
 import queue
 from types import TracebackType
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence, Tuple, Type, TypedDict, Union
+from typing import (Any, Callable, Iterator, Literal, Optional, Sequence, Tuple, Type, TypedDict,
+                    Union, overload)
 
 import numpy as np
 import numpy.typing as npt
@@ -408,6 +409,11 @@ def inspect_batch_ring(name: str) -> dict[str, Any]: ...
 def remove_batch_ring(name: str) -> bool: ...
 
 # ---- The records of one work item (tailcut/record_format.h; docs/pooled.md)
+@overload
 def slice_records(path: _Path, begin: int, end: int, format: str,
                   record_bytes: Optional[int] = None,
-                  max_record_bytes: int = ...) -> list[bytes]: ...
+                  max_record_bytes: int = ..., with_ends: Literal[False] = ...) -> list[bytes]: ...
+@overload
+def slice_records(path: _Path, begin: int, end: int, format: str,
+                  record_bytes: Optional[int] = None, max_record_bytes: int = ...,
+                  *, with_ends: Literal[True]) -> tuple[list[bytes], list[int]]: ...

@@ -136,13 +136,15 @@ def decode_batch(data, header):
     return arrays[0] if count == 1 else tuple(arrays)
 
 
-def item_records(path, begin, end, fmt):
+def item_records(path, begin, end, fmt, with_ends=False):
     """The records that start in [begin, end) of `path`, as bytes, for a
     queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord' or
     'file'. Parsed as the queue's reader parses them (tailcut.slice_records):
-    lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked."""
+    lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked.
+    with_ends=True: (records, ends), ends[i] the file offset just past record i."""
     name, _, size = (fmt or "lines").partition(":")
-    return _core.slice_records(path, begin, end, name, int(size) if size else None)
+    return _core.slice_records(path, begin, end, name, int(size) if size else None,
+                               with_ends=with_ends)
 
 
 def default_collate(records, fmt):
@@ -292,7 +294,9 @@ def _load(queue, ring, recipe, leave, poll):
                 if ring.stats()["closed"]:
                     raise _RingClosed() from None
 
-    def flush():
+    def flush(reading=None):
+        # reading: (item, offset) of the item whose records are being read,
+        # the offset just past its last record in `pending`.
         nonlocal pending, done_items
         if pending:
             batch = recipe.build(pending, fmt)
@@ -313,6 +317,11 @@ def _load(queue, ring, recipe, leave, poll):
             counts["records"] += len(pending)
         for item in done_items:  # every record of these is in a published batch
             item.ack()
+        if reading is not None:
+            # Its records up to offset are published: should this loader die
+            # now, the item is read again from there, not from its start.
+            item, offset = reading
+            item.commit(min(offset, item.end))
         counts["items"] += len(done_items)
         pending, done_items = [], []
         gate.try_end()
@@ -345,10 +354,11 @@ def _load(queue, ring, recipe, leave, poll):
                 gate.try_end()
                 continue
             epoch = item.epoch
-            for record in item_records(item.path, item.begin, item.end, fmt):
+            records, ends = item_records(item.path, item.begin, item.end, fmt, with_ends=True)
+            for record, end in zip(records, ends):
                 pending.append(record)
                 if len(pending) == recipe.batch_size:
-                    flush()
+                    flush((item, end))
             done_items.append(item)
         flush()  # leaving too: what it holds is published, so nothing comes out twice
         while counts["stopped"] == "end" and gate.try_end() + 1 < queue.num_epochs:
