@@ -136,6 +136,16 @@ def decode_batch(data, header):
     return arrays[0] if count == 1 else tuple(arrays)
 
 
+def _cuda_initialized():
+    """True when torch is loaded and has initialized CUDA in this process."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available() and
+                    torch.cuda.is_initialized())
+    except Exception:  # a torch without CUDA support
+        return False
+
+
 def item_records(path, begin, end, fmt, with_ends=False):
     """The records that start in [begin, end) of `path`, as bytes, for a
     queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord' or
@@ -590,8 +600,12 @@ class PooledLoader:
         self.timeout = timeout
         self.carry_over = bool(carry_over)
         self.on_leftover = on_leftover
+        # Pinned for CUDA only where this process already chose its device
+        # (torch.cuda.set_device, or any CUDA work): registering first would
+        # make a context on device 0 for every rank. See docs/pooled.md.
         self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
-                                    max_clients=_RING_MAX_CLIENTS)
+                                    max_clients=_RING_MAX_CLIENTS,
+                                    cuda_register=_cuda_initialized())
         self.epoch = 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
