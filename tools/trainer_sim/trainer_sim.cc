@@ -62,27 +62,22 @@ void Digest::Merge(const Digest& o) {
   xr ^= o.xr;
 }
 
-namespace {
-
 Digest ExpectedDigest(uint64_t records) {
   Digest d;
   for (uint64_t i = 0; i < records; ++i) d.Add(i);
   return d;
 }
 
-// The id at the start of a record; UINT64_MAX if it has none.
-uint64_t RecordId(const Record& r) {
-  if (r.size < 12) return UINT64_MAX;
+uint64_t RecordId(const void* data, size_t size) {
+  if (size < 12) return UINT64_MAX;
   uint64_t id = 0;
-  const char* p = reinterpret_cast<const char*>(r.data);
+  const char* p = static_cast<const char*>(data);
   for (int i = 0; i < 12; ++i) {
     if (p[i] < '0' || p[i] > '9') return UINT64_MAX;
     id = id * 10 + static_cast<uint64_t>(p[i] - '0');
   }
   return id;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------- data
 
@@ -326,7 +321,7 @@ WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
         open = true;
       }
       for (size_t i = 0; i < n; ++i) {
-        uint64_t id = RecordId(batch[i]);
+        uint64_t id = RecordId(batch[i].data, batch[i].size);
         if (id == UINT64_MAX) throw std::runtime_error("record without id");
         Digest d{seg.records, seg.sum, seg.xr};
         d.Add(id);
