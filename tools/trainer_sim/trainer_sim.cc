@@ -472,6 +472,14 @@ RunResult Run(const RunConfig& config, const TickFn& tick, double tick_s) {
         RemoveQueue(config.name + "." + std::to_string(p), true);
       } catch (const Error&) {
       }
+  } else {
+    // A queue one of whose processes died is kept for a rerun to resume,
+    // finished or not (work_queue.h, Lifetime): after a kill, the run's
+    // queue stays unless removed here. Every process of the run is gone.
+    try {
+      RemoveQueue(config.name, true);
+    } catch (const Error&) {  // kNotFound: its last process removed it
+    }
   }
   double last = 0;
   for (const auto& pr : r.procs) last = std::max(last, pr.end);
