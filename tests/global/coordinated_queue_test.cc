@@ -114,11 +114,14 @@ struct Host {
   std::vector<std::string> logs;
 };
 
-Host StartHost(const Job& job, const std::string& id, int processes, const std::string& dir) {
+// `processes` forked processes of host `id`; `tag` tells their logs apart
+// from those of other processes of the same host started separately.
+Host StartHost(const Job& job, const std::string& id, int processes, const std::string& dir,
+               const std::string& tag = "") {
   Host h;
   h.id = id;
   for (int p = 0; p < processes; ++p) {
-    std::string log = dir + "/" + id + "." + std::to_string(p) + ".log";
+    std::string log = dir + "/" + id + tag + "." + std::to_string(p) + ".log";
     h.logs.push_back(log);
     pid_t pid = fork();
     if (pid == 0) _exit(RunProcess(job, id, processes, log));
@@ -246,6 +249,34 @@ TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNo
   uint64_t reclaims = 0;
   for (const GlobalHostStats& h : stats.hosts) reclaims += h.reclaims;
   EXPECT_GT(reclaims, 0u) << "nobody re-owned the dead host's blocks";
+}
+
+TEST_F(CoordinatedQueueTest, WhenAHostsFeederDiesAnotherProcessOfTheHostTakesOver) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("feeder");
+  job_.ttl = milliseconds(1500);
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  // Host a's first process opens alone, so its feeder thread leads; the
+  // second joins once the first has acked items.
+  Host first = StartHost(job_, "a", 1, dir_.path());
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({first}).size() < 10 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  Host second = StartHost(job_, "a", 1, dir_.path(), "-second");
+  Host other = StartHost(job_, "b", 2, dir_.path());
+  std::this_thread::sleep_for(milliseconds(200));
+  ASSERT_LT(Counts({first, second, other}).size(), total * 2 / 3) << "the job ended too soon";
+  kill(first.pids[0], SIGKILL);  // the feeder of host a
+  Wait(first);
+  for (int code : Wait(second)) EXPECT_EQ(code, 0) << "host a's second process";
+  for (int code : Wait(other)) EXPECT_EQ(code, 0) << "host b";
+  std::map<uint64_t, int> all = Counts({first, second, other});
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : Counts({second, other})) EXPECT_EQ(n, 1) << "key " << key;
+  EXPECT_GT(Counts({second}).size(), 0u) << "host a's survivor never got items";
 }
 
 TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOnceInRedis) {
