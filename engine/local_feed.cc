@@ -145,36 +145,11 @@ bool LocalFeed::Grant(const FedBlockInfo& block, std::span<const uint64_t> ticke
   return true;
 }
 
-namespace {
-
-// Tickets held by some lease, sorted; each slot's word and ticket read as a
-// pair (as TrySweep does).
-std::vector<uint64_t> HeldTickets(Segment& seg, uint64_t num_leases) {
-  std::vector<uint64_t> held;
-  for (uint64_t l = 0; l < num_leases; ++l) {
-    LeaseSlot& ls = seg.lease(l);
-    for (;;) {
-      // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
-      // TrySplit, PublishOrphan); w1 == w2 means it was read while the word stood still.
-      uint64_t w1 = ls.word.load(std::memory_order_acquire);
-      uint64_t t = ls.ticket.load(std::memory_order_acquire);
-      uint64_t w2 = ls.word.load(std::memory_order_acquire);
-      if (w1 != w2) continue;
-      if (LeaseStateOf(w1) != kLeaseFree && t != kNoTicket) held.push_back(t);
-      break;
-    }
-  }
-  std::sort(held.begin(), held.end());
-  return held;
-}
-
-}  // namespace
-
 std::vector<uint64_t> LocalFeed::Finished(std::span<const uint64_t> tickets) const noexcept {
   // Leases before bits: an ack sets its bit before it frees its lease, so a
   // ticket seen neither held nor done is not finished yet, and one seen done
   // and not held is finished for good (a done ticket is never handed out).
-  std::vector<uint64_t> held = HeldTickets(*seg_, core_->num_leases());
+  std::vector<uint64_t> held = core_->HeldTickets();
   std::vector<uint64_t> finished;
   for (uint64_t t : tickets) {
     if (t >= core_->total() || !seg_->IsDone(t)) continue;

@@ -491,6 +491,26 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
   return reassigned;
 }
 
+std::vector<uint64_t> QueueCore::HeldTickets() const noexcept {
+  std::vector<uint64_t> held;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    for (;;) {
+      // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
+      // TrySplit, PublishOrphan), and acquire keeps the second word load after it, so w1 == w2
+      // means the ticket was read while the word did not change.
+      uint64_t w1 = ls.word.load(std::memory_order_acquire);
+      uint64_t t = ls.ticket.load(std::memory_order_acquire);
+      uint64_t w2 = ls.word.load(std::memory_order_acquire);
+      if (w1 != w2) continue;
+      if (LeaseStateOf(w1) != kLeaseFree && t != kNoTicket) held.push_back(t);
+      break;
+    }
+  }
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
 void QueueCore::TrySweep(uint64_t self) noexcept {
   Counters& c = seg_->counters();
   // acquire: pairs with the acq_rel increments in RecoverLease, AllDone and ClaimOrphan
@@ -531,23 +551,7 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
     std::this_thread::yield();
   }
 
-  // Tickets held by some lease; read each slot's word and ticket as a pair.
-  std::vector<uint64_t> held;
-  for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
-    for (;;) {
-      // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
-      // TrySplit, PublishOrphan), and acquire keeps the second word load after it, so w1 == w2
-      // means the ticket was read while the word did not change.
-      uint64_t w1 = ls.word.load(std::memory_order_acquire);
-      uint64_t t = ls.ticket.load(std::memory_order_acquire);
-      uint64_t w2 = ls.word.load(std::memory_order_acquire);
-      if (w1 != w2) continue;
-      if (LeaseStateOf(w1) != kLeaseFree && t != kNoTicket) held.push_back(t);
-      break;
-    }
-  }
-  std::sort(held.begin(), held.end());
+  std::vector<uint64_t> held = HeldTickets();
 
   // Every ticket below the cursor that is not done and not held was lost.
   // Read the bitmap after the leases: an ack sets the bit before freeing.
