@@ -28,10 +28,6 @@ using std::chrono::milliseconds;
 using testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-#define SKIP_WITHOUT_REDIS()              \
-  if (testing::FindRedisServer().empty()) \
-  GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"
-
 constexpr uint64_t kFiles = 6;
 constexpr uint64_t kSlices = 240;
 constexpr uint64_t kEpochs = 3;
@@ -162,6 +158,15 @@ uint64_t NumItems(const Job& job) {
   return n;
 }
 
+// The job as Redis sees it.
+GlobalStats JobStats(const Job& job) {
+  GlobalTierOptions o;
+  o.coordinator = job.url;
+  o.job.name = job.name;
+  o.on_notice = [](const std::string&) {};
+  return GlobalTier::Inspect(o);
+}
+
 std::string Missing(const std::map<uint64_t, int>& counts, uint64_t total) {
   std::string out;
   int shown = 0;
@@ -206,11 +211,7 @@ TEST_F(CoordinatedQueueTest, ThreeHostsOfThreeProcessesUseEveryItemOncePerEpoch)
   for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << "item key " << key;
   // Every host took part, and Redis agrees that every ticket is done.
   for (const Host& h : hosts) EXPECT_GT(Counts({h}).size(), 0u) << "host " << h.id;
-  GlobalTierOptions o;
-  o.coordinator = job_.url;
-  o.job = {job_.name, total / kEpochs, kEpochs, 4, 0, ""};
-  o.on_notice = [](const std::string&) {};
-  EXPECT_EQ(GlobalTier::Inspect(o).done, total);
+  EXPECT_EQ(JobStats(job_).done, total);
   // Every host's queue removed itself at the end.
   for (const Host& h : hosts)
     EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + "." + h.id)));
@@ -241,10 +242,7 @@ TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNo
   for (const auto& [key, n] : survivors) EXPECT_EQ(n, 1) << "item key " << key;
   EXPECT_GT(Counts({hosts[2]}).size(), 0u);
   // The dead host's blocks expired and were re-owned; Redis counts each ticket once.
-  GlobalTierOptions o;
-  o.coordinator = job_.url;
-  o.job = {job_.name, total / kEpochs, kEpochs, 4, 0, ""};
-  GlobalStats stats = GlobalTier::Inspect(o);
+  GlobalStats stats = JobStats(job_);
   EXPECT_EQ(stats.done, total);
   uint64_t reclaims = 0;
   for (const GlobalHostStats& h : stats.hosts) reclaims += h.reclaims;
@@ -301,10 +299,7 @@ TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOn
   std::map<uint64_t, int> all = Counts(hosts);
   EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
   for (const auto& [key, n] : Counts({hosts[0], hosts[1]})) EXPECT_EQ(n, 1) << "key " << key;
-  GlobalTierOptions o;
-  o.coordinator = job_.url;
-  o.job = {job_.name, total / kEpochs, kEpochs, 4, 0, ""};
-  GlobalStats stats = GlobalTier::Inspect(o);
+  GlobalStats stats = JobStats(job_);
   EXPECT_EQ(stats.done, total);
   uint64_t refused = 0, reclaims = 0;
   for (const GlobalHostStats& h : stats.hosts) {
