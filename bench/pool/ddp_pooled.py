@@ -4,6 +4,9 @@
         --standalone --nproc_per_node=4 --redirects 1 --tee 2 \\
         bench/pool/ddp_pooled.py --out /tmp/ddp_pooled
 
+(--standalone listens on port 29400; where another job holds it, use
+--nnodes 1 --rdzv_backend c10d --rdzv_endpoint localhost:PORT instead.)
+
 Both modes read the same fixed-record file through a tailcut QueueDataset with
 the same number of loader processes on the host: per_rank, a
 DataLoader(num_workers=--workers-per-rank, persistent_workers=True) per rank
