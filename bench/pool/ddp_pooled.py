@@ -28,7 +28,9 @@ Cases (--cases, all by default):
   c  balanced: the cost is --mean-ms everywhere. Target: pooled no slower
      than per-rank loaders (per_rank / pooled >= 1 / 1.05).
 
-Each repeat runs every case in both modes, alternating which mode runs first;
+Each repeat first runs the floor (the same steps with a batch already in
+memory, no loader: what the step itself costs on this machine), then every
+case in both modes, alternating which mode runs first;
 each run starts a new queue and new loaders and trains --epochs epochs. Epoch
 0 includes starting the loader processes and is left out of the medians. Data
 wait: the time a rank spends in next(loader) for a step (the call that ends
@@ -228,12 +230,7 @@ def run(case, mode, rep, args, path, model, opt):
             if batch is None:
                 break
             waits.append(time.perf_counter() - t0)
-            time.sleep(step_s)  # the accelerator's share of the step
-            x = batch[:, :8].float()
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()  # DDP: the gradients' all-reduce, every rank waits for all
-            opt.step()
+            train_step(batch, step_s, model, opt)
         dist.barrier()
         seconds = time.perf_counter() - start
         gathered = [None] * world
@@ -271,6 +268,36 @@ def run(case, mode, rep, args, path, model, opt):
     return rows, memory, waits
 
 
+def train_step(batch, step_s, model, opt):
+    time.sleep(step_s)  # the accelerator's share of the step
+    x = batch[:, :8].float()
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()  # DDP: the gradients' all-reduce, every rank waits for all
+    opt.step()
+
+
+def run_floor(rep, args, model, opt):
+    """The floor: the same steps with a batch already in memory (no loader)."""
+    steps = args.records // args.batch // dist.get_world_size()
+    batch = torch.zeros(args.batch, args.record_bytes, dtype=torch.uint8)
+    rows = []
+    for epoch in range(args.epochs):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            train_step(batch, args.step_ms / 1e3, model, opt)
+        dist.barrier()
+        seconds = time.perf_counter() - start
+        rows.append(dict(case="floor", rep=rep, mode="no_data", epoch=epoch,
+                         seconds=round(seconds, 4), steps=steps, wait_mean_ms=0.0,
+                         wait_p50_ms=0.0, wait_p99_ms=0.0, wait_max_ms=0.0))
+        if dist.get_rank() == 0:
+            print(f"  floor rep {rep} no_data  epoch {epoch}: {seconds:6.2f} s, {steps} steps",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
 def summarize(rows, cases, reps):
     """Per case and mode: each repeat's median over epochs 1..; then median and
     range over repeats, and the per-repeat ratios per_rank / pooled."""
@@ -290,6 +317,7 @@ def summarize(rows, cases, reps):
             ratios = [b / max(p, 1e-3) for b, p in zip(base, pooled)]
             s[key] = {"per_rank": base, "pooled": pooled, "ratio": ratios}
         summary[case] = s
+    summary["floor"] = {"seconds": per_rep("floor", "no_data", "seconds")}
     return summary
 
 
@@ -311,7 +339,12 @@ def report(summary, memory, args, out=sys.stderr):
       f"(min-max over repeats); ratio = per_rank / pooled, per repeat")
     p(f"{'case':24s} {'mode':9s} {'epoch s':>18s} {'mean wait ms':>20s} {'p50 wait ms':>20s} "
       f"{'p99 wait ms':>22s}")
+    floor = summary["floor"]["seconds"]
+    p(f"{'floor':24s} {'no_data':9s} {med_range(floor):>18s}   (the same steps, the batch "
+      f"already in memory)")
     for case, s in summary.items():
+        if case == "floor":
+            continue
         for mode in MODES:
             p(f"{case + ' ' + CASES[case]:24s} {mode:9s} {med_range(s['seconds'][mode]):>18s} "
               f"{med_range(s['wait_mean_ms'][mode], '{:.1f}'):>20s} "
@@ -323,7 +356,7 @@ def report(summary, memory, args, out=sys.stderr):
           f"{med_range(s['wait_p99_ms']['ratio']):>22s}")
     p("\ntargets (on the median ratio; repeats meeting it in brackets)")
     for case, s in summary.items():
-        for what, key, test in TARGETS[case]:
+        for what, key, test in TARGETS.get(case, []):
             ratios = s[key]["ratio"]
             met = test(float(np.median(ratios)))
             p(f"  {case}: {what:30s} ratio {np.median(ratios):6.2f}: "
@@ -358,7 +391,7 @@ def plot(summary, waits, args, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = list(summary)
+    cases = [c for c in summary if c != "floor"]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     colors = {"per_rank": "#999999", "pooled": "#1f77b4"}
     labels = {"per_rank": f"DataLoader({args.workers_per_rank}) per rank",
@@ -383,6 +416,8 @@ def plot(summary, waits, args, path):
         ax.set_xticks(x, [short[c] for c in cases], fontsize=8)
         ax.set_title(title + ("" if key == "seconds" else " (log)"), fontsize=10)
         if key == "seconds":
+            ax.axhline(np.median(summary["floor"]["seconds"]), color="k", ls="--", lw=0.8,
+                       label="no loader (batch in memory)")
             ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
         else:
             ax.set_yscale("log")
@@ -402,14 +437,14 @@ def plot(summary, waits, args, path):
         ax.set_xlabel("data wait per step, ms", fontsize=9)
         ax.set_ylabel("fraction of steps waiting longer", fontsize=9)
         ax.set_title("(a) data wait, all steps of epochs 1..", fontsize=10)
-        ax.legend(fontsize=8)
     else:
-        axes[0].legend(fontsize=8, loc="lower left")
         ax.axis("off")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(f"Synchronous DDP, {args.world} ranks (gloo), step {args.step_ms:g} ms, mean "
                  f"transform {args.mean_ms:g} ms; medians of {args.repeats} repeats, bars: range",
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=80)
 
 
@@ -457,6 +492,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     rows, memory, waits, loads = [], [], {}, [os.getloadavg()]
     for rep in range(args.repeats):
+        rows += run_floor(rep, args, model, opt)
         for case in cases:
             order = MODES if (rep + cases.index(case)) % 2 == 0 else MODES[::-1]
             for mode in order:
