@@ -164,6 +164,7 @@ py::dict StatsDict(const tc::BatchRingStats& s) {
   d["stale_tokens"] = s.stale_tokens;
   d["closed"] = s.closed;
   d["ended_through"] = s.ended_through;
+  d["now_ns"] = s.now_ns;
   py::list clients;
   for (const tc::RingClientStats& c : s.clients) {
     py::dict cd;
@@ -177,6 +178,8 @@ py::dict StatsDict(const tc::BatchRingStats& s) {
     cd["popped"] = c.popped;
     cd["released"] = c.released;
     cd["wait_seconds"] = c.wait_seconds;
+    cd["waiting_seconds"] = c.waiting_seconds;
+    cd["joined_ns"] = c.joined_ns;
     clients.append(cd);
   }
   d["clients"] = clients;
@@ -260,14 +263,17 @@ void DefineBatchRing(py::module_& m) {
 
   py::class_<RingHandle, RingPtr>(
       m, "BatchRing",
-      "BatchRing(name, slot_bytes, num_slots, role, *, max_clients=64, attach_timeout=10.0)\n\n"
+      "BatchRing(name, slot_bytes, num_slots, role, *, max_clients=64, attach_timeout=10.0, "
+      "cuda_register=True)\n\n"
       "A host-wide ring of batch slots in shared memory between loader processes (role "
       "'loader': acquire, publish, abandon) and trainer processes (role 'trainer': pop, "
       "release). See tailcut/batch_ring.h and docs/pooled.md. Every process opens its own; "
       "the first creates the ring, later ones attach with the same slot_bytes, num_slots and "
-      "max_clients.")
+      "max_clients. A trainer registers the arena with CUDA where a runtime and a device are "
+      "found (cuda_pinned, memory_state); choose the device (torch.cuda.set_device) first.")
       .def(py::init([](const std::string& name, py::object slot_bytes, py::object num_slots,
-                       const std::string& role, py::object max_clients, double attach_timeout) {
+                       const std::string& role, py::object max_clients, double attach_timeout,
+                       bool cuda_register) {
              tc::BatchRingOptions o;
              o.name = name;
              o.slot_bytes = ToU64(slot_bytes, "slot_bytes", 1);
@@ -281,6 +287,7 @@ void DefineBatchRing(py::module_& m) {
                Raise(g_exc.invalid_argument, "attach_timeout must be a number of seconds >= 0");
              o.attach_timeout =
                  std::chrono::milliseconds(static_cast<int64_t>(attach_timeout * 1e3));
+             o.cuda_register = cuda_register;
              auto h = std::make_shared<RingHandle>();
              if (role == "loader") {
                h->role = tc::RingRole::kLoader;
@@ -298,7 +305,8 @@ void DefineBatchRing(py::module_& m) {
              return h;
            }),
            py::arg("name"), py::arg("slot_bytes"), py::arg("num_slots"), py::arg("role"),
-           py::kw_only(), py::arg("max_clients") = 64, py::arg("attach_timeout") = 10.0)
+           py::kw_only(), py::arg("max_clients") = 64, py::arg("attach_timeout") = 10.0,
+           py::arg("cuda_register") = true)
       .def(
           "acquire",
           [](const RingPtr& h, py::object timeout) {
@@ -458,6 +466,14 @@ void DefineBatchRing(py::module_& m) {
       .def_property_readonly(
           "client_slot", [](const RingHandle& h) { return h.ring->client_slot(); },
           "This process's client slot in the ring (Batch.loader names a loader's).")
+      .def_property_readonly(
+          "cuda_pinned", [](const RingHandle& h) { return h.ring->cuda_pinned(); },
+          "Whether this process registered the arena with CUDA (trainers, where a CUDA runtime "
+          "and a device are found), so .to('cuda', non_blocking=True) of a batch is DMA.")
+      .def_property_readonly(
+          "memory_state", [](const RingHandle& h) { return h.ring->memory_state(); },
+          "One line on the arena, e.g. 'arena: 64 MiB (16 slots of 4 MiB) + CUDA-pinned', or "
+          "'...; not CUDA-pinned: <why>' for a trainer.")
       .def_property_readonly(
           "closed", [](const RingHandle& h) { return h.closed.load(); },
           "Whether close() was called.");

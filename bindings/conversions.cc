@@ -106,7 +106,7 @@ std::function<void(const std::string&)> WrapNotice(const py::object& fn) {
     if (!Py_IsInitialized()) return;
     py::gil_scoped_acquire gil;
     try {
-      (*holder)(line);
+      (*holder)(PythonWording(line));
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable("tailcut on_notice callback");
     }

@@ -40,7 +40,8 @@ py::str FromPath(const std::string& path);
 // bytes or any buffer.
 std::string ToBytes(const py::handle& value, const char* what);
 // on_notice: a Python callable, called with the GIL from whatever thread the
-// C++ notice comes from. The callable is released with the GIL held.
+// C++ notice comes from, with the notice in Python's words (PythonWording).
+// The callable is released with the GIL held. None: an empty function.
 std::function<void(const std::string&)> WrapNotice(const py::object& fn);
 tc::RecordFormat ParseFormat(const std::string& name, const py::object& record_bytes);
 

@@ -1,5 +1,7 @@
 #include "errors.h"
 
+#include <string_view>
+
 #include "module.h"
 
 namespace tailcut::python {
@@ -28,7 +30,48 @@ PyObject* ExceptionFor(tc::ErrorKind kind) {
   return g_exc.error;
 }
 
-void SetError(PyObject* type, const std::string& message) {
+namespace {
+
+// One phrase of a library message and its Python wording, long enough that
+// a name or path the message quotes would have to hold the whole phrase to be
+// reworded by mistake.
+struct Wording {
+  std::string_view library, python;
+};
+
+constexpr Wording kPythonWording[] = {
+    // ResolveConfig (engine/config.cc): num_slices is 0.
+    {"; leave it unset (one item per file) or give 1 or more",
+     "; pass None (one item per file) or >= 1"},
+    // CompareConfig (engine/queue_core.cc): "<option> differs: <value> here,
+    // <value> in segment", for num_slices, shuffle and seed.
+    {"num_slices differs: unset here, ", "num_slices differs: None here, "},
+    {" here, unset in segment", " here, None in segment"},  // num_slices
+    {"shuffle differs: on here, off in segment", "shuffle differs: True here, False in segment"},
+    {"shuffle differs: off here, on in segment", "shuffle differs: False here, True in segment"},
+    {"seed differs: unset here, ", "seed differs: None here, "},
+    {" here, unset (drawn by the creator: ", " here, None (drawn by the creator: "},
+    // Reader::Open (io/reader.cc): io_uring asked for but unavailable.
+    {"; use backend 'pread', or leave the backend unset to ",
+     "; use backend 'pread', or pass backend=None to "},
+    // WorkQueue::Close (engine/work_queue.cc): an unfinished queue removed.
+    {"; open it with keep_unfinished to resume it later",
+     "; open it with keep_unfinished=True to resume it later"},
+};
+
+}  // namespace
+
+std::string PythonWording(std::string text) {
+  for (const Wording& w : kPythonWording) {
+    for (size_t at = text.find(w.library); at != std::string::npos;
+         at = text.find(w.library, at + w.python.size()))
+      text.replace(at, w.library.size(), w.python);
+  }
+  return text;
+}
+
+void SetError(PyObject* type, const std::string& library_message) {
+  const std::string message = PythonWording(library_message);
   // Bytes of file names that are not UTF-8 come out as \xNN, never as a
   // UnicodeDecodeError in place of the error.
   PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()),
@@ -112,6 +155,11 @@ void DefineErrors(py::module_& m) {
                    "take(timeout=...) or input_producer().get(timeout=...) found no item in "
                    "time while other processes still hold open items. Not the end of the "
                    "data: that is None.");
+  m.def(
+      "_python_wording", [](const std::string& text) { return PythonWording(text); },
+      py::arg("text"),
+      "A library message in Python's words (None, True, False for the library's unset, on, "
+      "off), as every exception and notice of tailcut says it. For tests.");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -3,7 +3,7 @@
 // The exception classes are created once, by DefineErrors at module import,
 // and live as long as the module (it holds a reference to each). A C++
 // tailcut::Error escaping a binding becomes the exception of its kind with
-// the same text.
+// the same text, in Python's words (PythonWording).
 #pragma once
 
 #include <pybind11/functional.h>
@@ -36,8 +36,14 @@ extern Exceptions g_exc;  // module lifetime; references are owned by the module
 
 PyObject* ExceptionFor(tc::ErrorKind kind);
 
-// Sets the Python error `type` with `message` (UTF-8; invalid bytes, e.g. of
-// file names, are shown as \xNN). REQUIRES: the GIL.
+// `text`, a message of the C++ libraries, in Python's words. The libraries
+// speak as a C++ caller writes its options: a value left "unset", a flag
+// "on" or "off"; Python says None, True and False. One table in errors.cc,
+// of whole phrases of library messages. Any thread; no GIL needed.
+std::string PythonWording(std::string text);
+
+// Sets the Python error `type` with `message` in Python's words (UTF-8;
+// invalid bytes, e.g. of file names, are shown as \xNN). REQUIRES: the GIL.
 void SetError(PyObject* type, const std::string& message);
 // SetError, then throws py::error_already_set. REQUIRES: the GIL.
 [[noreturn]] void Raise(PyObject* type, const std::string& message);

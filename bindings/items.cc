@@ -129,6 +129,11 @@ void DefineWorkItem(py::module_& m) {
            "Reports that the item's bytes before `offset` are consumed (a checkpoint resumes "
            "there) and `records` more records were read; refreshes the lease timeout. Raises "
            "StaleItemError if the item was reassigned.")
+      .def("commit", &PyWorkItem::Commit, py::arg("offset"),
+           "Like progress(offset), for a process that hands on what it reads (a loader "
+           "publishing batches): should it die, give the item back or lose it to a lease "
+           "timeout, the item is handed out again from `offset`, not from its start. Call it "
+           "after each hand-off.")
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",

@@ -114,6 +114,16 @@ struct PyWorkItem {
     }
     Check(s, "progress");
   }
+  void Commit(const py::object& offset) {
+    RequireOpen("commit");
+    uint64_t off = ToU64(offset, "offset");
+    tc::AckStatus s;
+    {
+      Use use(*h);
+      s = h->queue->Commit(item, off);
+    }
+    Check(s, "commit");
+  }
   // Best effort, for destructors: no raise.
   void AckQuietly() noexcept {
     if (state != ItemState::kOpen) return;

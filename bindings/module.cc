@@ -20,13 +20,15 @@
 //
 // One file per concept: errors, conversions, queue (the handle, WorkQueue),
 // stats, items (WorkItem, take, agree_step), producer (input_dataset,
-// input_producer), reader_state and readers (records, batches). This file
-// only registers them.
+// input_producer), reader_state and readers (records, batches), batch_ring
+// (BatchRing), slice_records (the records of one item). This file only
+// registers them.
 #include "module.h"
 
 #include <pybind11/pybind11.h>
 
 #include "batch_ring.h"
+#include "slice_records.h"
 
 namespace py = pybind11;
 namespace tp = tailcut::python;
@@ -51,4 +53,5 @@ PYBIND11_MODULE(_core, m) {
   tp::DefineReaderMethods(queue);
   tp::DefineQueueFunctions(m);
   tp::DefineBatchRing(m);
+  tp::DefineSliceRecords(m);
 }

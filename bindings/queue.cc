@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <exception>
 #include <thread>
 
@@ -176,6 +177,14 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
     } else if (key == "lease_timeout") {
       o.lease_timeout =
           v.is_none() ? std::chrono::milliseconds(0) : ToMillis(ToSeconds(v, "lease_timeout"));
+    } else if (key == "coordinator") {
+      o.coordinator = v.is_none() ? "" : py::cast<std::string>(v);
+    } else if (key == "host_id") {
+      o.host_id = v.is_none() ? "" : py::cast<std::string>(v);
+    } else if (key == "global_ttl") {
+      o.global_ttl = ToMillis(ToSeconds(v, "global_ttl"));
+    } else if (key == "global_block_size") {
+      o.global_block_size = ToU64(v, "global_block_size");
     } else if (key == "restore_state") {
       if (v.is_none()) continue;
       if (py::isinstance<py::dict>(v)) {
@@ -204,7 +213,13 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   }
   h->restore_state = o.restore_state;
   h->leases_per_client = o.leases_per_client;
-  h->notice = o.on_notice;
+  h->notice = o.on_notice;  // empty (on_notice=None): a Reader prints its own
+  if (!o.on_notice) {
+    // The library's default (engine/work_queue.cc), in Python's words.
+    o.on_notice = [](const std::string& line) {
+      std::fprintf(stderr, "tailcut: %s\n", PythonWording(line).c_str());
+    };
+  }
   h->open_args = open_args;
   h->pid = ::getpid();
   h->queue = OpenInSlices(std::move(o), attach_forever);
@@ -239,7 +254,10 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "state_dict()['state']), on_notice "
       "(callable taking one str, or None for stderr), auto_ack (PAI compatibility: each take() or "
       "input_producer get() acks the item handed out before it, close() the last; "
-      "at-most-once, see docs/python.md).");
+      "at-most-once, see docs/python.md); across hosts (docs/global.md): coordinator "
+      "('redis://[user[:password]@]HOST:PORT/DB', default TAILCUT_COORDINATOR), host_id (default "
+      "TAILCUT_HOST_ID or the hostname), global_ttl (seconds, default 60) and global_block_size "
+      "(tickets per block, 0: automatic).");
   cls.def(py::init(&OpenQueue), py::arg("works"), py::arg("num_epochs") = 1,
           py::arg("shuffle") = true, py::arg("seed") = py::none(), py::arg("prefix") = py::none(),
           py::arg("num_slices") = py::none(), py::arg("num_clients") = 1,

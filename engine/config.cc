@@ -160,6 +160,17 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   };
   check_duration(options.attach_timeout, "attach_timeout");
   check_duration(options.lease_timeout, "lease_timeout");
+  check_duration(options.global_ttl, "global_ttl");
+  if (options.global_ttl < std::chrono::milliseconds(100))
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': global_ttl is " +
+                    std::to_string(options.global_ttl.count()) +
+                    " ms; it must be at least 100 ms (the feeder renews every third of it)");
+  if (options.global_block_size > kMaxTickets)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': global_block_size is " +
+                                                 std::to_string(options.global_block_size) +
+                                                 "; it must be 0 (automatic) to " +
+                                                 std::to_string(kMaxTickets));
   if (options.min_split_bytes == 0 || options.min_split_bytes > kMaxFileBytes)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name + "': min_split_bytes is " +

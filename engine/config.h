@@ -41,6 +41,9 @@ struct QueueConfig {
   uint32_t leases_per_client = 0;
   std::string format;
   uint64_t total_bytes = 0;
+  // Tickets come from the cross-host tier's feeder (WorkQueueOptions::
+  // coordinator): the segment holds the fed block table and skip bitmap.
+  bool fed = false;
 
   uint64_t total_tickets() const { return items.size() * num_epochs; }
   uint64_t PathsHash() const;

@@ -67,10 +67,29 @@ bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_wo
 
 bool QueueCore::ReturnToOrphan(LeaseSlot& ls, uint64_t* expected) noexcept {
   const uint64_t orphan = NextLeaseWord(*expected, kLeaseOrphan, kNoOwner);
-  // relaxed: we hold the lease (its owner, or took it over by CAS), so begin is ours to read and
-  // the progress store is published by MarkOrphan's CAS below.
-  ls.progress.store(ProgressWord(ls.begin.load(std::memory_order_relaxed), orphan),
-                    std::memory_order_relaxed);
+  // relaxed, all: we hold the lease (its owner, or took it over by CAS), so its fields are ours to
+  // read, and the stores are published by MarkOrphan's CAS below.
+  uint64_t begin = ls.begin.load(std::memory_order_relaxed);
+  const uint64_t end = ls.end.load(std::memory_order_relaxed);
+  const uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+  if (flags & kLeaseCommitted) {
+    // Resume where the owner's commit says, unless the lease was ever
+    // claimed for splitting (a thief's extent is relative to this begin) or
+    // the commit is another owner's (its tag).
+    Extent x = Extent::Of(ls.extent.load(std::memory_order_relaxed));
+    uint64_t offset = 0;
+    if (!x.splittable && !x.split && x.pending == 0 &&
+        ProgressOffset(ls.progress.load(std::memory_order_relaxed), *expected, &offset) &&
+        offset > begin && offset <= end) {
+      begin = offset;
+      ls.begin.store(begin, std::memory_order_relaxed);
+      ls.extent.store(
+          Extent::Fresh(ExtentUnits(end - begin, SplitUnit(end - begin)), orphan).Word(),
+          std::memory_order_relaxed);
+    }
+    ls.flags.store(flags & ~kLeaseCommitted, std::memory_order_relaxed);
+  }
+  ls.progress.store(ProgressWord(begin, orphan), std::memory_order_relaxed);
   return MarkOrphan(ls, expected, orphan);
 }
 
@@ -472,6 +491,26 @@ int QueueCore::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
   return reassigned;
 }
 
+std::vector<uint64_t> QueueCore::HeldTickets() const noexcept {
+  std::vector<uint64_t> held;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseSlot& ls = seg_->lease(l);
+    for (;;) {
+      // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
+      // TrySplit, PublishOrphan), and acquire keeps the second word load after it, so w1 == w2
+      // means the ticket was read while the word did not change.
+      uint64_t w1 = ls.word.load(std::memory_order_acquire);
+      uint64_t t = ls.ticket.load(std::memory_order_acquire);
+      uint64_t w2 = ls.word.load(std::memory_order_acquire);
+      if (w1 != w2) continue;
+      if (LeaseStateOf(w1) != kLeaseFree && t != kNoTicket) held.push_back(t);
+      break;
+    }
+  }
+  std::sort(held.begin(), held.end());
+  return held;
+}
+
 void QueueCore::TrySweep(uint64_t self) noexcept {
   Counters& c = seg_->counters();
   // acquire: pairs with the acq_rel increments in RecoverLease, AllDone and ClaimOrphan
@@ -512,23 +551,7 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
     std::this_thread::yield();
   }
 
-  // Tickets held by some lease; read each slot's word and ticket as a pair.
-  std::vector<uint64_t> held;
-  for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
-    for (;;) {
-      // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
-      // TrySplit, PublishOrphan), and acquire keeps the second word load after it, so w1 == w2
-      // means the ticket was read while the word did not change.
-      uint64_t w1 = ls.word.load(std::memory_order_acquire);
-      uint64_t t = ls.ticket.load(std::memory_order_acquire);
-      uint64_t w2 = ls.word.load(std::memory_order_acquire);
-      if (w1 != w2) continue;
-      if (LeaseStateOf(w1) != kLeaseFree && t != kNoTicket) held.push_back(t);
-      break;
-    }
-  }
-  std::sort(held.begin(), held.end());
+  std::vector<uint64_t> held = HeldTickets();
 
   // Every ticket below the cursor that is not done and not held was lost.
   // Read the bitmap after the leases: an ack sets the bit before freeing.
@@ -538,6 +561,9 @@ void QueueCore::TrySweep(uint64_t self) noexcept {
     // acquire: pairs with FinishAck's acq_rel fetch_or. Read after the leases: an ack sets its bit
     // before it frees its lease, so a ticket missing from both was lost.
     uint64_t bits = seg_->done_word(i).load(std::memory_order_acquire);
+    // A fed queue: tickets of other hosts are not lost. acquire: pairs with the feeder's release
+    // of the limit or of sweeps_pending (LocalFeed), which follow its skip-bit changes.
+    if (seg_->geometry().fed) bits |= seg_->skip_word(i).load(std::memory_order_acquire);
     if (bits == ~uint64_t{0}) continue;
     for (uint64_t b = 0; b < 64 && complete; ++b) {
       uint64_t t = i * 64 + b;
@@ -579,6 +605,11 @@ bool QueueCore::AllDone() noexcept {
   // acquire: pairs with the release half of TakeOnce's fetch_add (work_queue.cc), so the leases
   // reserved before it are seen below.
   if (seg_->cursor().next_ticket.load(std::memory_order_acquire) < total_) return false;
+  // A fed queue ends when every host's tickets are done, which only its
+  // feeder learns. acquire: pairs with LocalFeed::End's release store, after
+  // which the skip bits cover every ticket no process here finished.
+  const bool fed = seg_->geometry().fed;
+  if (fed && c.fed_end.load(std::memory_order_acquire) == 0) return false;
   // acquire: pairs with the acq_rel increments in RecoverLease, ClaimOrphan and below.
   if (c.sweeps_pending.load(std::memory_order_acquire) != 0) return false;
   for (uint64_t l = 0; l < num_leases_; ++l)
@@ -593,6 +624,8 @@ bool QueueCore::AllDone() noexcept {
   for (uint64_t i = 0; i < words; ++i) {
     // acquire: pairs with FinishAck's acq_rel fetch_or.
     uint64_t bits = seg_->done_word(i).load(std::memory_order_acquire);
+    // acquire: as fed_end above.
+    if (fed) bits |= seg_->skip_word(i).load(std::memory_order_acquire);
     if (i == words - 1 && total_ % 64 != 0) bits &= (uint64_t{1} << (total_ % 64)) - 1;
     done += static_cast<uint64_t>(__builtin_popcountll(bits));
   }
@@ -724,7 +757,12 @@ void WriteLayout(Segment* segment, const QueueConfig& config, const Geometry& g)
   std::memset(h.format, 0, sizeof(h.format));
   std::memcpy(h.format, config.format.data(), config.format.size());
   InitRobustMutex(&h.sweep_mutex);
+  InitRobustMutex(&h.feeder_mutex);
+  h.fed = g.fed ? 1 : 0;
   segment->SetGeometry(g);
+  // relaxed: not yet shared (see below). A queue of one host may hand out
+  // every ticket; a fed one only what its feeder grants.
+  segment->cursor().limit.store(g.fed ? 0 : g.total_tickets, std::memory_order_relaxed);
   for (uint64_t i = 0; i < g.max_clients; ++i) InitRobustMutex(&segment->client(i).life);
   uint64_t offset = 0;
   for (uint64_t f = 0; f < g.num_files; ++f) {
@@ -794,6 +832,11 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
                      "' changed since the queue was created: " + change +
                      " (recreate the queue, or restore the file)");
   }
+  if ((h.fed == 1) != config.fed)
+    throw mismatch(std::string(config.fed
+                                   ? "this process is fed by a coordinator, the queue is not"
+                                   : "the queue is fed by a coordinator, this process is not") +
+                   " (set the same coordinator, or none, in every process of a host)");
   if (h.num_slices != config.num_slices)
     throw mismatch("num_slices differs: " + Opt(config.num_slices) + " here, " + Opt(h.num_slices) +
                    " in segment");

@@ -75,6 +75,10 @@ class QueueCore {
   void TrySweep(uint64_t self) noexcept;
   // True once every ticket is done and no lease is held.
   bool AllDone() noexcept;
+  // Tickets some lease holds now, sorted; each slot's word and ticket read
+  // as a pair. Read the done bitmap after it: an ack sets its bit before it
+  // frees its lease, so a ticket seen in neither is not finished yet.
+  std::vector<uint64_t> HeldTickets() const noexcept;
   // Number of live clients other than self, after recovering dead ones.
   int LiveClients(uint64_t self, bool admin_held = false) noexcept;
   // Pids of live clients other than self.

@@ -22,22 +22,16 @@ struct Opened {
   std::unique_ptr<QueueCore> core;
 };
 
-// Opens and fully validates a queue that is READY. Throws kNotFound,
-// kCorrupt, kPermission.
+// Opens and fully validates a queue that is READY, without waiting for a
+// creator or taking its lock. Throws kNotFound, kCorrupt, kPermission,
+// kTimeout (an empty object), each naming the segment and what to do.
 Opened OpenForTools(const std::string& name) {
   ValidateQueueName(name);
+  Attachment a = AttachSegment(name, AttachMode::kInspect, std::chrono::milliseconds(0));
+  if (a.state != AttachState::kAttached) throw *a.problem;
   Opened o;
-  o.segment = Segment::OpenExisting(name, std::chrono::milliseconds(0));
-  o.segment->CheckPreamble();
+  o.segment = std::move(a.segment);
   const Header& h = o.segment->header();
-  if (h.state.load(std::memory_order_acquire) != kReady)
-    throw Error(
-        ErrorKind::kCorrupt,
-        "queue '" + name + "': segment " + o.segment->path() +
-            " is not ready (being created, removed, or its creator died); retry, or remove it "
-            "with `tailcut rm --force " +
-            name + "`");
-  o.segment->Validate();
   o.core = std::make_unique<QueueCore>(o.segment.get(), ReadItems(*o.segment), h.num_epochs, h.seed,
                                        h.shuffle != 0);
   return o;
@@ -105,6 +99,9 @@ void RemoveQueue(const std::string& name, bool force) {
                       "on the removed segment)");
     }
     o.segment->UnlinkIfSame();
+    // release: pairs with the acquire load of state in AttachSegment
+    // (segment.cc) of a process that opened the object before the unlink: it
+    // sees REMOVED and starts over.
     o.segment->header().state.store(kRemoved, std::memory_order_release);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kNotFound || !force) throw;

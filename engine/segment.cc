@@ -52,7 +52,8 @@ std::string ShmFree() {
 }  // namespace
 
 Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_tickets,
-                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client) {
+                         uint64_t path_bytes, uint32_t max_clients, uint32_t leases_per_client,
+                         bool fed) {
   Geometry g;
   g.num_files = num_files;
   g.num_items = num_items;
@@ -88,6 +89,13 @@ Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_
   off = AlignUp(off + path_bytes);
   g.bitmap = off;
   off = AlignUp(off + sizeof(uint64_t) * g.bitmap_words());
+  g.fed = fed;
+  if (fed) {
+    g.fed_blocks = off;
+    off = AlignUp(off + sizeof(FedBlock) * kFedBlocks);
+    g.skip = off;
+    off = AlignUp(off + sizeof(uint64_t) * g.bitmap_words());
+  }
   g.total = off;
   return g;
 }
@@ -163,8 +171,7 @@ std::unique_ptr<Segment> Segment::CreateExclusive(const std::string& queue_name,
   return seg;
 }
 
-std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
-                                               std::chrono::milliseconds wait, bool* abandoned) {
+std::unique_ptr<Segment> Segment::OpenUnmapped(const std::string& queue_name) {
   std::string object = ObjectName(queue_name);
   std::string path = PathOf(queue_name);
   int fd = -1;
@@ -208,31 +215,46 @@ std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
                     std::to_string(st.st_size) +
                     " bytes, smaller than any tailcut queue; remove it with `tailcut rm --force " +
                     queue_name + "`");
-  auto deadline = std::chrono::steady_clock::now() + wait;
-  while (static_cast<size_t>(st.st_size) < kMinSegmentSize) {
-    if (std::chrono::steady_clock::now() >= deadline && abandoned != nullptr) {
-      *abandoned = seg->UnlinkIfSame();
-      return nullptr;
-    }
-    if (std::chrono::steady_clock::now() >= deadline)
-      throw Error(ErrorKind::kTimeout, "queue '" + queue_name + "': segment " + path + " is " +
-                                           std::to_string(st.st_size) +
-                                           " bytes, too small for a queue, and did not grow for " +
-                                           std::to_string(wait.count()) +
-                                           " ms (its creator probably died)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    if (::fstat(fd, &st) != 0)
-      throw Error(ErrorKind::kIo,
-                  "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
-  }
-  seg->Map(static_cast<size_t>(st.st_size));
   return seg;
+}
+
+bool Segment::MapWhenSized(std::chrono::milliseconds wait, off_t* size) {
+  struct stat st;
+  auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    if (::fstat(fd_, &st) != 0)
+      throw Error(ErrorKind::kIo,
+                  "queue '" + queue_name_ + "': fstat " + path_ + ": " + std::strerror(errno));
+    *size = st.st_size;
+    if (static_cast<size_t>(st.st_size) >= kMinSegmentSize) break;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  Map(static_cast<size_t>(st.st_size));
+  return true;
+}
+
+Error Segment::NeverSized(off_t size, std::chrono::milliseconds wait) const {
+  return Error(ErrorKind::kTimeout,
+               "queue '" + queue_name_ + "': segment " + path_ + " is " + std::to_string(size) +
+                   " bytes, too small for a queue, and did not grow for " +
+                   std::to_string(wait.count()) + " ms (its creator probably died)");
+}
+
+std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
+                                               std::chrono::milliseconds wait, bool* abandoned) {
+  std::unique_ptr<Segment> seg = OpenUnmapped(queue_name);
+  off_t size = 0;
+  if (seg->MapWhenSized(wait, &size)) return seg;
+  if (abandoned == nullptr) throw seg->NeverSized(size, wait);
+  *abandoned = seg->UnlinkIfSame();
+  return nullptr;
 }
 
 bool Segment::WaitForMagic(std::chrono::milliseconds wait) const {
   auto deadline = std::chrono::steady_clock::now() + wait;
-  // Acquire pairs with the creator's release store of magic, made after the
-  // admin mutex is initialised.
+  // acquire, both: pairs with TryCreate's release store of magic
+  // (work_queue.cc), made after the admin mutex and the preamble are written.
   while (header().magic.load(std::memory_order_acquire) != kSegmentMagic) {
     uint64_t m = header().magic.load(std::memory_order_acquire);
     if (m != 0 && m != kSegmentMagic) return true;  // garbage: let Validate name it
@@ -255,6 +277,8 @@ Error Corrupt(const Segment& s, const std::string& what) {
 
 void Segment::CheckPreamble() const {
   const Header& h = header();
+  // acquire: pairs with TryCreate's release store of magic (work_queue.cc):
+  // the version and size checked below were written before it.
   if (h.magic.load(std::memory_order_acquire) != kSegmentMagic)
     throw Corrupt(*this, "bad magic number");
   if (h.layout_version != kLayoutVersion)
@@ -275,8 +299,9 @@ void Segment::Validate() {
     throw corrupt("inconsistent counts (items " + std::to_string(h.num_items) + ", epochs " +
                   std::to_string(h.num_epochs) + ", tickets " + std::to_string(h.total_tickets) +
                   ")");
+  if (h.fed > 1) throw corrupt("fed flag " + std::to_string(h.fed) + " is neither 0 nor 1");
   Geometry g = ComputeGeometry(h.num_files, h.num_items, h.total_tickets, h.path_bytes,
-                               h.max_clients, h.leases_per_client);
+                               h.max_clients, h.leases_per_client, h.fed == 1);
   if (g.total == 0) throw corrupt("counts out of range");
   if (g.total != size_)
     throw corrupt("counts need " + std::to_string(g.total) + " bytes, object has " +
@@ -285,6 +310,7 @@ void Segment::Validate() {
   geometry_ = g;
   if (!IsRobustMutex(&h.admin_mutex) || !IsRobustMutex(&h.sweep_mutex))
     throw corrupt("its admin or sweep lock is damaged");
+  if (g.fed && !IsRobustMutex(&h.feeder_mutex)) throw corrupt("its feeder lock is damaged");
   for (uint64_t c = 0; c < g.max_clients; ++c)
     if (!IsRobustMutex(&client(c).life))
       throw corrupt("the lock of client slot " + std::to_string(c) + " is damaged");
@@ -316,6 +342,78 @@ bool Segment::UnlinkIfSame() const {
     removed = ::shm_unlink(ObjectName(queue_name_).c_str()) == 0;
   ::flock(fd_, LOCK_UN);
   return removed;
+}
+
+Attachment AttachSegment(const std::string& queue_name, AttachMode mode,
+                         std::chrono::milliseconds wait) {
+  Attachment a;
+  try {
+    a.segment = Segment::OpenUnmapped(queue_name);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kNotFound) throw;
+    a.problem = e;
+    return a;  // kNotFound
+  }
+  Segment& seg = *a.segment;
+  off_t size = 0;
+  if (!seg.MapWhenSized(wait, &size)) {
+    a.state = AttachState::kUnsized;
+    a.problem = seg.NeverSized(size, wait);
+    return a;
+  }
+  if (!seg.WaitForMagic(wait)) {
+    a.state = AttachState::kUnpublished;
+    a.problem = Corrupt(seg, "bad magic number");
+    return a;
+  }
+  seg.CheckPreamble();
+  Header& h = seg.header();
+  bool died = false;
+  if (mode == AttachMode::kJoin) {
+    // The creator holds the admin lock from before its magic until READY,
+    // so a state other than READY seen under it is never one a live
+    // creator is still writing.
+    a.admin = std::make_unique<RobustLock>(&h.admin_mutex);
+    int rc = a.admin->Lock(wait, &died);
+    if (rc == ETIMEDOUT)
+      throw Error(ErrorKind::kTimeout,
+                  "queue '" + queue_name + "': process " + std::to_string(h.creator_pid) +
+                      " has been creating or changing it for more than " +
+                      std::to_string(wait.count()) + " ms; is it stopped? (attach_timeout)");
+    if (rc != 0)
+      throw Error(ErrorKind::kCorrupt, "queue '" + queue_name + "': segment " + seg.path() +
+                                           " has an unusable lock (" + std::strerror(rc) +
+                                           "); remove it with `tailcut rm --force " + queue_name +
+                                           "`");
+  }
+  // acquire: pairs with the release stores of state in TryCreate (READY)
+  // and of REMOVED in TryAttach, Close (work_queue.cc) and RemoveQueue
+  // (queue_tools.cc): what was written before the state is visible.
+  const uint32_t state = h.state.load(std::memory_order_acquire);
+  if (state != kReady) {
+    Error not_ready(ErrorKind::kCorrupt,
+                    "queue '" + queue_name + "': segment " + seg.path() +
+                        " is not ready (being created, removed, or its creator died); retry, or "
+                        "remove it with `tailcut rm --force " +
+                        queue_name + "`");
+    if (state == kRemoved) {
+      a.state = AttachState::kRemoved;
+    } else if (state == kCreating || died) {
+      a.state = AttachState::kCreating;
+    } else if (mode == AttachMode::kInspect) {
+      throw not_ready;
+    } else {
+      throw Error(ErrorKind::kCorrupt, "queue '" + queue_name + "': segment " + seg.path() +
+                                           " is in an unknown state; remove it with `tailcut rm "
+                                           "--force " +
+                                           queue_name + "`");
+    }
+    a.problem = std::move(not_ready);
+    return a;
+  }
+  seg.Validate();
+  a.state = AttachState::kAttached;
+  return a;
 }
 
 }  // namespace tailcut::detail

@@ -1,5 +1,6 @@
 // One mapped queue segment: opening, creating, validating and removing the
-// POSIX shared-memory object behind a queue name.
+// POSIX shared-memory object behind a queue name, and the attach state
+// machine (AttachSegment) that joiners and tools share.
 //
 // A Segment owns its mapping and descriptor; accessors return references
 // into the mapping, valid for the Segment's lifetime. Accessors take indices
@@ -12,12 +13,46 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "engine/robust_mutex.h"
 #include "engine/segment_layout.h"
+#include "tailcut/error.h"
 
 namespace tailcut::detail {
+
+// How one attempt to attach to an existing queue segment ended
+// (AttachSegment): the attach state machine's outcomes. The steps, in
+// order: open the object (owner and mode), wait for its size, wait for its
+// magic, check version and size, take the admin lock (kJoin), read the state
+// word, validate the counts and tables.
+enum class AttachState {
+  kAttached,  // READY and valid: use it. kJoin: the admin lock is held.
+  kNotFound,  // No object has the name: never created, or removed meanwhile.
+  // Still smaller than a header after the wait: its creator died before
+  // sizing it (with no wait: or it has not sized it yet).
+  kUnsized,
+  // No magic number after the wait: its creator died before making its admin
+  // lock (with no wait: or it has not made it yet).
+  kUnpublished,
+  // Not READY yet. kJoin: seen under the admin lock, which a creator holds
+  // until READY, so its creator died half-way (so is a state word other than
+  // READY or REMOVED left by a lock holder that died). kInspect: being set up,
+  // or its creator died.
+  kCreating,
+  // Marked REMOVED: its remover unlinks it next, unless it died first.
+  kRemoved,
+};
+
+// Who attaches, and so what the machine may do.
+enum class AttachMode {
+  kJoin,     // a process joining the queue: takes the admin lock
+  kInspect,  // a tool (ls, stat, rm): never locks
+};
+
+struct Attachment;
 
 class Segment {
  public:
@@ -35,6 +70,7 @@ class Segment {
   // owner and mode. Throws kNotFound, kPermission, kTimeout (abandoned empty
   // object), kCorrupt. With `abandoned` set, an object that stays too small
   // is removed instead (*abandoned = true) and nullptr returned.
+  // AttachSegment (below) is the whole attach; this is its first steps.
   static std::unique_ptr<Segment> OpenExisting(const std::string& queue_name,
                                                std::chrono::milliseconds wait,
                                                bool* abandoned = nullptr);
@@ -76,11 +112,37 @@ class Segment {
     return At<SharedAtomic<uint64_t>>(geometry_.bitmap)[i];
   }
   bool IsDone(uint64_t ticket) const {
+    // acquire: pairs with FinishAck's acq_rel fetch_or of the bit
+    // (queue_core.cc).
     return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;
+  }
+  // A fed queue only (geometry().fed): tickets this host must not hand out,
+  // because another host holds or finished them. Set by the feeder before
+  // it raises the cursor's limit past them (release there, acquire here).
+  FedBlock& fed_block(uint64_t i) const { return At<FedBlock>(geometry_.fed_blocks)[i]; }
+  SharedAtomic<uint64_t>& skip_word(uint64_t i) const {
+    return At<SharedAtomic<uint64_t>>(geometry_.skip)[i];
+  }
+  bool IsSkipped(uint64_t ticket) const {
+    return geometry_.fed &&
+           // seq_cst: pairs with the seq_cst skip-bit changes and cursor load of LocalFeed::
+           // Grant, so that a taker passing a ticket the feeder just gave back to this host
+           // either sees it is no longer skipped or was seen passing it (then a sweep re-issues).
+           ((skip_word(ticket / 64).load(std::memory_order_seq_cst) >> (ticket % 64)) & 1);
   }
 
  private:
+  friend Attachment AttachSegment(const std::string&, AttachMode, std::chrono::milliseconds);
+
   Segment(std::string queue_name, int fd, bool created);
+  // Opens the object unmapped, checking owner, mode and that its size is 0
+  // (not sized yet) or at least a header. Throws as OpenExisting.
+  static std::unique_ptr<Segment> OpenUnmapped(const std::string& queue_name);
+  // Maps the object once it is at least a header, waiting up to `wait`.
+  // Returns false, unmapped, if it stayed smaller; *size is what it had.
+  bool MapWhenSized(std::chrono::milliseconds wait, off_t* size);
+  // kTimeout: the object stayed `size` bytes for `wait`.
+  Error NeverSized(off_t size, std::chrono::milliseconds wait) const;
   void Map(size_t size);
   template <typename T>
   T* At(size_t offset) const {
@@ -97,6 +159,31 @@ class Segment {
   ino_t ino_ = 0;
   Geometry geometry_;
 };
+
+// The result of AttachSegment. `admin` is declared after `segment`, so it is
+// released while its mutex is still mapped.
+struct Attachment {
+  AttachState state = AttachState::kNotFound;
+  // Open in every state but kNotFound; mapped from kUnpublished on.
+  std::unique_ptr<Segment> segment;
+  // kJoin, in kCreating, kRemoved and kAttached: the admin lock, held.
+  std::unique_ptr<RobustLock> admin;
+  // Every state but kAttached: what to report when the caller does not
+  // recover from it (a joiner removes a dead creator's segment and starts
+  // over; a tool reports). It names the segment and what to do.
+  std::optional<Error> problem;
+};
+
+// The attach state machine: one attempt to attach to the queue segment of
+// `queue_name`, waiting up to `wait` at each step that waits for a creator
+// (size, magic, admin lock). Nothing is changed or removed: what to do with
+// a dead creator's segment is the caller's choice. Throws what no attempt
+// recovers from: kPermission (another user's object, or one writable by
+// others), kCorrupt (a size no creator makes, a bad magic number, layout
+// version or size, an unusable admin lock, an unknown state word, a failed
+// Validate), kTimeout (kJoin: the admin lock held past `wait`), kIo.
+Attachment AttachSegment(const std::string& queue_name, AttachMode mode,
+                         std::chrono::milliseconds wait);
 
 // A byte count for messages, exact and in the largest binary unit it
 // reaches: "900 bytes", "256 KiB", "12.3 MiB (12897484 bytes)".

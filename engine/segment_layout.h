@@ -8,6 +8,7 @@
 //   Header | Counters | Cursor | ClientSlot[max_clients] | StepSlot[max_clients]
 //   | LeaseSlot[max_clients * leases_per_client]
 //   | FileEntry[num_files] | ItemEntry[num_items] | path bytes | done bitmap (u64 words)
+//   [ | FedBlock[kFedBlocks] | skip bitmap (u64 words) ]   only in a fed queue
 //
 // Invariants (the numbers are referred to in work_queue.cc):
 //  I1. Ticket t in [0, total) is handed out by the cursor at most once: the
@@ -61,7 +62,9 @@ namespace tailcut::detail {
 inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
 // 3: FileEntry holds each file's identity (mtime, inode, device); the header
 // the queue's lease timeout, its lifetime and why it is kept.
-inline constexpr uint32_t kLayoutVersion = 3;
+// 4: fed queues (the cross-host tier): the cursor's limit, the feeder mutex,
+// the fed block table and the skip bitmap; orphan_seq on a line of its own.
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr size_t kCacheLine = 64;
 
 enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
@@ -98,6 +101,10 @@ inline constexpr uint32_t kLeasePreset = 1;
 // done bit: the anchor's ack does, and "done" is "bit set and no lease holds
 // the ticket".
 inline constexpr uint32_t kLeasePiece = 2;
+// Lease flag: its owner hands on what it reads (WorkQueue::Commit), so what
+// it committed survives it: handed back (owner dead, lease timeout, give
+// back), the lease resumes at its progress offset, not at its begin.
+inline constexpr uint32_t kLeaseCommitted = 4;
 
 // The low bits of a lease word's generation, kept in words that are written
 // after a check of the lease word (a paused owner's Claim or Progress may
@@ -187,7 +194,9 @@ struct alignas(kCacheLine) Header {
   uint32_t num_clients;
   uint32_t max_clients;
   uint32_t leases_per_client;
-  uint32_t reserved0;
+  // 1: tickets come from a feeder (the cross-host tier), not from the
+  // cursor alone: see Cursor::limit, FedBlock and the skip bitmap.
+  uint32_t fed;
   uint64_t path_bytes;
   char format[kFormatTagBytes];
   uint64_t restore_hash;  // hash of the checkpoint it started from, or 0
@@ -200,12 +209,21 @@ struct alignas(kCacheLine) Header {
   pthread_mutex_t admin_mutex;
   // Serialises sweeps for lost tickets (I3).
   pthread_mutex_t sweep_mutex;
+  // Held by the host's feeder of a fed queue for as long as it feeds
+  // (engine/local_feed.h): one feeder per host, the next one takes over
+  // (EOWNERDEAD) when it dies.
+  pthread_mutex_t feeder_mutex;
 };
 
 struct alignas(kCacheLine) Cursor {
   // I1. TakeOnce's acq_rel fetch_add: its release half publishes the TAKING
   // lease reserved before it to the acquire loads in TrySweep and AllDone (I3).
   SharedAtomic<uint64_t> next_ticket;
+  // Tickets below it may be handed out: total_tickets in a queue of one
+  // host; in a fed queue what its feeder granted so far (it only grows).
+  // The feeder's release store (LocalFeed::Grant) pairs with TakeOnce's
+  // acquire load: the skip bits it set below the new limit are seen.
+  SharedAtomic<uint64_t> limit;
 };
 
 // wake_seq, waiters, orphan_seq, split_seq and step_seq are seq_cst on both
@@ -214,11 +232,14 @@ struct alignas(kCacheLine) Cursor {
 // lease that lost a ticket is freed, and loaded with acquire by TrySweep and
 // AllDone. The rest are statistics, relaxed: nothing is published through them.
 struct alignas(kCacheLine) Counters {
-  SharedAtomic<uint32_t> wake_seq;  // futex word: bumped when waiters should look again
-  SharedAtomic<uint32_t> waiters;   // processes sleeping on wake_seq
   // Bumped after every change of a lease to ORPHAN. A process scans the
   // leases for orphans only when it moved since its last fruitless scan.
-  SharedAtomic<uint64_t> orphan_seq;
+  // Read by every take, written rarely: a cache line of its own, away from
+  // the counters below that every ack and recovery writes.
+  alignas(kCacheLine) SharedAtomic<uint64_t> orphan_seq;
+  alignas(kCacheLine) SharedAtomic<uint32_t> wake_seq;  // futex word: bumped when waiters
+                                                        // should look again
+  SharedAtomic<uint32_t> waiters;                       // processes sleeping on wake_seq
   SharedAtomic<uint64_t> sweeps_pending;
   SharedAtomic<uint64_t> clients_joined;
   SharedAtomic<uint64_t> recovered_items;
@@ -229,7 +250,17 @@ struct alignas(kCacheLine) Counters {
   SharedAtomic<uint32_t> step_seq;   // futex word: bumped when a rank publishes a step
   // Why the segment outlives its last Close while unfinished: KeepReason bits.
   SharedAtomic<uint32_t> keep_reasons;
+  // A fed queue: 1 once its feeder learnt that every ticket of the job is
+  // done on every host (LocalFeed::End). Release store there, acquire in
+  // AllDone: the skip bits set before it are seen.
+  SharedAtomic<uint32_t> fed_end;
+  // A fed queue: futex word the leading feeder sleeps on between rounds;
+  // bumped (seq_cst) by a taker that found nothing to take, so that the
+  // feeder claims more at once rather than at its next round.
+  SharedAtomic<uint32_t> feed_wanted;
 };
+static_assert(offsetof(Counters, orphan_seq) == 0 && offsetof(Counters, wake_seq) == kCacheLine,
+              "orphan_seq has a cache line of its own");
 
 // Why an unfinished queue is kept when its last process closes it (else it
 // is removed): a process asked (keep_unfinished), or one died (the next run
@@ -285,6 +316,23 @@ struct alignas(kCacheLine) LeaseSlot {
   SharedAtomic<uint32_t> flags;
 };
 
+// A block of tickets a fed queue's feeder holds from the cross-host tier,
+// recorded so that a feeder that takes over after a death can renew and
+// ack it at once. Written only by the feeder (under feeder_mutex): the
+// fields first, then `first_plus1` with release; a successor acquires
+// `first_plus1` and bounds-checks every field before it trusts them.
+inline constexpr uint32_t kFedBlocks = 32;
+struct FedBlock {
+  SharedAtomic<uint64_t> first_plus1;  // first ticket + 1; 0: the entry is free
+  SharedAtomic<uint64_t> last;         // tickets [first, last)
+  SharedAtomic<uint64_t> generation;   // the tier's fencing token for the block
+  // 1 once the block's skip bits are in place: its tickets are then exactly
+  // those of [first, last) that are not skipped. A feeder that died before
+  // (0) left bits a successor cannot read back; it forgets such a block,
+  // which expires in the tier and is handed out again, whole.
+  SharedAtomic<uint64_t> applied;
+};
+
 struct FileEntry {
   uint64_t path_offset;  // into the path bytes
   uint64_t path_length;
@@ -305,8 +353,9 @@ struct ItemEntry {
 struct Geometry {
   uint64_t num_files = 0, num_items = 0, total_tickets = 0, path_bytes = 0;
   uint32_t max_clients = 0, leases_per_client = 0;
+  bool fed = false;
   size_t counters = 0, cursor = 0, clients = 0, steps = 0, leases = 0, files = 0, items = 0,
-         paths = 0, bitmap = 0, total = 0;
+         paths = 0, bitmap = 0, fed_blocks = 0, skip = 0, total = 0;
   uint64_t num_leases() const { return uint64_t{max_clients} * leases_per_client; }
   uint64_t bitmap_words() const { return (total_tickets + 63) / 64; }
 };
@@ -314,7 +363,8 @@ struct Geometry {
 // Exported for tests that inspect or damage a segment on purpose.
 TAILCUT_EXPORT Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items,
                                         uint64_t total_tickets, uint64_t path_bytes,
-                                        uint32_t max_clients, uint32_t leases_per_client);
+                                        uint32_t max_clients, uint32_t leases_per_client,
+                                        bool fed = false);
 
 }  // namespace tailcut::detail
 

@@ -15,7 +15,9 @@
 #include "engine/clock.h"
 #include "engine/config.h"
 #include "engine/crash_point.h"
+#include "engine/feeder.h"
 #include "engine/futex.h"
+#include "engine/local_feed.h"
 #include "engine/queue_core.h"
 #include "engine/robust_mutex.h"
 #include "engine/segment.h"
@@ -54,6 +56,7 @@ class WorkQueue::Impl {
   AckStatus Ack(const WorkItem& item) noexcept;
   AckStatus GiveBack(const WorkItem& item) noexcept;
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
+  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
   AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
   StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                        std::chrono::steady_clock::time_point deadline) noexcept;
@@ -81,6 +84,8 @@ class WorkQueue::Impl {
   void Register();  // admin held
   void ApplyRestore(const SavedState& state);
   bool TakeOnce(WorkItem* out, bool* limit) noexcept;
+  // A fed queue's next ticket below the cursor's limit, or kNoTicket.
+  uint64_t NextFedTicket() noexcept;
   bool ClaimOrphan(WorkItem* out) noexcept;
   bool TrySplit(WorkItem* out) noexcept;
   // Bytes acked per busy nanosecond of a client, 0 if not known yet.
@@ -112,11 +117,27 @@ class WorkQueue::Impl {
   // orphan (none at first): every orphan published up to it was visible to
   // that scan, so the leases need scanning again only once it moves.
   std::atomic<uint64_t> no_orphans_at_seq_{~uint64_t{0}};
+  // A job across hosts: the tier's feeder (its thread runs while open) and
+  // the queue's side of it.
+  std::unique_ptr<Feeder> feeder_;
+  std::unique_ptr<LocalFeed> feed_;
   bool closed_ = true;
 };
 
 void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
+  // A job across hosts: the tier decides the seed, and this host's queue
+  // gets a name of its own (so hosts can also be simulated on one machine).
+  FeedJob job{options_.name,         config_.items.size(), config_.num_epochs,
+              config_.seed_explicit, config_.seed,         DataFingerprint(config_)};
+  feeder_ = OpenFeeder(options_, job);
+  if (feeder_) {
+    config_.fed = true;
+    config_.seed = feeder_->seed();
+    config_.seed_explicit = true;
+    options_.name += "." + ResolveHostId(options_);
+    options_.restore_state.clear();  // the tier's state: the feeder restored it
+  }
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
     restore_ = DeserializeState(options_.name, options_.restore_state);
@@ -139,8 +160,9 @@ void WorkQueue::Impl::Open() {
   }
   uint64_t path_bytes = 0;
   for (const auto& p : config_.paths) path_bytes += p.size();
-  Geometry g = ComputeGeometry(config_.paths.size(), config_.items.size(), config_.total_tickets(),
-                               path_bytes, config_.max_clients, config_.leases_per_client);
+  Geometry g =
+      ComputeGeometry(config_.paths.size(), config_.items.size(), config_.total_tickets(),
+                      path_bytes, config_.max_clients, config_.leases_per_client, config_.fed);
   if (g.total == 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options_.name + "': configuration too large");
@@ -153,6 +175,15 @@ void WorkQueue::Impl::Open() {
         wait_slice_ns_ = std::min(wait_slice_ns_, housekeeping_ns_);
       }
       closed_ = false;
+      if (feeder_) {
+        feed_ = std::make_unique<LocalFeed>(segment_.get(), core_.get());
+        try {
+          feeder_->Start(feed_.get());
+        } catch (...) {
+          Close();
+          throw;
+        }
+      }
       return;
     }
   }
@@ -174,8 +205,9 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
   CrashPoint("create.after_mutex");
   h.layout_version = kLayoutVersion;
   h.total_size = g.total;
-  // Release pairs with the attacher's acquire in WaitForMagic: the mutex
-  // and the preamble above are visible before it touches them.
+  // release: pairs with the attacher's acquire loads of magic in
+  // WaitForMagic and CheckPreamble (segment.cc): the mutex and the preamble
+  // above are visible before it touches them.
   h.magic.store(kSegmentMagic, std::memory_order_release);
 
   bool restoring = !options_.restore_state.empty();
@@ -202,6 +234,9 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
   if (options_.keep_unfinished)
     segment_->counters().keep_reasons.store(kKeepRequested, std::memory_order_relaxed);
   CrashPoint("create.before_ready");
+  // release: pairs with the acquire load of state in AttachSegment
+  // (segment.cc): a joiner that sees READY sees the configuration, tables and
+  // restored state written above.
   h.state.store(kReady, std::memory_order_release);
   Register();
   return true;
@@ -243,75 +278,54 @@ void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
     core_->PublishOrphan(lease, w, p.ticket, p.begin, p.end, kLeasePreset);
     ++lease;
   }
+  // release: pairs with the acquire loads of the cursor in AllDone, TrySweep,
+  // Stats (queue_core.cc) and SaveState. Joiners see all of the above through
+  // TryCreate's release store of READY in any case.
   seg.cursor().next_ticket.store(s.low, std::memory_order_release);
 }
 
 bool WorkQueue::Impl::TryAttach() {
-  bool abandoned = false;
-  try {
-    segment_ = Segment::OpenExisting(options_.name, options_.attach_timeout, &abandoned);
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::kNotFound) return false;  // removed meanwhile: create it
-    throw;
-  }
-  if (!segment_) {
-    if (abandoned)
-      Notice("queue '" + options_.name + "': removed an empty segment left by a creator that died");
-    return false;
-  }
-  if (!segment_->WaitForMagic(options_.attach_timeout)) {
-    if (segment_->UnlinkIfSame())
+  Attachment a = AttachSegment(options_.name, AttachMode::kJoin, options_.attach_timeout);
+  switch (a.state) {
+    case AttachState::kAttached:
+      break;
+    case AttachState::kNotFound:  // removed meanwhile: create it
+      return false;
+    case AttachState::kUnsized:
+      if (a.segment->UnlinkIfSame())
+        Notice("queue '" + options_.name +
+               "': removed an empty segment left by a creator that died");
+      return false;
+    case AttachState::kUnpublished:
+      if (a.segment->UnlinkIfSame())
+        Notice("queue '" + options_.name +
+               "': removed a segment whose creator died before setting it up");
+      return false;
+    case AttachState::kRemoved:
+      // Its remover unlinks it right after marking it, unless it was killed
+      // in between: finish the removal (UnlinkIfSame is safe to repeat), or
+      // every later Open would find this segment again.
+      a.segment->UnlinkIfSame();
+      return false;
+    case AttachState::kCreating:
+      a.segment->UnlinkIfSame();
+      // release: as in `replace` below.
+      a.segment->header().state.store(kRemoved, std::memory_order_release);
       Notice("queue '" + options_.name +
-             "': removed a segment whose creator died before setting it up");
-    segment_.reset();
-    return false;
+             "': replaced a segment whose creator died while setting it up");
+      return false;
   }
-  segment_->CheckPreamble();
+  segment_ = std::move(a.segment);
   Header& h = segment_->header();
-  RobustLock admin(&segment_->header().admin_mutex);
-  bool died = false;
-  int rc = admin.Lock(options_.attach_timeout, &died);
-  if (rc == ETIMEDOUT)
-    throw Error(ErrorKind::kTimeout, "queue '" + options_.name + "': process " +
-                                         std::to_string(h.creator_pid) +
-                                         " has been creating or changing it for more than " +
-                                         std::to_string(options_.attach_timeout.count()) +
-                                         " ms; is it stopped? (attach_timeout)");
-  if (rc != 0)
-    throw Error(ErrorKind::kCorrupt, "queue '" + options_.name + "': segment " + segment_->path() +
-                                         " has an unusable lock (" + std::strerror(rc) +
-                                         "); remove it with `tailcut rm --force " + options_.name +
-                                         "`");
-  uint32_t state = h.state.load(std::memory_order_acquire);
-  if (state == kRemoved) {
-    // Its remover unlinks it right after marking it, unless it was killed
-    // in between: finish the removal (UnlinkIfSame is safe to repeat), or
-    // every later Open would find this segment again.
-    segment_->UnlinkIfSame();
-    admin.Unlock();
-    segment_.reset();
-    return false;
-  }
-  if (state != kReady) {
-    if (!died && state != kCreating)
-      throw Error(ErrorKind::kCorrupt,
-                  "queue '" + options_.name + "': segment " + segment_->path() +
-                      " is in an unknown state; remove it with `tailcut rm --force " +
-                      options_.name + "`");
-    segment_->UnlinkIfSame();
-    h.state.store(kRemoved, std::memory_order_release);
-    Notice("queue '" + options_.name +
-           "': replaced a segment whose creator died while setting it up");
-    admin.Unlock();
-    segment_.reset();
-    return false;
-  }
-  segment_->Validate();
+  RobustLock& admin = *a.admin;
   core_ = std::make_unique<QueueCore>(segment_.get(), ReadItems(*segment_), h.num_epochs, h.seed,
                                       h.shuffle != 0);
   int live = core_->LiveClients(kNoOwner, /*admin_held=*/true);
   auto replace = [&](const std::string& why) {
     segment_->UnlinkIfSame();
+    // release: pairs with the acquire load of state in AttachSegment
+    // (segment.cc) of a process that opened the object before the unlink: it
+    // sees REMOVED and starts over.
     h.state.store(kRemoved, std::memory_order_release);
     Notice("queue '" + options_.name + "': " + why);
     core_.reset();
@@ -390,6 +404,9 @@ void WorkQueue::Impl::Register() {
   Geometry g = segment_->geometry();
   for (uint64_t s = 0; s < g.max_clients; ++s) {
     ClientSlot& cs = segment_->client(s);
+    // acquire: pairs with the release stores of FREE in Close and
+    // RecoverClient (queue_core.cc): a slot seen FREE had its leases returned
+    // or recovered. A filter only: locking the slot's life mutex decides.
     if (cs.state.load(std::memory_order_acquire) != kClientFree) continue;
     if (!holder_.Start(&cs.life)) continue;
     uint64_t now = MonotonicNs();
@@ -399,6 +416,9 @@ void WorkQueue::Impl::Register() {
     cs.pid.store(::getpid(), std::memory_order_relaxed);
     cs.joined_ns.store(now, std::memory_order_relaxed);
     cs.last_progress_ns.store(now, std::memory_order_relaxed);
+    // release: pairs with the acquire loads of state in CheckClients,
+    // LivePidsImpl, RepairLeases and Stats (queue_core.cc): who sees the slot
+    // ACTIVE sees the counters, pid and times stored above.
     cs.state.store(kClientActive, std::memory_order_release);
     segment_->counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
     slot_ = s;
@@ -429,15 +449,23 @@ void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word
 bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
   Counters& c = segment_->counters();
   uint64_t n = core_->num_leases();
+  // seq_cst: pairs with MarkOrphan's seq_cst bump of orphan_seq after its
+  // CAS (queue_core.cc): an orphan this scan misses was published after this
+  // load, so its bump makes the next TakeOnce scan again.
   uint64_t seq_before = c.orphan_seq.load(std::memory_order_seq_cst);
   uint64_t start = orphan_scan_start_.fetch_add(1, std::memory_order_relaxed) % n;
   for (uint64_t k = 0; k < n; ++k) {
     uint64_t l = (start + k) % n;
     LeaseSlot& ls = segment_->lease(l);
+    // acquire: pairs with MarkOrphan's CAS to ORPHAN (queue_core.cc); a
+    // filter only, the CAS below decides.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOrphan) continue;
     uint64_t open = NextLeaseWord(w, kLeaseOpen, slot_);
-    // Acquire pairs with PublishOrphan's release: the fields are complete.
+    // acq_rel: the acquire half pairs with MarkOrphan's CAS to ORPHAN
+    // (ReturnToOrphan, PublishOrphan), so the fields read below are complete;
+    // the release half publishes OPEN to the acquire loads of the word in
+    // recoverers, TrySplit, SaveState and Stats.
     if (!ls.word.compare_exchange_strong(w, open, std::memory_order_acq_rel)) continue;
     uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
     uint64_t begin = ls.begin.load(std::memory_order_relaxed);
@@ -448,12 +476,16 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
       // that read it before, then fails its CAS), and not splittable until
       // we claim. An anchor whose tail was split off ends where the split
       // lowered it, as the extent says once no thief can lower it further.
+      // acquire: pairs with the extent CASes of TrySplit and of a former
+      // owner's late Claim; the CAS below retries on them.
       uint64_t e = ls.extent.load(std::memory_order_acquire);
       Extent x = Extent::Of(e);
       for (;;) {
         Extent y = x;
         y.splittable = false;
         y.tag = GenTag(open, 8);
+        // acq_rel: pairs with TrySplit's split CAS and Claim's CAS on this
+        // word: one that read the extent before our tag fails.
         if (ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
           x = y;
           break;
@@ -473,9 +505,22 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
       // Drop the bad lease; if it stood for a real ticket, a sweep re-issues it.
       ls.ticket.store(kNoTicket, std::memory_order_relaxed);
       ls.flags.store(0, std::memory_order_relaxed);
+      // acq_rel: the release half pairs with ReserveLease's acquire CAS: the
+      // next owner sees ticket and flags cleared (I6).
       ls.word.compare_exchange_strong(open, NextLeaseWord(open, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
+      // acq_rel: pairs with the acquire loads of sweeps_pending in TrySweep
+      // and AllDone (queue_core.cc): a sweep looks for the dropped ticket.
       c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
+      continue;
+    }
+    if (segment_->IsSkipped(ticket)) {
+      // A fed queue's feeder dropped the ticket (its block went to another
+      // host): complete the lease as an ack would, never hand it out.
+      uint64_t acking = NextLeaseWord(open, kLeaseAcking, slot_);
+      // acq_rel: as Ack's CAS to ACKING; FinishAck then frees the lease.
+      if (ls.word.compare_exchange_strong(open, acking, std::memory_order_acq_rel))
+        core_->FinishAck(l, acking);
       continue;
     }
     ls.progress.store(ProgressWord(begin, open), std::memory_order_relaxed);
@@ -493,13 +538,19 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   Counters& c = segment_->counters();
   // Orphans first, but scan for them only when one was published since
   // our last fruitless scan (the end of the data always scans: see Take).
+  // seq_cst: pairs with MarkOrphan's seq_cst bump (queue_core.cc).
   if (c.orphan_seq.load(std::memory_order_seq_cst) !=
           no_orphans_at_seq_.load(std::memory_order_relaxed) &&
       ClaimOrphan(out))
     return true;
   SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
+  // total_tickets, or in a fed queue what its feeder granted so far.
+  // acquire: pairs with LocalFeed::Grant's release store, so the skip bits
+  // set below the new limit are seen by IsSkipped below.
+  SharedAtomic<uint64_t>& granted = segment_->cursor().limit;
   const uint64_t total = core_->total();
-  while (cursor.load(std::memory_order_relaxed) < total) {
+  const bool fed = config_.fed;
+  while (cursor.load(std::memory_order_relaxed) < granted.load(std::memory_order_acquire)) {
     // Reserve a lease of our region before taking a ticket, so that a death
     // right after fetch_add leaves a trace (I3).
     uint64_t l = 0, taking = 0;
@@ -509,9 +560,13 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     }
     LeaseSlot& ls = segment_->lease(l);
     CrashPoint("take.after_reserve");
-    uint64_t ticket = cursor.fetch_add(1, std::memory_order_acq_rel);
+    // acq_rel: the release half pairs with the acquire loads of the cursor
+    // in TrySweep and AllDone (queue_core.cc): who sees the ticket taken sees
+    // our TAKING lease (I3). A fed queue advances by CAS (NextFedTicket).
+    uint64_t ticket = fed ? NextFedTicket() : cursor.fetch_add(1, std::memory_order_acq_rel);
     CrashPoint("take.after_fetch_add");
     // Nothing recorded yet (the ticket stays kNoTicket): freeing is the CAS.
+    // acq_rel: the release half pairs with ReserveLease's acquire CAS.
     auto release = [&] {
       ls.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
@@ -520,7 +575,8 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
       release();
       break;
     }
-    if (segment_->IsDone(ticket)) {  // done before a restore
+    // Done before a restore, or (fed) another host's.
+    if (segment_->IsDone(ticket) || segment_->IsSkipped(ticket)) {
       release();
       continue;
     }
@@ -537,9 +593,13 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     ls.flags.store(0, std::memory_order_relaxed);
     // The ticket last: a lease timeout may republish a TAKING lease once its
     // ticket shows (ReassignHung), and from then on we write nothing more.
+    // release: pairs with the acquire loads of ticket in ReadTicketAndFlags,
+    // RecoverLease and TrySweep (queue_core.cc): who sees it sees the fields.
     ls.ticket.store(ticket, std::memory_order_release);
     CrashPoint("take.after_ticket");
     // Fails only if a lease timeout reassigned the ticket while we were paused.
+    // acq_rel: the release half publishes the fields to the acquire loads of
+    // the word in recoverers, TrySplit, SaveState and Stats.
     if (!ls.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel)) continue;
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
     FillItem(out, l, open, ticket, item.begin, item.end, index);
@@ -548,13 +608,34 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
   return false;
 }
 
+uint64_t WorkQueue::Impl::NextFedTicket() noexcept {
+  // A fetch_add could pass the limit, and a ticket past it is not ours to
+  // hand out yet: advance by CAS, and only below the limit.
+  SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
+  // acquire (cursor and limit), seq_cst (CAS): as TakeOnce's fetch_add, whose release half
+  // publishes the TAKING lease reserved before it to TrySweep and AllDone (I3); the limit's
+  // acquire pairs with LocalFeed::Grant's release store.
+  uint64_t ticket = cursor.load(std::memory_order_acquire);
+  for (;;) {
+    if (ticket >= segment_->cursor().limit.load(std::memory_order_acquire)) return kNoTicket;
+    // seq_cst: see Segment::IsSkipped, which the caller checks next.
+    if (cursor.compare_exchange_weak(ticket, ticket + 1, std::memory_order_seq_cst)) return ticket;
+  }
+}
+
 bool WorkQueue::Impl::ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept {
   const uint64_t per_client = segment_->geometry().leases_per_client;
   for (uint64_t k = 0; k < per_client; ++k) {
     uint64_t l = lease_base_ + k;
+    // acquire: a filter only; the CAS below decides.
     uint64_t w = segment_->lease(l).word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseFree) continue;
     uint64_t taking = NextLeaseWord(w, kLeaseTaking, slot_);
+    // acq_rel: the acquire half pairs with the release CAS that freed the
+    // lease (FinishAck, SettleSplit, RecoverLease in queue_core.cc; TakeOnce,
+    // ClaimOrphan, TrySplit), so its cleared ticket and flags are seen (I6);
+    // the release half publishes TAKING to the acquire loads of the word in
+    // TrySweep and the recoverers.
     if (segment_->lease(l).word.compare_exchange_strong(w, taking, std::memory_order_acq_rel)) {
       *lease = l;
       *taking_word = taking;
@@ -586,16 +667,22 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     uint64_t victim_owner = kNoOwner;
     for (uint64_t l = 0; l < core_->num_leases(); ++l) {
       LeaseSlot& ls = segment_->lease(l);
+      // acquire: pairs with the owner's CAS to OPEN (TakeOnce, ClaimOrphan,
+      // TrySplit), so the fields read below were written before it.
       uint64_t w = ls.word.load(std::memory_order_acquire);
       if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) == slot_) continue;
       uint32_t flags = ls.flags.load(std::memory_order_relaxed);
       if (flags & kLeasePreset) continue;
+      // acquire: pairs with the owner's Claim CAS and other thieves' split
+      // CASes on the extent; the split CAS below decides.
       uint64_t e = ls.extent.load(std::memory_order_acquire);
       Extent x = Extent::Of(e);
       if (!x.splittable || x.pending != 0) continue;
       uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
       uint64_t begin = ls.begin.load(std::memory_order_relaxed);
       uint64_t end = ls.end.load(std::memory_order_relaxed);
+      // acquire: as the first load; an unchanged word says the lease did not
+      // move on to another owner while its fields were read.
       if (ls.word.load(std::memory_order_acquire) != w || ticket >= core_->total() || begin > end)
         continue;
       uint64_t unit = SplitUnit(end - begin);
@@ -642,8 +729,13 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     // Mark it a piece before it names a ticket: a recoverer must never take
     // it for an ordinary TAKING lease and re-issue the whole item.
     ps.anchor.store(victim, std::memory_order_relaxed);
+    // seq_cst: pairs with the acquire loads of flags in ReadTicketAndFlags
+    // (queue_core.h); the ticket's release below publishes it too.
     ps.flags.store(kLeasePiece, std::memory_order_seq_cst);
-    ps.ticket.store(victim_ticket, std::memory_order_release);  // see ReadTicketAndFlags
+    // release: pairs with the acquire loads of ticket in ReadTicketAndFlags,
+    // RecoverLease and TrySweep: who sees the ticket sees the piece flag and
+    // the anchor.
+    ps.ticket.store(victim_ticket, std::memory_order_release);
     const uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
     ps.begin.store(split, std::memory_order_relaxed);
     ps.end.store(victim_end, std::memory_order_relaxed);
@@ -656,21 +748,33 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     lowered.end = split_units;
     lowered.pending = mine + 1;
     lowered.split = true;
+    // seq_cst: pairs with SaveState's seq_cst loads of split_seq before and
+    // after its scan.
     segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
-    // Pairs with the owner's Claim CAS on the same word: the owner either
-    // claimed past our split point first (we fail) or sees the lower end.
+    // acq_rel: pairs with the owner's Claim CAS and FinishAck's seal on the
+    // same word: the owner either claimed past our split point first (we
+    // fail) or sees the lower end. The release half publishes our piece's
+    // fields to those that acquire the extent and find it pending
+    // (SettleSplit, ReleaseSettledAnchors, RecoverLease, SaveState).
     if (!segment_->lease(victim).extent.compare_exchange_strong(victim_extent, lowered.Word(),
                                                                 std::memory_order_acq_rel)) {
       ps.ticket.store(kNoTicket, std::memory_order_relaxed);
-      ps.flags.store(0, std::memory_order_release);  // after the ticket: see ReadTicketAndFlags
+      // release, after the ticket: pairs with the second flags load of
+      // ReadTicketAndFlags, which then sees the flags change and retries.
+      ps.flags.store(0, std::memory_order_release);
+      // acq_rel: the release half pairs with ReserveLease's acquire CAS: the
+      // next owner sees ticket and flags cleared (I6).
       ps.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
                                       std::memory_order_acq_rel);
       continue;
     }
     // Again after the CAS, still TAKING: a SaveState scan that saw neither
     // bump change had this lease TAKING all along (see SaveState).
+    // seq_cst: as the first bump.
     segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
     CrashPoint("split.after_cas");
+    // acq_rel: the release half publishes the piece to the acquire loads of
+    // the word in ReleaseSettledAnchors, recoverers, SaveState and Stats.
     ps.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel);
     CrashPoint("split.after_open");
     core_->SettleSplit(victim, mine, slot_);
@@ -688,6 +792,9 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
   LeaseSlot& ls = segment_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
+  // acquire: pairs with the CASes that may have moved the lease on
+  // (ReturnToOrphan, ReassignHung in queue_core.cc); still ours, its fields
+  // below are ours.
   if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
   uint64_t begin = ls.begin.load(std::memory_order_relaxed);
   uint64_t limit = ls.end.load(std::memory_order_relaxed);
@@ -697,6 +804,7 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
   }
   uint64_t unit = SplitUnit(limit - begin);
   uint64_t want = up_to <= begin ? 0 : ExtentUnits(std::min(up_to, limit) - begin, unit);
+  // acquire: pairs with the extent CASes of TrySplit and ClaimOrphan.
   uint64_t e = ls.extent.load(std::memory_order_acquire);
   Extent x = Extent::Of(e);
   for (;;) {
@@ -706,6 +814,8 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
     Extent y = x;
     y.splittable = true;
     y.claim = std::max(x.claim, std::min(want, x.end));
+    // acq_rel: pairs with TrySplit's split CAS on this word: a thief never
+    // splits below what we claimed, nor we claim past its split.
     if (y.Word() == e || ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
       x = y;
       break;
@@ -714,6 +824,7 @@ AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t*
   }
   // The fields above may be another owner's if the lease moved on after
   // our first check; then the end would be theirs.
+  // acquire: as the first check.
   if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
   *end = std::min(limit, begin + x.end * unit);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
@@ -749,6 +860,12 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     bool limit = false;
     if (TakeOnce(out, &limit)) break;
     if (limit) return TakeStatus::kLimit;
+    if (config_.fed) {
+      // Tell the host's feeder that takers ran dry: it claims more at once.
+      // seq_cst: pairs with LocalFeed::DemandSeq, read before the feeder sleeps.
+      c.feed_wanted.fetch_add(1, std::memory_order_seq_cst);
+      FutexWake(c.feed_wanted, INT_MAX);
+    }
     // Nothing to hand out: see whether anything can still come back.
     Housekeep();
     // Scan whatever orphan_seq says: a publisher that died between its CAS
@@ -759,9 +876,17 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kEmpty;
     uint64_t t0 = MonotonicNs();
     if (wait_start == 0) wait_start = t0;
+    // seq_cst: read before announcing ourselves; pairs with WakeWaiters'
+    // seq_cst bump (queue_core.cc): a wake after this load makes FUTEX_WAIT
+    // return at once.
     uint32_t seq = c.wake_seq.load(std::memory_order_seq_cst);
+    // seq_cst: pairs with WakeWaiters' seq_cst load of waiters (Dekker):
+    // either it sees us waiting, or the re-check below sees its change.
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
     // Re-check after announcing ourselves (pairs with WakeWaiters).
+    // seq_cst, both: in the same total order as waiters; orphan_seq pairs
+    // with MarkOrphan's bump, sweeps_pending with the increments in
+    // RecoverLease, AllDone (queue_core.cc) and ClaimOrphan.
     bool changed = c.orphan_seq.load(std::memory_order_seq_cst) !=
                        no_orphans_at_seq_.load(std::memory_order_relaxed) ||
                    core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
@@ -775,6 +900,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
                     : 0;
       FutexWait(c.wake_seq, seq, slice);
     }
+    // seq_cst: as the increment; WakeWaiters skips the wake once it reads 0.
     c.waiters.fetch_sub(1, std::memory_order_seq_cst);
     uint64_t t1 = MonotonicNs();
     me().idle_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
@@ -784,11 +910,17 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
       std::vector<int> pids = core_->LivePids(slot_);
       std::string list;
       for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);
-      Notice(
-          "queue '" + options_.name + "': waiting " +
-          std::to_string((t1 - wait_start) / 1000000000ull) +
-          " s for items still held by other processes (pids " + list +
-          "); they come back if those die. Set lease_timeout to reassign items of hung processes");
+      if (feeder_)
+        Notice("queue '" + options_.name + "': waiting " +
+               std::to_string((t1 - wait_start) / 1000000000ull) +
+               " s for more items from the coordinator: other hosts hold the rest, and what a "
+               "host holds comes back once it stops renewing it (global_ttl)");
+      else
+        Notice("queue '" + options_.name + "': waiting " +
+               std::to_string((t1 - wait_start) / 1000000000ull) +
+               " s for items still held by other processes (pids " + list +
+               "); they come back if those die. Set lease_timeout to reassign items of hung "
+               "processes");
     }
   }
   return TakeStatus::kOk;
@@ -799,6 +931,9 @@ AckStatus WorkQueue::Impl::Ack(const WorkItem& item) noexcept {
   LeaseSlot& ls = segment_->lease(item.lease);
   uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
   uint64_t acking = NextLeaseWord(expected, kLeaseAcking, slot_);
+  // acq_rel: fails if a recoverer or ReassignHung moved the lease on (the
+  // acquire half pairs with their CASes); the release half publishes ACKING
+  // to a recoverer's acquire load, which finishes the ack should we die.
   if (!ls.word.compare_exchange_strong(expected, acking, std::memory_order_acq_rel)) {
     me().stale_acks.fetch_add(1, std::memory_order_relaxed);
     segment_->counters().stale_acks.fetch_add(1, std::memory_order_relaxed);
@@ -818,6 +953,8 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
   LeaseSlot& ls = segment_->lease(item.lease);
   uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
+  // acquire: pairs with the CASes that may have moved the lease on
+  // (ReturnToOrphan, ReassignHung); ReturnToOrphan's CAS below decides.
   if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
   CrashPoint("giveback.after_mark");
   if (!core_->ReturnToOrphan(ls, &expected)) return AckStatus::kStale;
@@ -826,11 +963,29 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
   return AckStatus::kOk;
 }
 
+AckStatus WorkQueue::Impl::Commit(const WorkItem& item, uint64_t offset) noexcept {
+  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
+  LeaseSlot& ls = segment_->lease(item.lease);
+  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
+  // acquire: pairs with the CASes that made the lease ours; a stale owner writes nothing.
+  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  AckStatus status = Progress(item, offset, 0);
+  if (status != AckStatus::kOk) return status;
+  // relaxed: only the owner writes flags while the lease is OPEN; whoever hands the lease back
+  // reads them after taking the word (its CAS, or the owner's death through the life mutex).
+  uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+  if (!(flags & kLeaseCommitted))
+    ls.flags.store(flags | kLeaseCommitted, std::memory_order_relaxed);
+  return AckStatus::kOk;
+}
+
 AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
                                     uint64_t records) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
   LeaseSlot& ls = segment_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
+  // acquire: pairs with the CASes that may have moved the lease on
+  // (ReturnToOrphan, ReassignHung); a late progress store is tagged, below.
   if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
   // An offset past the end would make a checkpoint skip the rest of the
   // item. The lease's own range, not the caller's copy of it, is the item.
@@ -846,6 +1001,9 @@ AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
 }
 
 std::string WorkQueue::Impl::SaveState() const {
+  // Across hosts the job's state is the tier's: cursor and done marks of
+  // every host (items open anywhere are read again after a restore).
+  if (feeder_) return feeder_->SaveState();
   if (closed_) throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "' is closed");
   Segment& seg = *segment_;
   SavedState s;
@@ -854,6 +1012,8 @@ std::string WorkQueue::Impl::SaveState() const {
   s.num_epochs = config_.num_epochs;
   s.seed = config_.seed;
   uint64_t total = core_->total();
+  // acquire: pairs with the release half of TakeOnce's fetch_add and
+  // ApplyRestore's store: the leases reserved below it are seen by the scan.
   s.cursor = std::min(seg.cursor().next_ticket.load(std::memory_order_acquire), total);
   // Leases first, then bits: an ack sets its bit before freeing its lease,
   // so nothing acked is missed, and an item acked meanwhile is merely
@@ -876,21 +1036,28 @@ std::string WorkQueue::Impl::SaveState() const {
   std::vector<Seen> seen(num_leases);
   std::vector<uint64_t> acking;
   for (int scan = 0;; ++scan) {
+    // seq_cst: pairs with TrySplit's two seq_cst bumps (see above).
     uint64_t split_seq = seg.counters().split_seq.load(std::memory_order_seq_cst);
     for (uint64_t l = 0; l < num_leases; ++l) {
       LeaseSlot& ls = seg.lease(l);
       Seen& v = seen[l];
       for (;;) {
+        // acquire: pairs with the owners' CASes on the word, made after the
+        // fields read below; the second load checks the word did not move.
         v.word = ls.word.load(std::memory_order_acquire);
         if (!ReadTicketAndFlags(ls, &v.ticket, &v.flags)) continue;
         v.begin = ls.begin.load(std::memory_order_relaxed);
         v.end = ls.end.load(std::memory_order_relaxed);
         v.progress = ls.progress.load(std::memory_order_relaxed);
+        // acquire: pairs with the extent CASes of TrySplit, Claim,
+        // ClaimOrphan and FinishAck's seal.
         v.extent = ls.extent.load(std::memory_order_acquire);
         v.anchor = ls.anchor.load(std::memory_order_relaxed);
+        // acquire: as the first load of the word.
         if (ls.word.load(std::memory_order_acquire) == v.word) break;
       }
     }
+    // seq_cst: as the load before the scan.
     bool still = seg.counters().split_seq.load(std::memory_order_seq_cst) == split_seq;
     // A thief's TAKING piece is judged below by its anchor as this scan
     // read it, which holds only if the piece stayed TAKING all through the
@@ -904,6 +1071,7 @@ std::string WorkQueue::Impl::SaveState() const {
       v.anchor = ls.anchor.load(std::memory_order_relaxed);
       v.begin = ls.begin.load(std::memory_order_relaxed);
       v.end = ls.end.load(std::memory_order_relaxed);
+      // acquire: as in the scan above.
       still = still && ls.word.load(std::memory_order_acquire) == v.word;
     }
     if (still) break;
@@ -939,6 +1107,8 @@ std::string WorkQueue::Impl::SaveState() const {
   }
   uint64_t words = (s.cursor + 63) / 64;
   std::vector<uint64_t> bits(words);
+  // acquire: pairs with FinishAck's acq_rel fetch_or (queue_core.cc); read
+  // after the leases (see above).
   for (uint64_t i = 0; i < words; ++i) bits[i] = seg.done_word(i).load(std::memory_order_acquire);
   // Only tickets below the cursor: one taken after we read it is handed
   // out again, whole, after a restore; a bit or a piece of it here would
@@ -957,9 +1127,14 @@ std::string WorkQueue::Impl::SaveState() const {
 void WorkQueue::Impl::Close() noexcept {
   if (closed_) return;
   closed_ = true;
+  // The feeder first: it acks what this host finished and hands the feed to
+  // another process of the host, while the segment is still mapped.
+  if (feeder_) feeder_->Stop();
   Segment& seg = *segment_;
   for (uint64_t l = 0; l < core_->num_leases(); ++l) {
     LeaseSlot& ls = seg.lease(l);
+    // acquire: pairs with the CASes that may have moved our leases on
+    // (ReassignHung, recoverers); ReturnToOrphan's CAS decides.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) != slot_) continue;
     if (core_->ReturnToOrphan(ls, &w)) {
@@ -970,11 +1145,16 @@ void WorkQueue::Impl::Close() noexcept {
   bool died;
   RobustLock admin(&seg.header().admin_mutex);
   admin.Lock(std::max(options_.attach_timeout, std::chrono::milliseconds(100)), &died);
+  // release: pairs with the acquire loads of state in Register,
+  // CheckClients, LivePidsImpl, RepairLeases and Stats (queue_core.cc): who
+  // sees the slot FREE sees our leases returned above.
   me().state.store(kClientFree, std::memory_order_release);
   me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);
   holder_.Stop();
   CrashPoint("close.after_unregister");
   int active = 0;
+  // acquire: pairs with the release stores of state in Register, Close and
+  // RecoverClient; the admin mutex we hold orders them too.
   for (uint64_t s = 0; s < seg.geometry().max_clients; ++s)
     active += seg.client(s).state.load(std::memory_order_acquire) == kClientActive;
   if (active == 0) {
@@ -984,6 +1164,8 @@ void WorkQueue::Impl::Close() noexcept {
       // Unlink first: killed in between, this leaves nothing under the
       // name (a process still holding the object finds a finished queue).
       seg.UnlinkIfSame();
+      // release: pairs with the acquire load of state in AttachSegment
+      // (segment.cc) of a process that opened the object before the unlink.
       seg.header().state.store(kRemoved, std::memory_order_release);
     } else if (!done) {
       QueueStats st = core_->Stats(options_.name);
@@ -995,6 +1177,7 @@ void WorkQueue::Impl::Close() noexcept {
         // Everyone left cleanly: nobody will come back for it, and queues
         // with per-run names would pile up in /dev/shm.
         seg.UnlinkIfSame();
+        // release: as above.
         seg.header().state.store(kRemoved, std::memory_order_release);
         Notice("queue '" + options_.name + "' removed unfinished (" + progress +
                "): every process closed it; open it with keep_unfinished to resume it later");
@@ -1030,6 +1213,9 @@ AckStatus WorkQueue::Ack(const WorkItem& item) noexcept { return impl_->Ack(item
 AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept { return impl_->GiveBack(item); }
 AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
   return impl_->Progress(item, offset, records);
+}
+AckStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
+  return impl_->Commit(item, offset);
 }
 AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
   return impl_->Claim(item, up_to, end);

@@ -99,15 +99,18 @@ class GlobalTier::Impl {
 
   void CreateOrJoin() {
     const GlobalJob& job = options_.job;
-    std::vector<std::string> args = {std::to_string(job.num_items), std::to_string(job.num_epochs),
+    std::vector<std::string> args = {std::to_string(job.num_items),  std::to_string(job.num_epochs),
                                      std::to_string(job.block_size), std::to_string(job.seed),
-                                     job.files_fingerprint};
+                                     job.files_fingerprint,          job.seed_explicit ? "1" : "0"};
     if (!options_.restore_state.empty()) {
       SavedState saved = ParseState(options_.restore_state);
       CheckField("num_items", std::to_string(saved.items), args[0], "the saved state");
       CheckField("num_epochs", std::to_string(saved.epochs), args[1], "the saved state");
       CheckField("block_size", std::to_string(saved.block), args[2], "the saved state");
-      CheckField("seed", std::to_string(saved.seed), args[3], "the saved state");
+      if (job.seed_explicit)
+        CheckField("seed", std::to_string(saved.seed), args[3], "the saved state");
+      else
+        args[3] = std::to_string(saved.seed);  // a restored job keeps its order
       CheckField("files_fingerprint", saved.files, args[4], "the saved state");
       args.push_back(std::to_string(saved.cursor));
       args.push_back(saved.bitmap);
@@ -128,6 +131,8 @@ class GlobalTier::Impl {
       CheckField(kName.at(field), std::string(Text(reply->element[2])), args[kIndex.at(field)],
                  "the job on " + redis_.address().Display());
     }
+    // The job's seed: ours if we created it or chose it, else the job's.
+    options_.job.seed = std::stoull(std::string(Text(reply->element[1])));
     Notice(std::string("tailcut: global job '") + job.name + "' " +
            (outcome == "created" ? "created" : "joined") + " on " + redis_.address().Display() +
            " as host " + options_.host_id);
@@ -188,6 +193,17 @@ class GlobalTier::Impl {
     if (status == "stale") return GlobalAckStatus::kStale;
     if (status == "invalid") return GlobalAckStatus::kInvalid;
     return GlobalAckStatus::kOk;
+  }
+
+  // Connects, and throws kNotFound unless the job exists.
+  void ConnectToExistingJob() {
+    std::lock_guard lock(mu_);
+    redis_.Connect();
+    Reply reply = redis_.Run({"EXISTS", keys_[0]});
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
+      throw Error(ErrorKind::kNotFound, "tailcut: no job '" + options_.job.name + "' on " +
+                                            redis_.address().Display() +
+                                            " (never created, or its keys were deleted)");
   }
 
   GlobalStats Stats() {
@@ -297,6 +313,15 @@ std::unique_ptr<GlobalTier> GlobalTier::Open(GlobalTierOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options), std::move(address));
   impl->CreateOrJoin();
   return std::unique_ptr<GlobalTier>(new GlobalTier(std::move(impl)));
+}
+
+GlobalStats GlobalTier::Inspect(GlobalTierOptions options) {
+  CheckJobName(options.job.name);
+  if (options.host_id.empty()) options.host_id = DefaultHostId();
+  CoordinatorAddress address = CoordinatorFromEnvironment(options.coordinator);
+  Impl impl(std::move(options), std::move(address));
+  impl.ConnectToExistingJob();
+  return impl.Stats();
 }
 
 GlobalTier::GlobalTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -30,30 +30,34 @@ std::vector<std::string> JobKeys(const std::string& job_name) {
   "end\n"
 
 // Creates the job (from a saved state if given) or checks that the existing
-// one has the same configuration. Returns {'created'}, {'joined'} or
-// {'mismatch', field, existing value}. Restoring: every block below the
-// cursor with tickets not done goes into the deadline set already expired,
-// with no holder, so the next Claim re-owns it and hands out those tickets.
+// one has the same configuration; ARGV[6] '0': the seed is not the caller's
+// choice, so a job that exists keeps its own. Returns {'created', seed},
+// {'joined', seed} or {'mismatch', field, existing value}. Restoring (ARGV[7]
+// cursor, ARGV[8] bitmap): every block below the cursor with tickets not done
+// goes into the deadline set already expired, with no holder, so the next
+// Claim re-owns it and hands out those tickets.
 const Script kCreateScript = {"create", TAILCUT_LUA_PRELUDE R"lua(
 local fields = {'items', 'epochs', 'block', 'seed', 'files'}
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local have = redis.call('HMGET', KEYS[1], unpack(fields))
   for i, f in ipairs(fields) do
-    if have[i] ~= ARGV[i] then return {'mismatch', f, have[i] or ''} end
+    if have[i] ~= ARGV[i] and not (f == 'seed' and ARGV[6] == '0') then
+      return {'mismatch', f, have[i] or ''}
+    end
   end
-  return {'joined'}
+  return {'joined', have[4]}
 end
 redis.call('HSET', KEYS[1], 'items', ARGV[1], 'epochs', ARGV[2], 'block', ARGV[3],
            'seed', ARGV[4], 'files', ARGV[5], 'done', 0)
 local j = job()
-if ARGV[6] == nil then
+if ARGV[7] == nil then
   redis.call('SET', KEYS[2], 0)
-  return {'created'}
+  return {'created', ARGV[4]}
 end
-local cursor = tonumber(ARGV[6])
-redis.call('SET', KEYS[2], ARGV[6])
+local cursor = tonumber(ARGV[7])
+redis.call('SET', KEYS[2], ARGV[7])
 redis.call('DEL', KEYS[3])
-if #ARGV[7] > 0 then redis.call('SET', KEYS[3], ARGV[7]) end
+if #ARGV[8] > 0 then redis.call('SET', KEYS[3], ARGV[8]) end
 local done = redis.call('BITCOUNT', KEYS[3])
 redis.call('HSET', KEYS[1], 'done', done)
 local reopened = 0
@@ -67,7 +71,7 @@ for first = 0, math.min(cursor, j.total) - 1, j.block do
     reopened = reopened + 1
   end
 end
-return {'created', done, reopened}
+return {'created', ARGV[4], done, reopened}
 )lua"};
 
 // Claim(host, ttl): re-own the expired block with the earliest deadline

@@ -1,7 +1,6 @@
 // The Reader's chunk arena: mapping, locking, CUDA registration.
 #include "buffer_arena.h"
 
-#include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,7 +9,6 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "tailcut/error.h"
@@ -20,77 +18,6 @@
 #endif
 
 namespace tailcut::detail {
-namespace {
-
-// The CUDA runtime API as documented (cuda_runtime_api.h); cudaError_t is an
-// int-sized enum whose success value is 0.
-using CudaGetDeviceCount = int (*)(int* count);
-using CudaHostRegister = int (*)(void* ptr, size_t size, unsigned int flags);
-using CudaHostUnregister = int (*)(void* ptr);
-using CudaGetErrorString = const char* (*)(int error);
-constexpr unsigned int kCudaHostRegisterPortable = 1;
-
-struct CudaApi {
-  CudaGetDeviceCount get_device_count = nullptr;
-  CudaHostRegister host_register = nullptr;
-  CudaHostUnregister host_unregister = nullptr;
-  CudaGetErrorString get_error_string = nullptr;
-};
-
-// Loads the CUDA runtime, if any. TAILCUT_CUDART names a library to load
-// instead of searching the usual sonames (for tests and odd installs). The
-// handle is never closed: unloading a CUDA runtime is not safe.
-// *not_found: no runtime was found where one is searched for by default.
-bool LoadCuda(CudaApi* api, std::string* problem, bool* not_found) {
-  *not_found = false;
-  static const char* const kSonames[] = {"libcudart.so",      "libcudart.so.13",
-                                         "libcudart.so.12",   "libcudart.so.11.0",
-                                         "libcudart.so.10.2", "libcudart.so.10.1"};
-  void* handle = nullptr;
-  const char* forced = std::getenv("TAILCUT_CUDART");
-  if (forced && *forced) {
-    handle = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char* why = dlerror();
-      *problem = std::string("cannot load TAILCUT_CUDART='") + forced + "': " + (why ? why : "?");
-      return false;
-    }
-  } else {
-    for (const char* soname : kSonames) {
-      handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-      if (handle) break;
-    }
-    if (!handle) {
-      *problem = "no CUDA runtime (libcudart.so not found)";
-      *not_found = true;
-      return false;
-    }
-  }
-  api->get_device_count = reinterpret_cast<CudaGetDeviceCount>(dlsym(handle, "cudaGetDeviceCount"));
-  api->host_register = reinterpret_cast<CudaHostRegister>(dlsym(handle, "cudaHostRegister"));
-  api->host_unregister = reinterpret_cast<CudaHostUnregister>(dlsym(handle, "cudaHostUnregister"));
-  api->get_error_string = reinterpret_cast<CudaGetErrorString>(dlsym(handle, "cudaGetErrorString"));
-  if (!api->get_device_count || !api->host_register || !api->host_unregister) {
-    *problem = "the CUDA runtime lacks cudaGetDeviceCount/cudaHostRegister/cudaHostUnregister";
-    return false;
-  }
-  return true;
-}
-
-// cudaGetDeviceCount's answers on a host without a usable GPU.
-constexpr int kCudaErrorInsufficientDriver = 35;  // also: no driver at all
-constexpr int kCudaErrorNoDevice = 100;
-
-// Whether an NVIDIA kernel driver is loaded (its control device exists). A
-// runtime that is missing or finds no driver on such a host is worth a notice.
-bool NvidiaDriverPresent() { return access("/dev/nvidiactl", F_OK) == 0; }
-
-std::string CudaErrorText(const CudaApi& api, int error) {
-  const char* text = api.get_error_string ? api.get_error_string(error) : nullptr;
-  return "CUDA error " + std::to_string(error) + (text ? std::string(" (") + text + ")" : "");
-}
-
-}  // namespace
 
 std::string FormatBytes(uint64_t bytes) {
   static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
@@ -143,39 +70,16 @@ BufferArena::BufferArena(uint64_t chunk_bytes, uint32_t num_chunks, bool cuda_re
   }
 
   if (cuda_register) {
-    CudaApi api;
-    std::string problem;
-    bool not_found = false;
-    // No GPU to pin for: a CPU-only host is normal, so stay silent about it
-    // (memory_state() still says why the buffers are not CUDA-pinned).
-    bool no_gpu = false;
-    if (LoadCuda(&api, &problem, &not_found)) {
-      int count = 0;
-      int status = api.get_device_count(&count);
-      no_gpu = status == kCudaErrorNoDevice || (status == 0 && count <= 0) ||
-               (status == kCudaErrorInsufficientDriver && !NvidiaDriverPresent());
-      if (status != 0 || count <= 0) {
-        problem = status != 0
-                      ? "no CUDA device (cudaGetDeviceCount: " + CudaErrorText(api, status) + ")"
-                      : "no CUDA device";
-      } else {
-        status = api.host_register(base_, size_, kCudaHostRegisterPortable);
-        if (status == 0) {
-          cuda_pinned_ = true;
-          cuda_unregister_ = reinterpret_cast<void*>(api.host_unregister);
-        } else {
-          problem = "cudaHostRegister failed: " + CudaErrorText(api, status);
-        }
-      }
-    } else {
-      no_gpu = not_found && !NvidiaDriverPresent();
-    }
+    cuda_ = std::make_unique<CudaHostRegistration>(base_, size_);
+    cuda_pinned_ = cuda_->pinned();
     if (!cuda_pinned_) {
-      cuda_state_ = problem;
+      cuda_state_ = cuda_->problem();
       // A GPU that the arena could not be registered with: once per process.
+      // No GPU to pin for is normal on a CPU-only host: silent (memory_state()
+      // still says why the buffers are not CUDA-pinned).
       static std::atomic<bool> said{false};
-      if (notice && !no_gpu && !said.exchange(true, std::memory_order_relaxed)) {
-        notice("tailcut reader: buffers not CUDA-pinned: " + problem +
+      if (notice && !cuda_->no_gpu() && !said.exchange(true, std::memory_order_relaxed)) {
+        notice("tailcut reader: buffers not CUDA-pinned: " + cuda_state_ +
                "; host-to-device copies will be staged by the driver");
       }
     }
@@ -183,7 +87,7 @@ BufferArena::BufferArena(uint64_t chunk_bytes, uint32_t num_chunks, bool cuda_re
 }
 
 BufferArena::~BufferArena() {
-  if (cuda_unregister_) reinterpret_cast<CudaHostUnregister>(cuda_unregister_)(base_);
+  cuda_.reset();  // unregistered while still mapped
   if (base_) munmap(base_, size_);
 }
 

@@ -24,7 +24,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+
+#include "io/cuda_host.h"
 
 namespace tailcut::detail {
 
@@ -65,8 +68,8 @@ class BufferArena {
   int lock_errno_ = 0;
   uint64_t memlock_limit_ = 0;  // RLIM_INFINITY as UINT64_MAX
   bool cuda_pinned_ = false;
-  std::string cuda_state_;           // why not pinned, when registration was tried
-  void* cuda_unregister_ = nullptr;  // cudaHostUnregister, when pinned
+  std::string cuda_state_;  // why not pinned, when registration was tried
+  std::unique_ptr<CudaHostRegistration> cuda_;
 };
 
 class CarryBuffer {

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -15,6 +17,8 @@
 #include "engine/config.h"
 #include "engine/futex.h"
 #include "engine/robust_mutex.h"
+#include "io/buffer_arena.h"
+#include "io/cuda_host.h"
 #include "pool/ring_core.h"
 #include "pool/ring_segment.h"
 
@@ -154,6 +158,7 @@ int RecoverDead(RingCore& core, uint64_t self) noexcept {
 
 BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t self) {
   BatchRingStats s;
+  s.now_ns = detail::MonotonicNs();
   const detail::RingGeometry& g = core.geometry();
   s.name = seg.name();
   s.segment_path = seg.path();
@@ -212,6 +217,10 @@ BatchRingStats StatsOf(RingCore& core, const detail::RingSegment& seg, uint64_t 
     cs.popped = rc.popped.load(std::memory_order_relaxed);
     cs.released = rc.released.load(std::memory_order_relaxed);
     cs.wait_seconds = static_cast<double>(rc.wait_ns.load(std::memory_order_relaxed)) / 1e9;
+    uint64_t since = rc.waiting_since_ns.load(std::memory_order_relaxed);
+    if (since != 0 && since < s.now_ns)
+      cs.waiting_seconds = static_cast<double>(s.now_ns - since) / 1e9;
+    cs.joined_ns = rc.joined_ns.load(std::memory_order_relaxed);
     s.clients.push_back(cs);
   }
   return s;
@@ -244,6 +253,9 @@ struct BatchRing::Impl {
   // Takes a client slot (admin mutex held). Throws when all are in use.
   void Register();
   void Leave() noexcept;
+  // Registers the arena with CUDA when options and role ask for it, says
+  // so in memory_state, and gives a notice for a GPU that refused.
+  void PinArena(const BatchRingOptions& options);
 
   // Calls try_once until it returns something other than kTimeout (nothing
   // yet), sleeping on `seq` between tries, until the deadline.
@@ -263,7 +275,41 @@ struct BatchRing::Impl {
   uint64_t self = detail::kNoClient;
   detail::LifeHolder holder;
   std::atomic<int64_t> last_check_ns{0};
+  std::unique_ptr<detail::CudaHostRegistration> cuda;  // a trainer's, undone before unmapping
+  std::string memory_state;
 };
+
+void BatchRing::Impl::PinArena(const BatchRingOptions& options) {
+  const detail::RingGeometry& g = core.geometry();
+  const uint64_t arena_bytes = g.slot_stride * g.num_slots;
+  memory_state = "arena: " + detail::FormatBytes(arena_bytes) + " (" + std::to_string(g.num_slots) +
+                 " slots of " + detail::FormatBytes(g.slot_stride) + ")";
+  if (role != RingRole::kTrainer || !options.cuda_register) return;
+  // The arena only: the control part of the segment is never copied to a GPU.
+  cuda = std::make_unique<detail::CudaHostRegistration>(seg->base() + g.arena, arena_bytes);
+  if (cuda->pinned()) {
+    memory_state += " + CUDA-pinned";
+    return;
+  }
+  memory_state += "; not CUDA-pinned: " + cuda->problem();
+  // A GPU the arena could not be registered with: once per process. A host
+  // without a GPU is normal and stays silent.
+  static std::atomic<bool> said{false};
+  // relaxed: only one notice; nothing is published through the flag.
+  if (cuda->no_gpu() || said.exchange(true, std::memory_order_relaxed)) return;
+  std::string line = "tailcut batch ring '" + seg->name() +
+                     "': arena not CUDA-pinned: " + cuda->problem() +
+                     "; host-to-device copies of batches will be staged by the driver";
+  try {
+    if (options.on_notice) {
+      options.on_notice(line);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  } catch (...) {
+    // A notice sink that throws loses its notice, not the ring.
+  }
+}
 
 void BatchRing::Impl::Register() {
   const uint64_t n = core.geometry().max_clients;
@@ -283,7 +329,7 @@ void BatchRing::Impl::Register() {
     if (!holder.Start(&rc.life)) continue;
     // relaxed: published by the release store of state below.
     for (auto* counter : {&rc.acquired, &rc.published, &rc.abandoned, &rc.popped, &rc.released,
-                          &rc.wait_ns, &rc.left_ns})
+                          &rc.wait_ns, &rc.left_ns, &rc.waiting_since_ns})
       counter->store(0, std::memory_order_relaxed);
     rc.role.store(role == RingRole::kTrainer ? detail::kRoleTrainer : detail::kRoleLoader,
                   std::memory_order_relaxed);
@@ -354,6 +400,9 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
   if (st != RingStatus::kTimeout) return st;
   auto start = Clock::now();
   auto now = start;
+  // relaxed: a statistic for Stats (tailcut top), read by no decision.
+  uint64_t since = detail::MonotonicNs();
+  me().waiting_since_ns.store(since, std::memory_order_relaxed);
   for (;;) {
     if (now >= deadline) break;
     int64_t now_ns =
@@ -380,16 +429,21 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
     if (st != RingStatus::kTimeout) break;
     now = Clock::now();
   }
-  // relaxed: statistics only.
+  // relaxed: statistics only. The CAS clears only our own start: another
+  // thread of this client may have started a wait since.
   me().wait_ns.fetch_add(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
       std::memory_order_relaxed);
+  me().waiting_since_ns.compare_exchange_strong(since, 0, std::memory_order_relaxed);
   return st;
 }
 
 BatchRing::BatchRing(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-BatchRing::~BatchRing() { impl_->Leave(); }
+BatchRing::~BatchRing() {
+  impl_->cuda.reset();  // while the arena is still mapped
+  impl_->Leave();
+}
 
 std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole role) {
   detail::ValidateQueueName(o.name);
@@ -438,7 +492,9 @@ std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole r
         throw;
       }
       pthread_mutex_unlock(&h.admin_mutex);
-      return std::unique_ptr<BatchRing>(new BatchRing(std::move(impl)));
+      std::unique_ptr<BatchRing> ring(new BatchRing(std::move(impl)));
+      ring->impl_->PinArena(o);  // not under the admin lock: loading CUDA takes a while
+      return ring;
     }
     std::unique_ptr<detail::RingSegment> seg;
     try {
@@ -490,7 +546,9 @@ std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole r
     pthread_mutex_unlock(&h.admin_mutex);
     // Adopt a stale ring: slots of clients that died are recovered now.
     RecoverDead(impl->core, impl->self);
-    return std::unique_ptr<BatchRing>(new BatchRing(std::move(impl)));
+    std::unique_ptr<BatchRing> ring(new BatchRing(std::move(impl)));
+    ring->impl_->PinArena(o);
+    return ring;
   }
 }
 
@@ -628,6 +686,8 @@ void BatchRing::Close() noexcept { EndEpoch(kAllEpochs); }
 int BatchRing::RecoverDeadClients() noexcept { return RecoverDead(impl_->core, impl_->self); }
 
 BatchRingStats BatchRing::Stats() const { return StatsOf(impl_->core, *impl_->seg, impl_->self); }
+bool BatchRing::cuda_pinned() const noexcept { return impl_->cuda && impl_->cuda->pinned(); }
+const std::string& BatchRing::memory_state() const noexcept { return impl_->memory_state; }
 uint32_t BatchRing::client_slot() const noexcept { return static_cast<uint32_t>(impl_->self); }
 uint64_t BatchRing::slot_bytes() const noexcept { return impl_->core.geometry().slot_bytes; }
 uint32_t BatchRing::num_slots() const noexcept { return impl_->core.geometry().num_slots; }

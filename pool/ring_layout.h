@@ -159,7 +159,15 @@ struct alignas(kRingCacheLine) RingClient {
   SharedAtomic<uint64_t> popped;
   SharedAtomic<uint64_t> released;
   SharedAtomic<uint64_t> wait_ns;  // time spent waiting for a slot or a batch
+  // When the client's latest wait that sleeps began (CLOCK_MONOTONIC ns), 0
+  // while it does not wait: lets `tailcut top` see a trainer starving now,
+  // before its wait ends and is added to wait_ns. With several threads of one
+  // client waiting at once, the latest to start (its end clears only its own).
+  SharedAtomic<uint64_t> waiting_since_ns;
 };
+// waiting_since_ns took padding at the end: a segment made before it (zeros
+// there, "not waiting") has the same layout, so the version stays 1.
+static_assert(sizeof(RingClient) == 128, "RingClient is part of ring layout version 1");
 
 // Written by the slot's owner while it holds it (FILLING); read by a popper
 // after the CAS that made the slot POPPED (acquire, pairing through R3's

@@ -9,6 +9,14 @@
 // check of every record of every epoch, the recovery of the killed
 // process's items, and a timeline plot. The trainer processes, data set and
 // checks are tools/trainer_sim, shared with the straggler benchmark.
+//
+// Then pooled loaders: T synchronous trainers (every step waits until all
+// have a batch, as under DDP) fed by L loader processes, one of them slower,
+// first per trainer (each trainer's own loaders, like a DataLoader per rank),
+// then as one pool feeding every trainer through one tailcut::BatchRing.
+// Shows the epoch time and the step waits of each, the exactly-once check of
+// the records (trained on, or left over when equal steps end the epoch) and
+// a second plot (tools/trainer_sim/pool_sim.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "tools/trainer_sim/pool_sim.h"
 #include "tools/trainer_sim/trainer_sim.h"
 
 namespace {
@@ -30,6 +39,11 @@ struct Args {
   ts::RunConfig run;
   bool kill_one = true;
   std::string plot;  // default: <dir>/tailcut-demo.png
+  // Pooled loaders (pooled, name and paths are set per run).
+  ts::PoolConfig pool;
+  int loaders_per_trainer = 1;
+  bool run_pool = true;
+  std::string pool_plot;  // the timeline's path with -pool before .png
 };
 
 void Usage(FILE* out) {
@@ -55,7 +69,19 @@ void Usage(FILE* out) {
                "  --no-kill         do not kill a process part-way\n"
                "  --dir PATH        data set directory (default /tmp/tailcut-demo)\n"
                "  --plot PATH       timeline PNG (default <dir>/tailcut-demo.png)\n"
-               "  --help            this text\n");
+               "\n"
+               "Then synchronous trainers (all must have a batch before each step, as under\n"
+               "DDP) fed by loader processes, one of them slower: per trainer, then as one\n"
+               "pool through one tailcut::BatchRing. Same data set, one epoch.\n"
+               "\n"
+               "  --sync-trainers N        synchronous trainers (default 4)\n"
+               "  --loaders-per-trainer N  loader processes per trainer (default 1)\n"
+               "  --loader-slowdown K      how much slower the last loader is (default 3)\n"
+               "  --loader-cost-us X       a fast loader's time per record (default 20)\n"
+               "  --step-ms X              a training step's time (default 2)\n"
+               "  --pool-batch N           records per batch at most (default 128)\n"
+               "  --no-pool                skip the pooled loaders\n"
+               "  --help                   this text\n");
 }
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -70,6 +96,11 @@ bool ParseArgs(int argc, char** argv, Args* a) {
   a->run.chunk_bytes = 64 << 10;
   a->run.min_split_bytes = 64 << 10;
   a->run.buffer_bytes = 2 << 20;
+  a->pool.trainers = 4;
+  a->pool.slowdown = 3;
+  a->pool.loader_cost_us = 20;
+  a->pool.step_ms = 2;
+  a->pool.batch = 128;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto value = [&]() -> std::string {
@@ -118,6 +149,20 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->data.dir = value();
     else if (k == "--plot")
       a->plot = value();
+    else if (k == "--sync-trainers")
+      a->pool.trainers = static_cast<int>(num());
+    else if (k == "--loaders-per-trainer")
+      a->loaders_per_trainer = static_cast<int>(num());
+    else if (k == "--loader-slowdown")
+      a->pool.slowdown = num();
+    else if (k == "--loader-cost-us")
+      a->pool.loader_cost_us = num();
+    else if (k == "--step-ms")
+      a->pool.step_ms = num();
+    else if (k == "--pool-batch")
+      a->pool.batch = static_cast<uint32_t>(num());
+    else if (k == "--no-pool")
+      a->run_pool = false;
     else {
       std::fprintf(stderr, "tailcut-demo: unknown option %s (see --help)\n", k.c_str());
       return false;
@@ -125,7 +170,10 @@ bool ParseArgs(int argc, char** argv, Args* a) {
   }
   if (a->run.processes < 1 || a->run.processes > 200 || a->run.slow < 0 ||
       a->run.slow > a->run.processes || a->run.slowdown < 1 || a->run.epochs < 1 ||
-      a->run.cost_us <= 0 || (a->data.format != "lines" && a->data.format != "tfrecord")) {
+      a->run.cost_us <= 0 || (a->data.format != "lines" && a->data.format != "tfrecord") ||
+      a->pool.trainers < 1 || a->pool.trainers > 64 || a->loaders_per_trainer < 1 ||
+      a->pool.trainers * a->loaders_per_trainer > 256 || a->pool.slowdown < 1 ||
+      a->pool.loader_cost_us <= 0 || a->pool.batch < 1 || a->pool.batch > 4096) {
     std::fprintf(stderr, "tailcut-demo: bad option value (see --help)\n");
     return false;
   }
@@ -133,6 +181,19 @@ bool ParseArgs(int argc, char** argv, Args* a) {
   a->run.format = a->data.format;
   a->run.records = a->data.records;
   if (a->plot.empty()) a->plot = a->data.dir + "/tailcut-demo.png";
+  std::string stem = a->plot;
+  if (stem.size() > 4 && stem.compare(stem.size() - 4, 4, ".png") == 0)
+    stem.resize(stem.size() - 4);
+  a->pool_plot = stem + "-pool.png";
+  a->pool.loaders = a->pool.trainers * a->loaders_per_trainer;
+  a->pool.slow = 1;
+  a->pool.format = a->data.format;
+  a->pool.records = a->data.records;
+  // A batch: each record with a 4-byte length, in whole pages.
+  uint64_t record = a->data.record_bytes + 4;
+  a->pool.slot_bytes = (a->pool.batch * record + 4095) / 4096 * 4096;
+  // 64 items (4 MiB each in the default data set), at least 4 per loader.
+  a->pool.slices = std::max<uint64_t>(4ull * a->pool.loaders, 64);
   return true;
 }
 
@@ -174,6 +235,27 @@ ts::TickFn Progress(const char* label, const Args& a, bool tty, bool kill) {
   };
 }
 
+// Live progress of a pooled-loaders run, as Progress draws it.
+ts::PoolTickFn PoolProgressLine(const char* label, const Args& a, bool tty) {
+  auto printed = std::make_shared<double>(-1e9);
+  return [=](const ts::PoolProgress& p, double elapsed) {
+    if (elapsed - *printed < (tty ? 0.2 : 1.0) - 1e-3) return;
+    *printed = elapsed;
+    const int width = 30;
+    uint64_t total = std::max<uint64_t>(a.pool.records, 1);
+    uint64_t done = std::min(p.records_trained, total);
+    int filled = static_cast<int>(width * done / total);
+    std::string per;
+    for (uint64_t b : p.loader_batches) per += ' ' + std::to_string(b);
+    std::printf("%s  %-8s %5.1f s [%s%s] %3.0f%%  step %llu, batches per loader:%s",
+                tty ? "\r" : "", label, elapsed, std::string(filled, '#').c_str(),
+                std::string(width - filled, '.').c_str(), 100.0 * done / total,
+                static_cast<unsigned long long>(p.steps), per.c_str());
+    std::printf(tty ? "\033[K" : "\n");
+    std::fflush(stdout);
+  };
+}
+
 bool CheckEpochs(const char* label, const ts::RunResult& r) {
   bool ok = r.error.empty();
   for (size_t e = 0; e < r.epoch_digests.size(); ++e) {
@@ -189,11 +271,38 @@ bool CheckEpochs(const char* label, const ts::RunResult& r) {
   return ok;
 }
 
-std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResult& tc) {
+// Every record of a pooled-loaders run in exactly one released batch:
+// trained on, or left over when equal steps ended the epoch.
+bool CheckPool(const char* label, const ts::PoolResult& r) {
+  ts::Digest all = r.trained;
+  all.Merge(r.leftover);
+  bool same = all == r.expected;
+  std::printf(
+      "  %-8s epoch 0: %llu trained on + %llu left over by equal steps = %llu of %llu records,\n"
+      "  %-8s          id checksum %s -> %s\n",
+      label, static_cast<unsigned long long>(r.trained.count),
+      static_cast<unsigned long long>(r.leftover.count), static_cast<unsigned long long>(all.count),
+      static_cast<unsigned long long>(r.expected.count), "", same ? "matches" : "DIFFERS",
+      same ? "every record in exactly one released batch" : "NOT exactly once");
+  std::printf("  %-8s %llu batches published, %llu released (%llu of them unused: left over)\n",
+              label, static_cast<unsigned long long>(r.published),
+              static_cast<unsigned long long>(r.released),
+              static_cast<unsigned long long>(r.leftover_batches));
+  if (!r.error.empty()) std::printf("  %-8s error: %s\n", label, r.error.c_str());
+  return r.exactly_once;
+}
+
+// Why no plot can be drawn, or "" when /usr/bin/python3 has matplotlib.
+std::string PlotUnavailable() {
   if (::access("/usr/bin/python3", X_OK) != 0) return "no plot: /usr/bin/python3 not found";
   if (std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
     return "no plot: matplotlib is not installed for /usr/bin/python3 (apt-get install "
            "python3-matplotlib)";
+  return "";
+}
+
+std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResult& tc) {
+  if (std::string why = PlotUnavailable(); !why.empty()) return why;
   std::string csv = a.data.dir + "/tailcut-demo-segments.csv";
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return "no plot: cannot write " + csv;
@@ -239,6 +348,118 @@ std::string WritePlot(const Args& a, const ts::RunResult& st, const ts::RunResul
                     ideal + " '" + kill_at + "' >/dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) return "no plot: drawing it failed (" + cmd + ")";
   return "timeline plot written to " + a.plot;
+}
+
+// Steps over time and the distribution of step waits, per trainer and
+// pooled: what the table's p50 and p99 summarise.
+std::string WritePoolPlot(const Args& a, const ts::PoolResult& per, const ts::PoolResult& pool) {
+  if (std::string why = PlotUnavailable(); !why.empty()) return why;
+  std::string csv = a.data.dir + "/tailcut-demo-pool.csv";
+  FILE* f = std::fopen(csv.c_str(), "w");
+  if (!f) return "no plot: cannot write " + csv;
+  std::fprintf(f, "run,series,value\n");
+  for (const auto* r : {&per, &pool}) {
+    const char* run = r == &per ? "per-trainer loaders" : "one pool (BatchRing)";
+    for (double t : r->step_ends) std::fprintf(f, "%s,end,%.6f\n", run, t);
+    for (double w : r->waits) std::fprintf(f, "%s,wait,%.6f\n", run, w);
+  }
+  std::fclose(f);
+  std::string script =
+      "import csv,math,sys\n"
+      "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt\n"
+      "rows=list(csv.DictReader(open(sys.argv[1])))\n"
+      "fig,(a0,a1)=plt.subplots(1,2,figsize=(9,3.2))\n"
+      "for run,color in (('per-trainer loaders','tab:red'),('one pool (BatchRing)','tab:blue')):\n"
+      "  ends=[float(r['value']) for r in rows if r['run']==run and r['series']=='end']\n"
+      "  waits=sorted(max(1e3*float(r['value']),0.01) for r in rows "
+      "if r['run']==run and r['series']=='wait')\n"
+      "  if not waits: continue\n"
+      "  a0.plot(ends,range(1,len(ends)+1),color=color,label=run)\n"
+      "  n=len(waits); a1.plot(waits,[(i+1)/n for i in range(n)],color=color,label=run)\n"
+      "  a1.axvline(waits[max(0,math.ceil(0.99*n)-1)],color=color,ls='--',lw=1)\n"
+      "a0.set_xlabel('seconds'); a0.set_ylabel('steps done (trainer 0)')\n"
+      "a0.set_title('synchronous steps over time ('+sys.argv[3]+')',fontsize=9)\n"
+      "a0.legend(fontsize=8)\n"
+      "a1.set_xscale('log'); a1.set_xlabel('wait before a step, ms')\n"
+      "a1.set_ylabel('fraction of steps')\n"
+      "a1.set_title('step waits of every trainer (dashed: p99)',fontsize=9)\n"
+      "fig.tight_layout(); fig.savefig(sys.argv[2],dpi=100)\n";
+  std::string script_path = a.data.dir + "/tailcut-demo-pool-plot.py";
+  f = std::fopen(script_path.c_str(), "w");
+  if (!f) return "no plot: cannot write " + script_path;
+  std::fputs(script.c_str(), f);
+  std::fclose(f);
+  char slow[64];
+  std::snprintf(slow, sizeof(slow), "loader %d is %gx slower", per.config.loaders - 1,
+                per.config.slowdown);
+  std::string cmd = "/usr/bin/python3 '" + script_path + "' '" + csv + "' '" + a.pool_plot + "' '" +
+                    slow + "' >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) return "no plot: drawing it failed (" + cmd + ")";
+  return "steps and step waits plot written to " + a.pool_plot;
+}
+
+// The pooled-loaders act: the same loaders and trainers per trainer, then
+// pooled. Returns whether both runs used every record exactly once.
+bool RunPooledAct(const Args& a, bool tty) {
+  ts::PoolConfig pc = a.pool;
+  pc.paths = a.run.paths;
+  const int slow_loader = pc.loaders - 1;
+  std::printf(
+      "\nPooled loaders: %d synchronous trainers, every step waits until all of them have a "
+      "batch (as\nunder DDP); %d loader processes, loader %d %gx slower; %g us per record, "
+      "%u records per batch,\n%g ms per step, one epoch\n",
+      pc.trainers, pc.loaders, slow_loader, pc.slowdown, pc.loader_cost_us, pc.batch, pc.step_ms);
+
+  ts::PoolConfig per = pc;
+  per.pooled = false;
+  per.name = "tailcut-demo." + std::to_string(::getpid()) + ".per-trainer";
+  std::printf(
+      "\n3) per-trainer loaders: each trainer has its own %d loader%s and ring of %u slots, like "
+      "a\n"
+      "   DataLoader per rank (all loaders take items from one tailcut queue)\n",
+      a.loaders_per_trainer, a.loaders_per_trainer == 1 ? "" : "s",
+      std::max<uint32_t>(2, pc.slots / pc.trainers));
+  ts::PoolResult rp = ts::RunPool(per, PoolProgressLine("per-rank", a, tty), 0.1);
+  if (tty) std::printf("\n");
+
+  ts::PoolConfig pool = pc;
+  pool.pooled = true;
+  pool.name = "tailcut-demo." + std::to_string(::getpid()) + ".pooled";
+  std::printf(
+      "\n4) one pool: the same %d loaders feed every trainer through one tailcut::BatchRing of "
+      "%u slots\n",
+      pc.loaders, pc.slots);
+  ts::PoolResult rq = ts::RunPool(pool, PoolProgressLine("pooled", a, tty), 0.1);
+  if (tty) std::printf("\n");
+
+  std::printf("\n  %-28s %9s %7s %16s %9s %12s\n", "run", "epoch", "steps", "step wait: p50", "p99",
+              "vs bound");
+  const double bound = ts::LoaderBoundSeconds(pc);
+  for (const auto* r : {&rp, &rq})
+    std::printf("  %-28s %7.2f s %7llu %13.1f ms %6.1f ms %11.2fx\n",
+                r == &rp ? "per-trainer loaders" : "one pool (BatchRing)", r->epoch_s,
+                static_cast<unsigned long long>(r->steps), 1e3 * r->WaitPercentile(50),
+                1e3 * r->WaitPercentile(99), r->epoch_s / bound);
+  auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
+  std::printf("  %-28s %8.2fx %7s %15.1fx %8.1fx\n", "per-trainer / pool",
+              ratio(rp.epoch_s, rq.epoch_s), "",
+              ratio(rp.WaitPercentile(50), rq.WaitPercentile(50)),
+              ratio(rp.WaitPercentile(99), rq.WaitPercentile(99)));
+  std::printf(
+      "  (bound: every record's loader cost spread over the loaders' speeds, %.2f s. A step's "
+      "wait:\n   from the end of a trainer's step to all trainers agreeing on the next one.)\n",
+      bound);
+  auto per_loader = [](const ts::PoolResult& r) {
+    std::string s;
+    for (uint64_t b : r.loader_batches) s += ' ' + std::to_string(b);
+    return s;
+  };
+  std::printf("  batches per loader (loader %d slow): per trainer%s; pooled%s\n\n", slow_loader,
+              per_loader(rp).c_str(), per_loader(rq).c_str());
+  bool ok = CheckPool("per-rank", rp);
+  ok = CheckPool("pooled", rq) && ok;
+  std::printf("\n  %s\n", WritePoolPlot(a, rp, rq).c_str());
+  return ok;
 }
 
 }  // namespace
@@ -319,7 +540,8 @@ int main(int argc, char** argv) {
     std::printf("  tail splits: %llu (pieces split off slow items by idle processes)\n",
                 static_cast<unsigned long long>(rt.splits));
     std::printf("\n  %s\n", WritePlot(a, rs, rt).c_str());
-    std::printf("\n  exactly once per epoch, both runs: %s\n", ok ? "yes" : "NO");
+    if (a.run_pool) ok = RunPooledAct(a, tty) && ok;
+    std::printf("\n  exactly once per epoch, every run: %s\n", ok ? "yes" : "NO");
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tailcut-demo: %s\n", e.what());

@@ -29,6 +29,9 @@
 #include "tailcut/stats_fields.h"
 #include "tailcut/work_queue.h"
 #include "tools/top.h"
+#ifdef TAILCUT_CLI_GLOBAL
+#include "tools/global_top.h"
+#endif
 
 #ifndef TAILCUT_VERSION
 #define TAILCUT_VERSION "unknown"
@@ -50,10 +53,12 @@ void to_json(nlohmann::json& json, const QueueStats& stats) {
 NLOHMANN_JSON_SERIALIZE_ENUM(RingRole,
                              {{RingRole::kLoader, "loader"}, {RingRole::kTrainer, "trainer"}})
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(RingClientStats, slot, pid, alive, role, acquired, published,
-                                   abandoned, popped, released, wait_seconds)
+                                   abandoned, popped, released, wait_seconds, waiting_seconds,
+                                   joined_ns)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(BatchRingStats, name, segment_path, slot_bytes, num_slots, free,
                                    filling, ready, popped, published, released, reclaimed,
-                                   redelivered, stale_tokens, closed, ended_through, clients)
+                                   redelivered, stale_tokens, closed, ended_through, now_ns,
+                                   clients)
 }  // namespace tailcut
 
 namespace {
@@ -304,17 +309,6 @@ int RunRm(const std::string& name, bool force) {
   return kExitOk;
 }
 
-// What holds the trainers or the loaders back right now, from the slot counts.
-std::string RingState(const tailcut::BatchRingStats& stats) {
-  if (stats.closed) return "closed";
-  const bool trainers = std::any_of(stats.clients.begin(), stats.clients.end(), [](const auto& c) {
-    return c.alive && c.role == tailcut::RingRole::kTrainer;
-  });
-  if (stats.ready == 0 && trainers) return "STARVING: no batch ready for the trainers; add loaders";
-  if (stats.free == 0 && stats.filling == 0) return "full: loaders wait for trainers to release";
-  return "flowing";
-}
-
 int RunRing(const std::string& name, bool json, bool remove) {
   if (remove) {
     if (!tailcut::RemoveBatchRing(name)) {
@@ -340,7 +334,7 @@ int RunRing(const std::string& name, bool json, bool remove) {
             << "batches    " << stats.published << " published, " << stats.released << " released, "
             << stats.redelivered << " redelivered, " << stats.reclaimed << " slots reclaimed, "
             << stats.stale_tokens << " stale tokens\n"
-            << "state      " << RingState(stats) << '\n';
+            << "state      " << tailcut_cli::RingStateText(stats) << '\n';
   if (stats.clients.empty()) {
     std::cout << "\nno clients registered\n";
     return kExitOk;
@@ -423,9 +417,17 @@ int Main(int argc, char** argv) {
       "  $ tailcut stat imagenet\n"
       "  $ tailcut stat imagenet --json | python3 -m json.tool");
 
-  CLI::App* top = app.add_subcommand("top", "live view of one queue: progress, rates, stragglers");
-  top->add_option("NAME", name, "the queue")->required();
+  std::string ring_name;
+  CLI::App* top = app.add_subcommand(
+      "top", "live view of one queue and its batch ring: progress, rates, stragglers, starving");
+  top->add_option("NAME", name, "the queue");
+  top->add_option("--ring", ring_name,
+                  "the batch ring to show (default: NAME.pool, the queue's PooledLoader, if any)");
   top->add_flag("--once", once, "print one frame (rates over each client's lifetime) and exit");
+  std::string coordinator;
+  top->add_option("--coordinator", coordinator,
+                  "show the job NAME across hosts as this coordinator sees it "
+                  "(redis://[user[:password]@]HOST:PORT/DB; TAILCUT_COORDINATOR if empty)");
   top->footer(
       "Refreshes every second, like top: the epoch, done / in flight / remaining\n"
       "with a progress bar, recovered items, split tails and stale acks, then one\n"
@@ -435,9 +437,24 @@ int Main(int argc, char** argv) {
       "clients that died are shown with their items recovered. Ends on Ctrl-C\n"
       "or when the queue's last process removes it.\n"
       "\n"
+      "Below the queue, its batch ring of pooled loaders (NAME.pool, or --ring):\n"
+      "fill level (batches ready out of slots), one row per loader (batches\n"
+      "published per second) and trainer (batches popped per second) with the\n"
+      "share of the time since the last refresh each spent waiting and its\n"
+      "total wait. A trainer that waited half of that time for a batch, or has\n"
+      "been waiting for one for a second, is flagged as starving: add loaders.\n"
+      "With --ring and no NAME, only the ring; it ends when the ring is removed.\n"
+      "\n"
+      "With --coordinator, the job NAME across hosts instead (docs/global.md):\n"
+      "done / total, then one row per host with blocks claimed and re-owned,\n"
+      "tickets acked (and per second), refused stale calls, open blocks and the\n"
+      "soonest deadline. Ends when every host is done. The password is never shown.\n"
+      "\n"
       "Examples:\n"
       "  $ tailcut top imagenet\n"
-      "  $ tailcut top imagenet --once");
+      "  $ tailcut top imagenet --once\n"
+      "  $ tailcut top --ring imagenet.pool\n"
+      "  $ tailcut top --coordinator redis://redis.internal:6379/0 imagenet");
 
   CLI::App* rm = app.add_subcommand("rm", "remove a queue's shared-memory segment");
   rm->add_option("NAME", name, "the queue")->required();
@@ -509,11 +526,27 @@ int Main(int argc, char** argv) {
     }
     if (ls->parsed()) return RunLs();
     if (stat->parsed()) return RunStat(name, json);
-    if (top->parsed()) return tailcut_cli::RunTop(name, once, 1.0);
+    if (top->parsed() && (!coordinator.empty() || top->count("--coordinator") > 0)) {
+#ifdef TAILCUT_CLI_GLOBAL
+      if (name.empty()) return UsageFailure("top --coordinator needs the job's NAME", top);
+      return tailcut_cli::RunGlobalTop(coordinator, name, once, 1.0);
+#else
+      return UsageFailure(
+          "this tailcut was built without the cross-host tier (hiredis): no --coordinator", top);
+#endif
+    }
+    if (top->parsed()) {
+      if (name.empty() && ring_name.empty())
+        return UsageFailure("top needs a queue NAME, or --ring RING", top);
+      return tailcut_cli::RunTop({name, ring_name, once, 1.0});
+    }
     if (ring->parsed()) return RunRing(name, json, remove);
     return RunRm(name, force);
   } catch (const tailcut::Error& e) {
-    std::cerr << "tailcut: " << e.what() << '\n';
+    // The cross-host tier's messages name tailcut themselves.
+    std::string_view what = e.what();
+    if (what.rfind("tailcut: ", 0) == 0) what.remove_prefix(9);
+    std::cerr << "tailcut: " << what << '\n';
     return kExitError;
   } catch (const std::exception& e) {
     std::cerr << "tailcut: " << app.get_subcommands().front()->get_name() << ": " << e.what()

@@ -1,4 +1,4 @@
-// tools/top.cc: `tailcut top NAME`, a live view of one queue.
+// tools/top.cc: `tailcut top`, a live view of one queue and its batch ring.
 #include "tools/top.h"
 
 #include <signal.h>
@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "tailcut/batch_ring.h"
 #include "tailcut/work_queue.h"
 
 namespace tailcut_cli {
@@ -22,7 +23,12 @@ volatile sig_atomic_t g_stop = 0;
 
 std::string Bar(uint64_t done, uint64_t total, int width) {
   int filled = total == 0 ? width : static_cast<int>(static_cast<double>(width) * done / total);
-  return "[" + std::string(filled, '#') + std::string(width - filled, '.') + "]";
+  filled = std::clamp(filled, 0, width);
+  std::string bar = "[";
+  bar.append(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), '.');
+  bar += ']';
+  return bar;
 }
 
 std::string Fixed(double v, int decimals) {
@@ -105,30 +111,140 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
   return out;
 }
 
+// A trainer is starving when it spent at least this share of the time since
+// the last frame (the first frame: its lifetime) waiting for a batch...
+constexpr double kStarvingWaitShare = 0.5;
+// ...or has been waiting for one this long now.
+constexpr double kStarvingWaitSeconds = 1.0;
+
+struct RingSample {
+  uint64_t batches = 0, wait_ns = 0, at_ns = 0, joined_ns = 0;
+};
+
+// The ring's part of a frame. `previous` holds the last sample per client
+// slot (rates and wait shares are the change since then); it is updated.
+std::string RingFrame(const tailcut::BatchRingStats& s, std::map<uint32_t, RingSample>* previous) {
+  std::string out;
+  out += "ring " + s.name + "   " + std::to_string(s.num_slots) + " slots x " +
+         Fixed(static_cast<double>(s.slot_bytes) / (1 << 20), 1) + " MiB   fill " +
+         Bar(s.ready, s.num_slots, 20) + " " + std::to_string(s.ready) + "/" +
+         std::to_string(s.num_slots) + " ready   " + std::to_string(s.filling) + " filling   " +
+         std::to_string(s.popped) + " popped   " + std::to_string(s.free) + " free\n";
+  out += "batches " + std::to_string(s.published) + " published   " + std::to_string(s.released) +
+         " released   " + std::to_string(s.redelivered) + " redelivered   " +
+         std::to_string(s.reclaimed) + " slots reclaimed   state " + RingStateText(s) + "\n\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "%5s %8s %-8s %-6s %9s %8s %6s %8s  %s\n", "slot", "pid",
+                "role", "state", "batches/s", "batches", "wait%", "wait s", "");
+  out += line;
+  for (const tailcut::RingClientStats& c : s.clients) {
+    const bool loader = c.role == tailcut::RingRole::kLoader;
+    const double waited_s = c.wait_seconds + c.waiting_seconds;
+    RingSample now{loader ? c.published : c.popped, static_cast<uint64_t>(waited_s * 1e9), s.now_ns,
+                   c.joined_ns};
+    // A slot taken over by another process, or counters that went back:
+    // start from its joining.
+    auto it = previous->find(c.slot);
+    RingSample before = it != previous->end() && it->second.joined_ns == c.joined_ns &&
+                                it->second.batches <= now.batches &&
+                                it->second.wait_ns <= now.wait_ns
+                            ? it->second
+                            : RingSample{0, 0, c.joined_ns, c.joined_ns};
+    (*previous)[c.slot] = now;
+    const double secs = now.at_ns > before.at_ns ? (now.at_ns - before.at_ns) / 1e9 : 0;
+    const double rate = secs > 0 ? (now.batches - before.batches) / secs : 0;
+    const double share = secs > 0 ? std::min(1.0, (now.wait_ns - before.wait_ns) / 1e9 / secs) : 0;
+    std::string note;
+    if (!loader && c.alive &&
+        (share >= kStarvingWaitShare || c.waiting_seconds >= kStarvingWaitSeconds)) {
+      note = "<- starving";
+    } else if (loader && c.alive && share >= kStarvingWaitShare) {
+      note = "waits for free slots";
+    }
+    std::snprintf(line, sizeof(line), "%5u %8d %-8s %-6s %9s %8llu %6s %8s  %s\n", c.slot, c.pid,
+                  loader ? "loader" : "trainer", c.alive ? "alive" : "gone", Fixed(rate, 1).c_str(),
+                  static_cast<unsigned long long>(now.batches), Fixed(100 * share, 0).c_str(),
+                  Fixed(waited_s, 2).c_str(), note.c_str());
+    out += line;
+  }
+  if (s.clients.empty()) out += "(no loaders or trainers)\n";
+  return out;
+}
+
+// The ring part of this frame: its frame, a line saying it is gone, or
+// nothing when top looks for a queue's default ring and there is none.
+// Throws kNotFound when a named ring does not exist at the first frame.
+std::string RingPart(const std::string& ring, bool named, bool first,
+                     std::map<uint32_t, RingSample>* previous, bool* gone) {
+  *gone = false;
+  tailcut::BatchRingStats stats;
+  try {
+    stats = tailcut::InspectBatchRing(ring);
+  } catch (const tailcut::Error& e) {
+    if (e.kind() == tailcut::ErrorKind::kNotFound ||
+        (!named && e.kind() == tailcut::ErrorKind::kInvalidArgument)) {
+      if (named && first) throw;
+      *gone = named;
+      previous->clear();
+      return named ? "ring " + ring + " is gone (removed by its last process)\n" : "";
+    }
+    return "ring " + ring + ": unreadable: " + e.what() + "\n";
+  }
+  return RingFrame(stats, previous);
+}
+
 }  // namespace
 
-int RunTop(const std::string& name, bool once, double interval_s) {
+std::string RingStateText(const tailcut::BatchRingStats& stats) {
+  if (stats.closed) return "closed";
+  const bool trainers = std::any_of(stats.clients.begin(), stats.clients.end(), [](const auto& c) {
+    return c.alive && c.role == tailcut::RingRole::kTrainer;
+  });
+  if (stats.ready == 0 && trainers) return "STARVING: no batch ready for the trainers; add loaders";
+  if (stats.free == 0 && stats.filling == 0) return "full: loaders wait for trainers to release";
+  return "flowing";
+}
+
+std::string DefaultRingName(const std::string& queue) { return queue + ".pool"; }
+
+int RunTop(const TopOptions& options) {
+  const std::string& name = options.queue;
+  const bool named_ring = !options.ring.empty();
+  const std::string ring = named_ring ? options.ring : DefaultRingName(name);
   std::map<uint32_t, Sample> previous;
+  std::map<uint32_t, RingSample> previous_ring;
   bool tty = ::isatty(STDOUT_FILENO) == 1;
   ::signal(SIGINT, [](int) { g_stop = 1; });
   bool first = true;
   while (!g_stop) {
-    tailcut::QueueStats stats;
-    try {
-      stats = tailcut::InspectQueue(name);
-    } catch (const tailcut::Error& e) {
-      if (first || e.kind() != tailcut::ErrorKind::kNotFound) throw;
-      std::printf("queue '%s' is gone (finished and removed by its last process)\n", name.c_str());
+    std::string frame;
+    if (!name.empty()) {
+      tailcut::QueueStats stats;
+      try {
+        stats = tailcut::InspectQueue(name);
+      } catch (const tailcut::Error& e) {
+        if (first || e.kind() != tailcut::ErrorKind::kNotFound) throw;
+        std::printf("queue '%s' is gone (finished and removed by its last process)\n",
+                    name.c_str());
+        return 0;
+      }
+      frame = Frame(stats, &previous);
+    }
+    bool ring_gone = false;
+    std::string ring_part = RingPart(ring, named_ring, first, &previous_ring, &ring_gone);
+    if (name.empty() && ring_gone) {
+      std::fputs(ring_part.c_str(), stdout);
       return 0;
     }
-    std::string frame = Frame(stats, &previous);
-    if (tty && !once) std::fputs("\x1b[H\x1b[2J", stdout);
+    if (!ring_part.empty()) frame += (frame.empty() ? "" : "\n") + ring_part;
+    if (tty && !options.once) std::fputs("\x1b[H\x1b[2J", stdout);
     std::fputs(frame.c_str(), stdout);
-    if (!tty && !once) std::fputs("\n", stdout);
+    if (!tty && !options.once) std::fputs("\n", stdout);
     std::fflush(stdout);
     first = false;
-    if (once) return 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(interval_s * 1000)));
+    if (options.once) return 0;
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(static_cast<int64_t>(options.interval_s * 1000)));
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 // Tests of engine/segment.h: creating, attaching to, validating and removing
-// the POSIX shared-memory object behind a queue name. Damaged segments are
-// written by hand into real objects in /dev/shm, one bad field at a time, and
-// must be refused with an error that names the segment and the field.
+// the POSIX shared-memory object behind a queue name, and each state of the
+// attach state machine (AttachSegment). Damaged segments are written by hand
+// into real objects in /dev/shm, one bad field at a time, and must be refused
+// with an error that names the segment and the field.
 #include "engine/segment.h"
 
 #include <fcntl.h>
@@ -14,9 +15,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -529,6 +532,260 @@ TEST_F(ValidSegmentTest, AnItemOutOfRangeIsNamed) {
     const std::string msg = CorruptMessage([&](Segment& s) { s.item(2) = c.entry; });
     EXPECT_TRUE(Contains(msg, "item 2 is out of range")) << c.what << ": " << msg;
   }
+}
+
+// ============================================================ the attach state machine
+
+// Runs `f`, which must throw tailcut::Error of `kind` naming the segment of
+// `name` and what to do; returns its message.
+std::string AttachErrorOf(const std::string& name, const std::function<void()>& f, ErrorKind kind) {
+  const std::string msg = ErrorOf(f, kind);
+  EXPECT_TRUE(Contains(msg, Segment::PathOf(name))) << msg;
+  return msg;
+}
+
+constexpr AttachMode kBothModes[] = {AttachMode::kJoin, AttachMode::kInspect};
+
+const char* ModeName(AttachMode mode) { return mode == AttachMode::kJoin ? "join" : "inspect"; }
+
+// Another thread holds the admin mutex from construction until Release.
+class AdminHolder {
+ public:
+  explicit AdminHolder(pthread_mutex_t* mu) {
+    thread_ = std::thread([this, mu] {
+      bool died = false;
+      if (LockRobustFor(mu, milliseconds(5000), &died) != 0) return;
+      std::unique_lock<std::mutex> lock(m_);
+      locked_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return release_; });
+      pthread_mutex_unlock(mu);
+    });
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait_for(lock, milliseconds(5000), [&] { return locked_; });
+  }
+  ~AdminHolder() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      release_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool locked() {
+    std::lock_guard<std::mutex> lock(m_);
+    return locked_;
+  }
+
+ private:
+  std::thread thread_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool locked_ = false, release_ = false;
+};
+
+// From a thread of its own: is the mutex free?
+bool MutexIsFree(pthread_mutex_t* mu) {
+  int rc = -1;
+  std::thread([&] {
+    rc = TryLockRobust(mu);
+    if (rc == 0) pthread_mutex_unlock(mu);
+  }).join();
+  return rc == 0;
+}
+
+TEST_F(SegmentTest, AttachToAMissingQueueIsNotFound) {
+  const std::string name = NewName("attach_missing");
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    Attachment a = AttachSegment(name, mode, milliseconds(10));
+    EXPECT_EQ(a.state, AttachState::kNotFound);
+    EXPECT_EQ(a.segment, nullptr);
+    ASSERT_TRUE(a.problem.has_value());
+    EXPECT_EQ(a.problem->kind(), ErrorKind::kNotFound);
+    EXPECT_TRUE(Contains(a.problem->what(), "'" + name + "' does not exist")) << a.problem->what();
+    EXPECT_TRUE(Contains(a.problem->what(), Segment::PathOf(name))) << a.problem->what();
+  }
+}
+
+TEST_F(SegmentTest, AnEmptyObjectIsUnsizedAndLeftInPlace) {
+  const std::string name = NewName("attach_unsized");
+  MakeRawObject(name, 0600, 0);
+  Attachment a = AttachSegment(name, AttachMode::kJoin, milliseconds(20));
+  EXPECT_EQ(a.state, AttachState::kUnsized);
+  ASSERT_NE(a.segment, nullptr);
+  ASSERT_TRUE(a.problem.has_value());
+  EXPECT_EQ(a.problem->kind(), ErrorKind::kTimeout);
+  EXPECT_TRUE(Contains(a.problem->what(),
+                       "is 0 bytes, too small for a queue, and did not grow "
+                       "for 20 ms (its creator probably died)"))
+      << a.problem->what();
+  EXPECT_TRUE(PathExists(Segment::PathOf(name))) << "the machine removes nothing";
+  // Removing it is the caller's choice, made through the handle it returns.
+  EXPECT_TRUE(a.segment->UnlinkIfSame());
+  EXPECT_FALSE(PathExists(Segment::PathOf(name)));
+}
+
+TEST_F(SegmentTest, AToolSeesAnEmptyObjectAsUnsizedAtOnce) {
+  const std::string name = NewName("attach_unsized_tool");
+  MakeRawObject(name, 0600, 0);
+  const auto start = std::chrono::steady_clock::now();
+  Attachment a = AttachSegment(name, AttachMode::kInspect, milliseconds(0));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(1000));
+  EXPECT_EQ(a.state, AttachState::kUnsized);
+  ASSERT_TRUE(a.problem.has_value());
+  EXPECT_TRUE(Contains(a.problem->what(), "did not grow for 0 ms")) << a.problem->what();
+}
+
+TEST_F(SegmentTest, ASizedObjectWithoutMagicIsUnpublished) {
+  const std::string name = NewName("attach_unpublished");
+  auto creator = Segment::CreateExclusive(name, kMinSegmentSize);
+  ASSERT_NE(creator, nullptr);
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    Attachment a = AttachSegment(name, mode, milliseconds(mode == AttachMode::kJoin ? 20 : 0));
+    EXPECT_EQ(a.state, AttachState::kUnpublished);
+    ASSERT_NE(a.segment, nullptr);
+    EXPECT_EQ(a.segment->size(), kMinSegmentSize);
+    EXPECT_EQ(a.admin, nullptr);
+    ASSERT_TRUE(a.problem.has_value());
+    EXPECT_EQ(a.problem->kind(), ErrorKind::kCorrupt);
+    EXPECT_TRUE(Contains(a.problem->what(), "bad magic number")) << a.problem->what();
+    EXPECT_TRUE(Contains(a.problem->what(), "tailcut rm --force " + name)) << a.problem->what();
+  }
+  EXPECT_TRUE(PathExists(Segment::PathOf(name)));
+}
+
+TEST_F(SegmentTest, AttachRefusesAnotherUsersObjectAndATinyOneByThrowing) {
+  const std::string writable = NewName("attach_mode");
+  MakeRawObject(writable, 0666, static_cast<off_t>(kMinSegmentSize));
+  const std::string tiny = NewName("attach_tiny");
+  MakeRawObject(tiny, 0600, 10);
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    AttachErrorOf(
+        writable, [&] { AttachSegment(writable, mode, milliseconds(10)); }, ErrorKind::kPermission);
+    const std::string msg = AttachErrorOf(
+        tiny, [&] { AttachSegment(tiny, mode, milliseconds(10)); }, ErrorKind::kCorrupt);
+    EXPECT_TRUE(Contains(msg, "is 10 bytes")) << msg;
+  }
+}
+
+TEST_F(ValidSegmentTest, AReadySegmentIsAttachedAndAJoinerHoldsItsAdminLock) {
+  seg_->header().state.store(kReady, std::memory_order_release);
+  {
+    Attachment a = AttachSegment(name_, AttachMode::kJoin, milliseconds(100));
+    ASSERT_EQ(a.state, AttachState::kAttached);
+    EXPECT_FALSE(a.problem.has_value());
+    ASSERT_NE(a.segment, nullptr);
+    EXPECT_EQ(a.segment->geometry().total, geometry_.total);
+    EXPECT_EQ(a.segment->item(1).begin, 60u);
+    ASSERT_NE(a.admin, nullptr);
+    EXPECT_FALSE(MutexIsFree(&seg_->header().admin_mutex));
+  }
+  EXPECT_TRUE(MutexIsFree(&seg_->header().admin_mutex)) << "released with the attachment";
+  Attachment tool = AttachSegment(name_, AttachMode::kInspect, milliseconds(0));
+  ASSERT_EQ(tool.state, AttachState::kAttached);
+  EXPECT_EQ(tool.admin, nullptr);
+  EXPECT_TRUE(MutexIsFree(&seg_->header().admin_mutex)) << "a tool never locks";
+}
+
+TEST_F(ValidSegmentTest, ACreatingSegmentIsCreatingInBothModes) {
+  seg_->header().state.store(kCreating, std::memory_order_release);
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    Attachment a = AttachSegment(name_, mode, milliseconds(100));
+    EXPECT_EQ(a.state, AttachState::kCreating);
+    EXPECT_EQ(a.admin != nullptr, mode == AttachMode::kJoin);
+    ASSERT_TRUE(a.problem.has_value());
+    EXPECT_EQ(a.problem->kind(), ErrorKind::kCorrupt);
+    EXPECT_TRUE(Contains(a.problem->what(),
+                         "is not ready (being created, removed, or its creator died); retry, or "
+                         "remove it with `tailcut rm --force " +
+                             name_ + "`"))
+        << a.problem->what();
+  }
+}
+
+TEST_F(ValidSegmentTest, ARemovedSegmentIsRemovedInBothModes) {
+  seg_->header().state.store(kRemoved, std::memory_order_release);
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    Attachment a = AttachSegment(name_, mode, milliseconds(100));
+    EXPECT_EQ(a.state, AttachState::kRemoved);
+    ASSERT_NE(a.segment, nullptr);
+    EXPECT_TRUE(a.problem.has_value());
+  }
+  EXPECT_TRUE(PathExists(seg_->path())) << "the machine removes nothing";
+}
+
+TEST_F(ValidSegmentTest, AnUnknownStateIsCorrupt) {
+  seg_->header().state.store(7, std::memory_order_release);
+  const std::string join = AttachErrorOf(
+      name_, [&] { AttachSegment(name_, AttachMode::kJoin, milliseconds(100)); },
+      ErrorKind::kCorrupt);
+  EXPECT_TRUE(Contains(join, "is in an unknown state; remove it with `tailcut rm --force " + name_))
+      << join;
+  const std::string tool = AttachErrorOf(
+      name_, [&] { AttachSegment(name_, AttachMode::kInspect, milliseconds(0)); },
+      ErrorKind::kCorrupt);
+  EXPECT_TRUE(Contains(tool, "is not ready")) << tool;
+  EXPECT_TRUE(MutexIsFree(&seg_->header().admin_mutex)) << "the lock is released on the throw";
+}
+
+TEST_F(ValidSegmentTest, AnyStateButReadyLeftByADeadLockHolderIsCreating) {
+  // The holder of the admin lock died: whatever it was writing is half-done.
+  seg_->header().state.store(7, std::memory_order_release);
+  Children kids(1, 1);
+  kids.Spawn([&](ChildContext& c) {
+    bool died = false;
+    if (LockRobustFor(&seg_->header().admin_mutex, milliseconds(5000), &died) != 0)
+      return c.Fail("could not lock the admin mutex");
+    return 0;  // exits holding it
+  });
+  ASSERT_TRUE(kids.Wait(0, milliseconds(10000)).Ok());
+  Attachment a = AttachSegment(name_, AttachMode::kJoin, milliseconds(1000));
+  EXPECT_EQ(a.state, AttachState::kCreating);
+  EXPECT_NE(a.admin, nullptr);
+}
+
+TEST_F(ValidSegmentTest, AnAdminLockHeldPastTheWaitIsATimeoutNamingTheHolder) {
+  seg_->header().state.store(kReady, std::memory_order_release);
+  seg_->header().creator_pid = 4242;
+  AdminHolder holder(&seg_->header().admin_mutex);
+  ASSERT_TRUE(holder.locked());
+  const auto start = std::chrono::steady_clock::now();
+  const std::string msg = ErrorOf(
+      [&] { AttachSegment(name_, AttachMode::kJoin, milliseconds(30)); }, ErrorKind::kTimeout);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(30));
+  EXPECT_TRUE(Contains(msg, "queue '" + name_ +
+                                "': process 4242 has been creating or changing it "
+                                "for more than 30 ms; is it stopped? "
+                                "(attach_timeout)"))
+      << msg;
+  // A tool does not wait for the lock.
+  EXPECT_EQ(AttachSegment(name_, AttachMode::kInspect, milliseconds(0)).state,
+            AttachState::kAttached);
+}
+
+TEST_F(ValidSegmentTest, ABadPreambleOrTableThrowsInBothModes) {
+  seg_->header().state.store(kReady, std::memory_order_release);
+  seg_->header().layout_version = kLayoutVersion + 1;
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    const std::string msg = AttachErrorOf(
+        name_, [&] { AttachSegment(name_, mode, milliseconds(100)); }, ErrorKind::kCorrupt);
+    EXPECT_TRUE(Contains(msg, "layout version " + std::to_string(kLayoutVersion + 1))) << msg;
+  }
+  seg_->header().layout_version = kLayoutVersion;
+  seg_->item(2) = {1, 0, 51};
+  for (AttachMode mode : kBothModes) {
+    SCOPED_TRACE(ModeName(mode));
+    const std::string msg = AttachErrorOf(
+        name_, [&] { AttachSegment(name_, mode, milliseconds(100)); }, ErrorKind::kCorrupt);
+    EXPECT_TRUE(Contains(msg, "item 2 is out of range")) << msg;
+  }
+  EXPECT_TRUE(MutexIsFree(&seg_->header().admin_mutex));
 }
 
 }  // namespace

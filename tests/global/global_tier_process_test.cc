@@ -23,10 +23,6 @@ namespace {
 using std::chrono::milliseconds;
 using testing::RedisServer;
 
-#define SKIP_WITHOUT_REDIS()              \
-  if (testing::FindRedisServer().empty()) \
-  GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"
-
 constexpr uint64_t kItems = 400;
 constexpr uint64_t kEpochs = 3;
 constexpr uint64_t kBlock = 8;

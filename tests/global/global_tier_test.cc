@@ -16,10 +16,6 @@ namespace {
 using std::chrono::milliseconds;
 using testing::RedisServer;
 
-#define SKIP_WITHOUT_REDIS()              \
-  if (testing::FindRedisServer().empty()) \
-  GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"
-
 GlobalTierOptions Options(const std::string& url, const std::string& host, uint64_t items = 10,
                           uint64_t epochs = 1, uint64_t block = 4) {
   GlobalTierOptions options;

@@ -53,6 +53,11 @@ inline bool PortAnswers(int port) {
   return ok;
 }
 
+// In a test: skips it, saying why, where redis-server is not installed.
+#define SKIP_WITHOUT_REDIS()                         \
+  if (::tailcut::testing::FindRedisServer().empty()) \
+  GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"
+
 class RedisServer {
  public:
   // extra: more redis-server options, e.g. {"--requirepass", "x"}.

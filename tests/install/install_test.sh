@@ -4,7 +4,10 @@
 # through its RUNPATH, $ORIGIN/../lib), builds the trainer
 # that docs/cpp.md shows (its ```cmake and ```cpp blocks, extracted from the
 # page) against it with find_package(tailcut), and runs it as 3 processes on
-# one queue: together they must read every line once.
+# one queue: together they must read every line once. Then the same for the
+# pooled loaders and trainers over a batch ring that docs/cpp.md shows (its
+# second ```cmake block and the ```cpp block that starts "// ring_pipeline"):
+# 2 trainers, then 2 loaders; the trainers together must get every line once.
 set -euo pipefail
 build=$1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,7 +16,9 @@ trap 'rm -rf "$work"' EXIT
 
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -x "$work/prefix/bin/tailcut" || { echo "the CLI was not installed"; exit 1; }
-test -f "$work/prefix/include/tailcut/work_queue.h" || { echo "headers were not installed"; exit 1; }
+for header in work_queue reader batch_ring; do
+  test -f "$work/prefix/include/tailcut/$header.h" || { echo "tailcut/$header.h was not installed"; exit 1; }
+done
 
 # The installed programs start from a prefix the dynamic loader does not
 # search: `tailcut --help` and `tailcut ls`, and every other program there
@@ -33,9 +38,21 @@ echo "installed programs start: $(cd "$work/prefix/bin" && echo *)"
 
 doc="$here/../../docs/cpp.md"
 mkdir -p "$work/src"
-awk '/^```cmake$/ {on=1; next} /^```$/ {if (on) exit} on' "$doc" > "$work/src/CMakeLists.txt"
-awk '/^```cpp$/ {on=1; next} /^```$/ {if (on) exit} on' "$doc" > "$work/src/trainer.cc"
+# block LANG N: the Nth ```LANG block of the page.
+block() { awk -v lang="$1" -v want="$2" '$0 == "```" lang {n++; if (n == want) {on = 1; next}} on && /^```$/ {exit} on' "$doc"; }
+# block_starting LANG FIRST_LINE: the ```LANG block whose first line is FIRST_LINE...
+block_starting() {
+  awk -v lang="$1" -v first="$2" '$0 == "```" lang {start = 1; next}
+    start {start = 0; if (index($0, first) == 1) on = 1}
+    on && /^```$/ {exit} on' "$doc"
+}
+block cmake 1 > "$work/src/CMakeLists.txt"
+block cpp 1 > "$work/src/trainer.cc"
 grep -q "int main" "$work/src/trainer.cc" || { echo "no program in docs/cpp.md"; exit 1; }
+block cmake 2 >> "$work/src/CMakeLists.txt"
+block_starting cpp "// ring_pipeline" > "$work/src/ring_pipeline.cc"
+grep -q "add_executable(ring_pipeline" "$work/src/CMakeLists.txt" || { echo "no ring_pipeline target in docs/cpp.md"; exit 1; }
+grep -q "int main" "$work/src/ring_pipeline.cc" || { echo "no ring_pipeline program in docs/cpp.md"; exit 1; }
 cmake -S "$work/src" -B "$work/trainer" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/trainer" >/dev/null
 
@@ -58,4 +75,46 @@ echo "3 processes read $lines lines ($bytes bytes); expected $expect_lines ($exp
 if [[ "$lines" != "$expect_lines" || "$bytes" != "$expect_bytes" ]]; then
   echo "install_test: FAILED"; exit 1
 fi
-echo "install_test: 1 passed, 0 failed"
+
+# Pooled: 2 trainers join the ring first (a ring that every process left
+# closed is gone, and a late trainer would make a new one), then 2 loaders.
+ring="install_ring_$$"
+rqueue="install_pool_$$"
+pids=()
+cleanup_ring() {
+  local pid
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
+  "$work/prefix/bin/tailcut" ring --rm "$ring" >/dev/null 2>&1 || true
+  "$work/prefix/bin/tailcut" rm --force "$rqueue" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup_ring EXIT
+for t in 0 1; do
+  "$work/trainer/ring_pipeline" trainer "$ring" > "$work/ring_out$t" 2> "$work/ring_err$t" & pids+=($!)
+done
+for _ in $(seq 200); do
+  trainers=$("$work/prefix/bin/tailcut" ring "$ring" 2>/dev/null | grep -c " trainer " || true)
+  [[ $trainers == 2 ]] && break
+  sleep 0.05
+done
+[[ $trainers == 2 ]] || { echo "the ring_pipeline trainers did not join: $(cat "$work"/ring_err*)"; exit 1; }
+for l in 0 1; do
+  "$work/trainer/ring_pipeline" loader "$ring" "$rqueue" 2 "$work"/data*.txt 2> "$work/loader_err$l" & pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+pids=()
+if (( status != 0 )); then
+  echo "a ring_pipeline process failed:"; cat "$work"/ring_err* "$work"/loader_err*; exit 1
+fi
+grep -q "^trainer: arena: 2 MiB (8 slots of 256 KiB)" "$work/ring_err0" ||
+  { echo "the trainer did not say its memory state: $(cat "$work/ring_err0")"; exit 1; }
+read -r lines bytes < <(awk '{l += $1; b += $2} END {print l, b}' "$work"/ring_out*)
+echo "2 loaders fed 2 trainers $lines lines ($bytes bytes) through the ring; expected $expect_lines ($expect_bytes)"
+if [[ "$lines" != "$expect_lines" || "$bytes" != "$expect_bytes" ]]; then
+  echo "install_test: FAILED"; exit 1
+fi
+for name in "$ring" "$rqueue"; do
+  if ls /dev/shm | grep -q "\.$name\$"; then echo "install_test: $name left in /dev/shm"; exit 1; fi
+done
+echo "install_test: 2 passed, 0 failed"

@@ -1,6 +1,7 @@
 // A stand-in for libcudart with one device, loaded through TAILCUT_CUDART by
-// the io tests: it records what the Reader registers, so the CUDA path is
-// tested on machines without a GPU. Signatures as in cuda_runtime_api.h.
+// the io and pool tests: it records what the Reader and the batch ring
+// register, so the CUDA path is tested on machines without a GPU. Signatures
+// as in cuda_runtime_api.h. Not thread-safe (nor are the tests that use it).
 // Environment, read at each call:
 //   FAKE_CUDART_DEVICE_STATUS  what cudaGetDeviceCount returns (default 0;
 //                              35: insufficient driver, 100: no device)
@@ -17,11 +18,21 @@ int EnvInt(const char* name, int fallback) {
   return value && *value ? std::atoi(value) : fallback;
 }
 
-void* registered_ptr = nullptr;
+void* registered_ptr = nullptr;  // the latest registration
 size_t registered_size = 0;
 unsigned int registered_flags = 0;
 int register_calls = 0;
 int unregister_calls = 0;
+
+// Ranges registered and not yet unregistered (a real runtime refuses to
+// unregister what it does not know).
+struct Range {
+  void* ptr;
+  size_t size;
+};
+constexpr int kMaxLive = 64;
+Range live[kMaxLive];
+int num_live = 0;
 }  // namespace
 
 FAKE_EXPORT int cudaGetDeviceCount(int* count) {
@@ -33,6 +44,8 @@ FAKE_EXPORT int cudaGetDeviceCount(int* count) {
 FAKE_EXPORT int cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
   int status = EnvInt("FAKE_CUDART_REGISTER_STATUS", 0);
   if (status != 0) return status;
+  if (num_live == kMaxLive) return 2;  // cudaErrorMemoryAllocation
+  live[num_live++] = {ptr, size};
   registered_ptr = ptr;
   registered_size = size;
   registered_flags = flags;
@@ -41,8 +54,13 @@ FAKE_EXPORT int cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
 }
 
 FAKE_EXPORT int cudaHostUnregister(void* ptr) {
-  if (ptr == registered_ptr) ++unregister_calls;
-  return ptr == registered_ptr ? 0 : 1;  // 1: cudaErrorInvalidValue
+  for (int i = 0; i < num_live; ++i) {
+    if (live[i].ptr != ptr) continue;
+    live[i] = live[--num_live];
+    ++unregister_calls;
+    return 0;
+  }
+  return 1;  // cudaErrorInvalidValue
 }
 
 FAKE_EXPORT const char* cudaGetErrorString(int error) {
@@ -57,4 +75,13 @@ FAKE_EXPORT void FakeCudartState(void** ptr, size_t* size, unsigned int* flags, 
   *flags = registered_flags;
   *registers = register_calls;
   *unregisters = unregister_calls;
+}
+
+// For the test: the size registered at `ptr` and not unregistered since, 0
+// if none; *live_ranges: how many ranges are registered now.
+FAKE_EXPORT size_t FakeCudartLive(void* ptr, int* live_ranges) {
+  *live_ranges = num_live;
+  for (int i = 0; i < num_live; ++i)
+    if (live[i].ptr == ptr) return live[i].size;
+  return 0;
 }

@@ -153,6 +153,45 @@ TEST(BatchRingTest, EndWakesATrainerThatWaits) {
   closer.join();
 }
 
+// What `tailcut top` reads to flag a starving trainer: a wait in progress
+// shows before it ends, and goes into wait_seconds when it does.
+TEST(BatchRingTest, StatsShowAWaitInProgressAndAddItUpWhenItEnds) {
+  RingGuard g(UniqueName("waiting"));
+  auto loader = BatchRing::Open(Small(g.name), RingRole::kLoader);
+  auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
+  auto trainer_row = [&] {
+    BatchRingStats s = loader->Stats();
+    for (const RingClientStats& c : s.clients) {
+      EXPECT_GE(s.now_ns, c.joined_ns);
+      EXPECT_GT(c.joined_ns, 0u);
+      if (c.slot == trainer->client_slot()) return c;
+    }
+    ADD_FAILURE() << "no trainer row";
+    return RingClientStats{};
+  };
+  EXPECT_EQ(trainer_row().waiting_seconds, 0.0);
+  RingStatus popped = RingStatus::kInvalid;
+  std::thread waiter([&] {
+    ReadyBatch r;
+    popped = trainer->Pop(BatchRing::kAllEpochs, Clock::now() + milliseconds(60000), &r);
+    if (popped == RingStatus::kOk) trainer->Release(r.token);
+  });
+  // The waiter shows as waiting once it sleeps (however long that takes to happen).
+  RingClientStats during;
+  for (int i = 0; i < 10000 && (during = trainer_row()).waiting_seconds == 0; ++i)
+    std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_GT(during.waiting_seconds, 0.0);
+  EXPECT_EQ(during.wait_seconds, 0.0) << "nothing ended yet";
+  WritableBatch w;
+  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->Publish(w.token, 0, 1, 0), RingStatus::kOk);
+  waiter.join();
+  EXPECT_EQ(popped, RingStatus::kOk);
+  RingClientStats after = trainer_row();
+  EXPECT_EQ(after.waiting_seconds, 0.0);
+  EXPECT_GE(after.wait_seconds, during.waiting_seconds);
+}
+
 TEST(BatchRingTest, WrongRoleAndBadArgumentsAreInvalid) {
   RingGuard g(UniqueName("roles"));
   auto loader = BatchRing::Open(Small(g.name), RingRole::kLoader);

@@ -66,6 +66,94 @@ def test_sigint_interrupts_a_reader_waiting_for_an_item_another_process_holds(
         assert elapsed < SIGINT_LIMIT_S, f"KeyboardInterrupt came {elapsed:.2f} s after SIGINT"
 
 
+# Each blocking call in a state that waits for others, in a process of its own: it prints
+# "waiting" just before the call and the time.monotonic() of its KeyboardInterrupt.
+BLOCKED = textwrap.dedent("""
+    import sys, threading, time, tailcut
+    name, call, works = sys.argv[1], sys.argv[2], sys.argv[3:]
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_notice(line):
+        # The notice of the queue removed at close: held until released.
+        if "removed unfinished" in line:
+            entered.set()
+            release.wait(60)
+
+    q = tailcut.WorkQueue(works, name=name, shuffle=False, on_notice=slow_notice)
+    closer = None
+    try:
+        if call == "take":
+            q.take().ack()  # the item nobody holds; the other is held by another process
+            print("waiting", flush=True)
+            q.take()
+        elif call == "get":
+            producer = q.input_producer(capacity=1)
+            producer.get().ack()
+            print("waiting", flush=True)
+            producer.get()
+        elif call == "agree_step":
+            print("waiting", flush=True)
+            q.agree_step(0, 2, 0, True)  # rank 1 of 2 never comes
+        elif call == "close":
+            q.take().ack()  # unfinished: the last close removes it, with a notice
+            closer = threading.Thread(target=q.close)
+            closer.start()
+            entered.wait(60)
+            print("waiting", flush=True)
+            q.close()  # waits for the other thread's close, held in on_notice
+        print("returned", flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted {time.monotonic():.6f}", flush=True)
+        release.set()
+        if closer is not None:
+            closer.join(60)
+        sys.exit(3)
+""")
+
+# SIGINT to KeyboardInterrupt: a correctness bound, not a benchmark (the promise is one
+# 100 ms slice; the margin covers a loaded machine).
+INTERRUPT_LIMIT_S = 2.0
+
+
+def interrupt_blocked(qname, call, files):
+    """Runs BLOCKED for `call`, sends SIGINT once it waits; the seconds until
+    KeyboardInterrupt."""
+    child = subprocess.Popen([sys.executable, "-c", BLOCKED, qname, call] + files,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "waiting", child.stderr.read()
+        time.sleep(0.3)  # in the call by now
+        assert child.poll() is None, f"{call} did not wait: {child.stderr.read()}"
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        said = child.stdout.readline().split()
+        rc = child.wait(30)
+    finally:
+        child.kill()
+        child.wait()
+    assert rc == 3 and said and said[0] == "interrupted", (rc, said, child.stderr.read())
+    return float(said[1]) - sent
+
+
+@pytest.mark.parametrize("call", ["take", "get"])
+def test_sigint_interrupts_a_call_waiting_for_an_item_another_process_holds(tmp_path, qname, call):
+    files = two_files(tmp_path)
+    with another_process_holding(qname, files, tmp_path, shuffle=False):
+        elapsed = interrupt_blocked(qname, call, files)
+    assert elapsed < INTERRUPT_LIMIT_S, f"KeyboardInterrupt came {elapsed:.2f} s after SIGINT"
+
+
+def test_sigint_interrupts_agree_step_waiting_for_an_absent_rank(tmp_path, qname):
+    elapsed = interrupt_blocked(qname, "agree_step", two_files(tmp_path))
+    assert elapsed < INTERRUPT_LIMIT_S, f"KeyboardInterrupt came {elapsed:.2f} s after SIGINT"
+
+
+def test_sigint_interrupts_close_waiting_for_another_threads_close(tmp_path, qname):
+    # close() waits while another thread closes the same queue (here held up in on_notice).
+    elapsed = interrupt_blocked(qname, "close", two_files(tmp_path))
+    assert elapsed < INTERRUPT_LIMIT_S, f"KeyboardInterrupt came {elapsed:.2f} s after SIGINT"
+
+
 LARGE_TIMEOUTS = [1e10, 1e300, float("inf"), None, 10**400]
 
 

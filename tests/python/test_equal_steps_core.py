@@ -1,5 +1,5 @@
 """The core pieces tailcut.torch builds on (no torch needed): WorkQueue.agree_step,
-and the max_epoch, read() and epoch additions of the batch iterator."""
+and the max_epoch, short_at_end, read() and epoch additions of the batch iterator."""
 
 import threading
 import time
@@ -114,3 +114,18 @@ def test_read_returns_at_most_the_records_asked_for(tmp_path, qname):
         assert sum(rest) == 870
         with pytest.raises(StopIteration):
             it.read(10)
+
+
+def test_short_at_end_cuts_a_batch_only_where_the_reader_would_wait_for_others(tmp_path, qname):
+    # One item nobody else holds: the reader never waits for another process,
+    # so short_at_end packs full batches, as without it. (It once cut a batch
+    # wherever a reader call ended; now it cuts only where the reader would
+    # wait: test_blocking.py, test_short_at_end_hands_out_a_short_batch_...)
+    with tailcut.WorkQueue([fixed_file(tmp_path / "a.bin", 5000)], name=qname, format="fixed",
+                           record_bytes=8) as q:
+        sizes = [len(b) for b in q.batches(300, short_at_end=True, **SMALL_READER)]
+    assert all(s == 300 for s in sizes[:-1]) and sum(sizes) == 5000
+    with tailcut.WorkQueue([fixed_file(tmp_path / "b.bin", 5000)], name=qname + "-b",
+                           format="fixed", record_bytes=8) as q:
+        sizes = [len(b) for b in q.batches(300, **SMALL_READER)]
+    assert all(s == 300 for s in sizes[:-1]) and sum(sizes) == 5000

@@ -69,7 +69,7 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
         (dict(num_epochs=-1), "num_epochs must be a non-negative int, got -1"),
         (dict(num_clients=0), f"queue '{qname}': num_clients is 0; it must be at least 1"),
         (dict(num_slices=0),
-         f"queue '{qname}': num_slices is 0; leave it unset (one item per file) or give 1 or more"),
+         f"queue '{qname}': num_slices is 0; pass None (one item per file) or >= 1"),
         (dict(max_clients=0), f"queue '{qname}': max_clients must be 1..4096"),
         (dict(attach_timeout=-1), "attach_timeout must be a number of seconds >= 0, or None (or "
                                   "float('inf')) to wait without a limit; got -1"),
@@ -236,3 +236,58 @@ def test_names_and_paths_with_unprintable_bytes_are_escaped_in_messages(files, t
     b.symlink_to(a)
     with pytest.raises(tailcut.InvalidArgumentError, match="Too many levels of symbolic links"):
         tailcut.WorkQueue([str(a)], name="loop")
+
+
+# Each phrase in which the libraries name a value as a C++ caller writes it
+# ("unset", "on", "off"), and what Python says (bindings/errors.cc).
+LIBRARY_TO_PYTHON = [
+    ("queue 'q': num_slices is 0; leave it unset (one item per file) or give 1 or more",
+     "queue 'q': num_slices is 0; pass None (one item per file) or >= 1"),
+    ("num_slices differs: unset here, 4 in segment", "num_slices differs: None here, 4 in segment"),
+    ("num_slices differs: 4 here, unset in segment", "num_slices differs: 4 here, None in segment"),
+    ("shuffle differs: on here, off in segment", "shuffle differs: True here, False in segment"),
+    ("shuffle differs: off here, on in segment", "shuffle differs: False here, True in segment"),
+    ("seed differs: unset here, 7 in segment", "seed differs: None here, 7 in segment"),
+    ("seed differs: 7 here, unset (drawn by the creator: 9) in segment",
+     "seed differs: 7 here, None (drawn by the creator: 9) in segment"),
+    ("reader: io_uring was asked for (backend 'uring') but is unavailable: x; use backend "
+     "'pread', or leave the backend unset to fall back to pread threads",
+     "reader: io_uring was asked for (backend 'uring') but is unavailable: x; use backend "
+     "'pread', or pass backend=None to fall back to pread threads"),
+    ("queue 'q' removed unfinished (1 of 4 items done): every process closed it; open it with "
+     "keep_unfinished to resume it later",
+     "queue 'q' removed unfinished (1 of 4 items done): every process closed it; open it with "
+     "keep_unfinished=True to resume it later"),
+]
+
+
+@pytest.mark.parametrize("library, python", LIBRARY_TO_PYTHON)
+def test_library_messages_are_worded_for_python(library, python):
+    from tailcut import _core
+    assert _core._python_wording(library) == python
+    assert _core._python_wording(python) == python  # worded once, never twice
+
+
+def test_words_in_names_and_other_messages_are_left_alone():
+    from tailcut import _core
+    for text in ("queue 'unset' does not exist (no /dev/shm/tailcut.0.unset)",
+                 "file '/data/on/off/unset here' changed",
+                 "works[0] differs: '/data/unset' here, '/data/on' in segment",
+                 "reader: unset TAILCUT_IO to fall back to pread threads",
+                 "num_epochs differs: 3 here, 2 in segment"):
+        assert _core._python_wording(text) == text
+
+
+@pytest.mark.parametrize("first, second, said", [
+    (dict(shuffle=True), dict(shuffle=False), "shuffle differs: False here, True in segment"),
+    (dict(num_slices=8), dict(num_slices=None), "num_slices differs: None here, 8 in segment"),
+    (dict(seed=5), dict(seed=None), "seed differs: None here, 5 in segment"),
+    (dict(seed=None), dict(seed=5), "seed differs: 5 here, None (drawn by the creator: "),
+])
+def test_a_configuration_mismatch_names_values_as_python_writes_them(
+        files, qname, notices, first, second, said):
+    with tailcut.WorkQueue(files, name=qname, on_notice=notices.append, **first):
+        with pytest.raises(tailcut.ConfigMismatchError) as e:
+            tailcut.WorkQueue(files, name=qname, on_notice=notices.append, **second)
+    assert said in str(e.value), str(e.value)
+    assert f"queue '{qname}' exists with a different configuration: " in str(e.value)

@@ -70,6 +70,7 @@ def test_a_queue_name_that_is_not_ascii_or_holds_nul_is_named_in_full(tmp_path, 
         with pytest.raises(tailcut.InvalidArgumentError) as e:
             call()
         assert str(e.value).startswith(f"queue name {shown} contains ")
+        assert "use only ASCII letters, digits, '.', '_' and '-'" in str(e.value)
         assert str(e.value).endswith("; use only ASCII letters, digits, '.', '_' and '-'")
 
 

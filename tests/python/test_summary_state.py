@@ -8,9 +8,19 @@ import tailcut
 from tailcut import _core
 from conftest import SMALL_READER, write_lines
 
-# The one field list (tailcut/stats_fields.h), as the module exports it.
-QUEUE_FIELDS = [name for name, _, _ in _core._stats_fields["queue"]] + ["clients"]
-CLIENT_FIELDS = [name for name, _, _ in _core._stats_fields["client"]]
+# Written out here, not derived from the field list, so that a field dropped
+# from the list and from the dicts alike is still caught.
+QUEUE_FIELDS = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
+                "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
+                "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
+CLIENT_FIELDS = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",
+                 "items_recovered", "bytes_acked", "records", "stale_acks", "splits", "open_items",
+                 "busy_ns",
+                 "idle_ns", "last_progress_ns", "joined_ns"}
+# The one field list (tailcut/stats_fields.h), as the module exports it: the
+# dicts follow its order.
+LISTED_QUEUE_FIELDS = [name for name, _, _ in _core._stats_fields["queue"]] + ["clients"]
+LISTED_CLIENT_FIELDS = [name for name, _, _ in _core._stats_fields["client"]]
 
 
 @pytest.fixture
@@ -34,13 +44,15 @@ def test_summary_mirrors_queue_and_client_stats(files, qname, notices):
         a.ack()
         b = q.take()
         s = q.summary()
-        assert list(s) == QUEUE_FIELDS
+        assert set(s) == QUEUE_FIELDS
+        assert list(s) == LISTED_QUEUE_FIELDS
         assert (s["name"], s["num_items"], s["num_epochs"], s["total"]) == (qname, 5, 2, 10)
         assert (s["done"], s["in_flight"], s["handed_out"], s["seed"]) == (1, 1, 2, 3)
         assert s["segment_path"] == tailcut.segment_path(qname) == q.segment_path
         assert len(s["clients"]) == 1
         c = s["clients"][0]
-        assert list(c) == CLIENT_FIELDS
+        assert set(c) == CLIENT_FIELDS
+        assert list(c) == LISTED_CLIENT_FIELDS
         assert c["pid"] == os.getpid() and c["alive"]
         assert (c["items_taken"], c["items_acked"], c["open_items"]) == (2, 1, 1)
         assert c["bytes_acked"] == a.end - a.begin
@@ -48,7 +60,8 @@ def test_summary_mirrors_queue_and_client_stats(files, qname, notices):
         listed = [x for x in tailcut.list_queues() if x["name"] == qname]
         assert listed and listed[0]["valid"]
         inspected = tailcut.inspect_queue(qname)
-        assert inspected["done"] == 1 and list(inspected) == QUEUE_FIELDS
+        assert inspected["done"] == 1 and set(inspected) == QUEUE_FIELDS
+        assert list(inspected) == LISTED_QUEUE_FIELDS
 
 
 def test_add_summary_writes_scalars_through_the_writer(files, qname, notices):

@@ -374,7 +374,7 @@ def test_an_unfinished_queue_closed_cleanly_is_removed_unless_keep(files, qname,
     q.close()
     assert not os.path.exists(tailcut.segment_path(qname)), "nobody comes back for it"
     assert any(f"queue '{qname}' removed unfinished (1 of 4 items done)" in line
-               and "keep_unfinished" in line for line in notices), notices
+               and "open it with keep_unfinished=True" in line for line in notices), notices
 
     q = open_queue(files, qname, notices, num_slices=4, keep_unfinished=True)
     q.take().ack()

@@ -1,7 +1,9 @@
 // tests/tools/hold_ring.cc: a batch ring client for the CLI test.
 //
-//   hold_ring NAME loader PUBLISH   publishes PUBLISH batches of epoch 0
-//   hold_ring NAME trainer POP      pops POP batches and keeps them
+//   hold_ring NAME loader PUBLISH          publishes PUBLISH batches of epoch 0
+//   hold_ring NAME trainer POP [--wait]    pops POP batches and keeps them;
+//                                          with --wait, then waits in Pop for
+//                                          more (a starving trainer)
 //
 // Opens the ring NAME (4 slots of 64 KiB), does the above, prints
 // "ready <pid>" on stdout and holds the ring until stdin reaches end of file
@@ -18,13 +20,16 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "tailcut/batch_ring.h"
 #include "tailcut/error.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4 || (std::strcmp(argv[2], "loader") != 0 && std::strcmp(argv[2], "trainer") != 0)) {
-    std::cerr << "usage: hold_ring NAME loader|trainer COUNT\n";
+  const bool wait = argc == 5 && std::strcmp(argv[4], "--wait") == 0;
+  if ((argc != 4 && !wait) ||
+      (std::strcmp(argv[2], "loader") != 0 && std::strcmp(argv[2], "trainer") != 0)) {
+    std::cerr << "usage: hold_ring NAME loader|trainer COUNT [--wait]\n";
     return 2;
   }
   const bool loader = std::strcmp(argv[2], "loader") == 0;
@@ -55,11 +60,23 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    // Pops on (and keeps what it gets) until the ring is closed below.
+    std::thread waiter;
+    if (wait && !loader) {
+      waiter = std::thread([&ring] {
+        tailcut::ReadyBatch batch;
+        while (ring->Pop(tailcut::BatchRing::kAllEpochs,
+                         std::chrono::steady_clock::time_point::max(),
+                         &batch) == tailcut::RingStatus::kOk) {
+        }
+      });
+    }
     std::cout << "ready " << ::getpid() << std::endl;
     std::string line;
     while (std::getline(std::cin, line)) {
     }
     ring->Close();
+    if (waiter.joinable()) waiter.join();
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "hold_ring: " << e.what() << '\n';

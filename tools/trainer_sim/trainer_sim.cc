@@ -62,27 +62,22 @@ void Digest::Merge(const Digest& o) {
   xr ^= o.xr;
 }
 
-namespace {
-
 Digest ExpectedDigest(uint64_t records) {
   Digest d;
   for (uint64_t i = 0; i < records; ++i) d.Add(i);
   return d;
 }
 
-// The id at the start of a record; UINT64_MAX if it has none.
-uint64_t RecordId(const Record& r) {
-  if (r.size < 12) return UINT64_MAX;
+uint64_t RecordId(const void* data, size_t size) {
+  if (size < 12) return UINT64_MAX;
   uint64_t id = 0;
-  const char* p = reinterpret_cast<const char*>(r.data);
+  const char* p = static_cast<const char*>(data);
   for (int i = 0; i < 12; ++i) {
     if (p[i] < '0' || p[i] > '9') return UINT64_MAX;
     id = id * 10 + static_cast<uint64_t>(p[i] - '0');
   }
   return id;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------- data
 
@@ -326,7 +321,7 @@ WorkQueueOptions QueueOptionsFor(const RunConfig& c, int rank) {
         open = true;
       }
       for (size_t i = 0; i < n; ++i) {
-        uint64_t id = RecordId(batch[i]);
+        uint64_t id = RecordId(batch[i].data, batch[i].size);
         if (id == UINT64_MAX) throw std::runtime_error("record without id");
         Digest d{seg.records, seg.sum, seg.xr};
         d.Add(id);
@@ -477,6 +472,14 @@ RunResult Run(const RunConfig& config, const TickFn& tick, double tick_s) {
         RemoveQueue(config.name + "." + std::to_string(p), true);
       } catch (const Error&) {
       }
+  } else {
+    // A queue one of whose processes died is kept for a rerun to resume,
+    // finished or not (work_queue.h, Lifetime): after a kill, the run's
+    // queue stays unless removed here. Every process of the run is gone.
+    try {
+      RemoveQueue(config.name, true);
+    } catch (const Error&) {  // kNotFound: its last process removed it
+    }
   }
   double last = 0;
   for (const auto& pr : r.procs) last = std::max(last, pr.end);

@@ -28,6 +28,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -43,6 +44,12 @@ struct Digest {
   void Merge(const Digest& o);
   bool operator==(const Digest&) const = default;
 };
+
+// The digest of ids 0..records-1: what the records of one epoch add up to.
+Digest ExpectedDigest(uint64_t records);
+// The id a record of EnsureData starts with (12 decimal digits);
+// UINT64_MAX if it has none.
+uint64_t RecordId(const void* data, size_t size);
 
 // ---------------------------------------------------------------- data
 

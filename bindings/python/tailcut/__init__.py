@@ -48,6 +48,7 @@ from tailcut._core import (
     masked_crc32c,
     remove_queue,
     segment_path,
+    slice_records,
 )
 from tailcut._core import _close_all
 
@@ -78,6 +79,7 @@ __all__ = [
     "crc32c",
     "masked_crc32c",
     "encode_tfrecord",
+    "slice_records",
     "__version__",
 ]
 

@@ -5,6 +5,12 @@ their records, build batches (collate_fn, then transform) and publish them into
 a tailcut BatchRing; every local rank pops the next ready batch (PooledLoader),
 whichever loader made it. A slow batch delays one loader, not one rank.
 
+Loaders join and leave while the epoch runs: PooledLoader.add_loaders(n) and
+remove_loaders(n) in the job, or `python3 -m tailcut.pool --ring NAME` from
+any shell of the host (main() below), which reads the pool's description
+(pool_spec_path: the queue's options, the ring's size, how to build a batch)
+that local rank 0 writes when it starts its loaders.
+
 Batch layout in a slot (numpy arrays or torch tensors only): the batch is one
 array or a tuple/list of arrays. The slot's 256-byte user header holds
     magic b"TCB1", u8 version (1), u8 count, 2 bytes padding,
@@ -17,24 +23,41 @@ holding its last record is published. A loader killed while it holds items
 (taken, not all records published): the queue hands those items out again
 whole, so records of them that were already in published batches come out a
 second time (at least once). Its unpublished slot goes back to the ring. No
-item is lost and no slot leaks. Records of items it acked come out once.
+item is lost and no slot leaks. Records of items it acked come out once. A
+loader that leaves (SIGTERM, remove_loaders, Ctrl-C of the command) first
+publishes what it holds and acks it: exactly once.
 
 Epochs: a loader never acks an item of epoch e + 1 before every item of epoch
 e is acked; the loader whose ack completes epoch e (WorkQueue summary 'done')
 ends it in the ring, so trainers see the end of every epoch. See docs/pooled.md.
 """
 
+import argparse
+import base64
+import importlib
+import importlib.util
+import json
 import multiprocessing
 import os
+import pickle
+import re
+import signal
+import stat
 import struct
+import sys
+import threading
 import time
+import warnings
+import weakref
 
 import numpy as np
 
 import tailcut
 from tailcut import _core
 
-__all__ = ["PooledLoader", "run_loader", "encode_batch", "decode_batch", "HEADER_BYTES"]
+__all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
+           "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
+           "HEADER_BYTES"]
 
 HEADER_BYTES = 256
 _MAGIC = b"TCB1"
@@ -42,6 +65,12 @@ _ALIGN = 64
 _DTYPES = [np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64", "float16",
                                  "float32", "float64", "bool", "uint16", "uint32", "uint64")]
 _CODE = {d: i for i, d in enumerate(_DTYPES)}
+_DEFAULT_BATCH_SIZE = 32
+_RING_MAX_CLIENTS = 64
+# A loader with nothing to do looks for a leave request (and a closed ring)
+# this often; it bounds how long SIGTERM takes to be noticed.
+_WAIT_SLICE = 0.1
+_ACQUIRE_SLICE = 1.0
 
 
 def _as_numpy(x):
@@ -107,47 +136,99 @@ def decode_batch(data, header):
     return arrays[0] if count == 1 else tuple(arrays)
 
 
-def item_records(path, begin, end, fmt):
-    """The records that start in [begin, end) of `path`, as bytes, for the
-    queue formats 'fixed:<n>' and 'lines' (newline removed)."""
-    records = []
-    with open(path, "rb") as f:
-        if fmt.startswith("fixed:"):
-            size = int(fmt.split(":", 1)[1])
-            start = -(-begin // size) * size
-            if start < end:
-                f.seek(start)
-                count = (end - start + size - 1) // size
-                data = f.read(count * size)
-                records = [data[i * size:(i + 1) * size] for i in range(len(data) // size)]
-        elif fmt in ("lines", ""):
-            pos = begin
-            if begin > 0:
-                f.seek(begin - 1)
-                if f.read(1) != b"\n":
-                    f.readline()  # the line that started before begin is another item's
-                pos = f.tell()
-            while pos < end:
-                line = f.readline()
-                if not line:
-                    break
-                pos += len(line)
-                records.append(line[:-1] if line.endswith(b"\n") else line)
-        else:
-            raise tailcut.InvalidArgumentError(
-                f"tailcut.pool reads the formats 'fixed' and 'lines', not {fmt!r}")
-    return records
+def _cuda_initialized():
+    """True when torch is loaded and has initialized CUDA in this process."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available() and
+                    torch.cuda.is_initialized())
+    except Exception:  # a torch without CUDA support
+        return False
+
+
+def item_records(path, begin, end, fmt, with_ends=False):
+    """The records that start in [begin, end) of `path`, as bytes, for a
+    queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord' or
+    'file'. Parsed as the queue's reader parses them (tailcut.slice_records):
+    lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked.
+    with_ends=True: (records, ends), ends[i] the file offset just past record i."""
+    name, _, size = (fmt or "lines").partition(":")
+    return _core.slice_records(path, begin, end, name, int(size) if size else None,
+                               with_ends=with_ends)
 
 
 def default_collate(records, fmt):
-    """Fixed-size records: an (n, record_bytes) uint8 array. Lines: (data,
-    offsets), uint8 and int64, record i = data[offsets[i]:offsets[i + 1]]."""
-    if fmt.startswith("fixed:"):
+    """Fixed-size records: an (n, record_bytes) uint8 array. Other formats
+    (lines, tfrecord, file): (data, offsets), uint8 and int64, record i =
+    data[offsets[i]:offsets[i + 1]]."""
+    if fmt and fmt.startswith("fixed:"):
         size = int(fmt.split(":", 1)[1])
         return np.frombuffer(b"".join(records), dtype=np.uint8).reshape(len(records), size)
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum([len(r) for r in records], out=offsets[1:])
     return np.frombuffer(b"".join(records), dtype=np.uint8), offsets
+
+
+# ---- How a loader builds a batch ---------------------------------------------------------------
+
+
+class _Recipe:
+    """records -> batch: record_transform on each record, collate_fn on the
+    list (default: default_collate; torch's default_collate after a
+    record_transform, as a DataLoader does), then transform on the batch,
+    handed over as torch tensors when `tensors` is set (what a QueueDataset
+    with batch_size hands its transform)."""
+
+    def __init__(self, batch_size, collate_fn=None, transform=None, record_transform=None,
+                 tensors=False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.collate_fn, self.transform = collate_fn, transform
+        self.record_transform, self.tensors = record_transform, bool(tensors)
+
+    def build(self, records, fmt):
+        if self.record_transform is not None:
+            records = [self.record_transform(r) for r in records]
+        if self.collate_fn is not None:
+            batch = self.collate_fn(records)
+        elif self.record_transform is not None:
+            from torch.utils.data import default_collate as torch_collate
+            batch = torch_collate(records)
+        else:
+            batch = default_collate(records, fmt)
+        if self.tensors:
+            batch = _torch_of(batch)
+        if self.transform is not None:
+            batch = self.transform(batch)
+        return batch
+
+
+def _torch_of(batch):
+    import torch
+    if isinstance(batch, np.ndarray):
+        return torch.from_numpy(batch)
+    if isinstance(batch, tuple) and all(isinstance(a, np.ndarray) for a in batch):
+        return tuple(torch.from_numpy(a) for a in batch)
+    return batch
+
+
+def _recipe_for(dataset, batch_size=None, collate_fn=None, transform=None):
+    """The recipe of a PooledLoader (or run_loader) over `dataset`: what is
+    given, else what the QueueDataset was given (its batch_size; its
+    transform, on batches when it batches, else on each record), so that
+    replacing a DataLoader over the dataset is a one-line change."""
+    ds_batch = getattr(dataset, "batch_size", None)
+    ds_transform = getattr(dataset, "transform", None)
+    size = batch_size if batch_size is not None else (ds_batch or _DEFAULT_BATCH_SIZE)
+    if transform is not None or ds_transform is None:
+        return _Recipe(size, collate_fn, transform)
+    if ds_batch is not None:
+        return _Recipe(size, collate_fn, ds_transform, tensors=True)
+    return _Recipe(size, collate_fn, record_transform=ds_transform)
+
+
+# ---- The loader loop ---------------------------------------------------------------------------
 
 
 class _EpochGate:
@@ -170,28 +251,66 @@ class _EpochGate:
         return self.ended
 
 
-def run_loader(dataset, ring_name, *, batch_size, slot_bytes, num_slots, collate_fn=None,
-               transform=None, max_clients=64, poll=0.005):
-    """Runs one loader process's loop until the queue has no item left: takes
-    items, reads their records, publishes batches of batch_size records (the
-    last of each epoch of this loader may be shorter), acks each item after
-    the batch with its last record is published. Returns the batches it
-    published. `dataset` is a tailcut.torch.QueueDataset (its queue options)."""
-    queue = dataset.queue
+class _RingClosed(Exception):
+    """The job closed its ring (every epoch ended): the loader leaves."""
+
+
+class _LeaveOnSignals:
+    """The first of `signums` asks the loader to leave (it publishes and acks
+    what it holds first); the next one acts as it would have without this
+    (SIGTERM ends the process, SIGINT raises KeyboardInterrupt). Only in the
+    main thread, where Python runs signal handlers."""
+
+    def __init__(self, signums):
+        self.signums = signums if threading.current_thread() is threading.main_thread() else ()
+        self.signum = None
+        self._old = {}
+
+    def __enter__(self):
+        for s in self.signums:
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                      else signal.SIG_DFL)
+
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        return False
+
+
+def _load(queue, ring, recipe, leave, poll):
+    """The loop of one loader: takes items, reads their records, publishes
+    batches of recipe.batch_size records (the last one of each of this
+    loader's epochs, and the one it leaves with, may be shorter) and acks each
+    item once the batch with its last record is published. Runs until the
+    queue has no item left, leave() says so, or the ring is closed. Returns
+    its counts and why it stopped ('end', 'left' or 'ring closed')."""
     fmt = queue.format
-    ring = _core.BatchRing(ring_name, slot_bytes, num_slots, "loader", max_clients=max_clients)
     gate = _EpochGate(queue, ring)
-    collate = collate_fn or (lambda records: default_collate(records, fmt))
-    pending, done_items, published = [], [], 0
+    gate.try_end()  # a loader that joins late starts at the job's epoch
+    counts = dict(batches=0, records=0, items=0, stopped="end")
+    pending, done_items = [], []
     epoch = None
 
-    def flush():
-        nonlocal pending, done_items, published
+    def acquire():
+        while True:
+            try:
+                return ring.acquire(timeout=_ACQUIRE_SLICE)
+            except tailcut.Empty:
+                if ring.stats()["closed"]:
+                    raise _RingClosed() from None
+
+    def flush(reading=None):
+        # reading: (item, offset) of the item whose records are being read,
+        # the offset just past its last record in `pending`.
+        nonlocal pending, done_items
         if pending:
-            batch = collate(pending)
-            if transform is not None:
-                batch = transform(batch)
-            slot = ring.acquire()
+            batch = recipe.build(pending, fmt)
+            slot = acquire()
             try:
                 nbytes = encode_batch(batch, slot.data, slot.header)
             except BaseException:
@@ -199,24 +318,39 @@ def run_loader(dataset, ring_name, *, batch_size, slot_bytes, num_slots, collate
                 raise
             if not ring.publish(slot, epoch, len(pending), nbytes):
                 ring.abandon(slot)
+                if ring.stats()["closed"]:
+                    raise _RingClosed()
                 raise tailcut.InvalidArgumentError(
-                    f"batch ring '{ring_name}': epoch {epoch} was ended while this loader still "
+                    f"batch ring '{ring.name}': epoch {epoch} was ended while this loader still "
                     f"had records of it (was the ring ended by hand?)")
-            published += 1
+            counts["batches"] += 1
+            counts["records"] += len(pending)
         for item in done_items:  # every record of these is in a published batch
             item.ack()
+        if reading is not None:
+            # Its records up to offset are published: should this loader die
+            # now, the item is read again from there, not from its start.
+            item, offset = reading
+            item.commit(min(offset, item.end))
+        counts["items"] += len(done_items)
         pending, done_items = [], []
         gate.try_end()
 
     try:
         while True:
+            if leave():
+                counts["stopped"] = "left"
+                break
             try:
                 item = queue.take(timeout=0)
             except tailcut.Empty:
                 # Nothing to take now: publish and ack what this loader holds
                 # first, since a take that waits may be waiting for its items.
                 flush()
-                item = queue.take()
+                try:
+                    item = queue.take(timeout=_WAIT_SLICE)
+                except tailcut.Empty:
+                    continue
             if item is None:
                 break
             if epoch is not None and item.epoch != epoch:
@@ -230,17 +364,47 @@ def run_loader(dataset, ring_name, *, batch_size, slot_bytes, num_slots, collate
                 gate.try_end()
                 continue
             epoch = item.epoch
-            for record in item_records(item.path, item.begin, item.end, fmt):
+            records, ends = item_records(item.path, item.begin, item.end, fmt, with_ends=True)
+            for record, end in zip(records, ends):
                 pending.append(record)
-                if len(pending) == batch_size:
-                    flush()
+                if len(pending) == recipe.batch_size:
+                    flush((item, end))
             done_items.append(item)
-        flush()
-        while gate.try_end() + 1 < queue.num_epochs:
-            time.sleep(poll)  # another loader still holds the last items
+        flush()  # leaving too: what it holds is published, so nothing comes out twice
+        while counts["stopped"] == "end" and gate.try_end() + 1 < queue.num_epochs:
+            if leave():  # another loader still holds the last items
+                counts["stopped"] = "left"
+                break
+            time.sleep(poll)
+    except _RingClosed:
+        # The job is over (or stopped early): what this loader holds goes back
+        # to the queue when it closes it.
+        counts["stopped"] = "ring closed"
+    return counts
+
+
+def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, collate_fn=None,
+               transform=None, max_clients=_RING_MAX_CLIENTS, poll=0.005, stop=None):
+    """Runs one loader process's loop until the queue has no item left (or
+    it is asked to leave): takes items, reads their records, publishes
+    batches of batch_size records (the last of each epoch of this loader may
+    be shorter), acks each item after the batch with its last record is
+    published. Returns the batches it published.
+
+    `dataset` is a tailcut.torch.QueueDataset; batch_size, collate_fn and
+    transform default to its own (see PooledLoader). The loader leaves early,
+    after publishing and acking what it holds, on SIGTERM (when run in the
+    main thread), when stop() returns true, or when the job closes the ring."""
+    recipe = _recipe_for(dataset, batch_size, collate_fn, transform)
+    ring = _core.BatchRing(ring_name, slot_bytes, num_slots, "loader", max_clients=max_clients)
+    try:
+        with _LeaveOnSignals((signal.SIGTERM,)) as signals:
+            def leave():
+                return signals.signum is not None or (stop is not None and stop())
+            counts = _load(dataset.queue, ring, recipe, leave, poll)
     finally:
         ring.close()
-    return published
+    return counts["batches"]
 
 
 def start_loaders(dataset, ring_name, num_workers, **kwargs):
@@ -256,7 +420,10 @@ def start_loaders(dataset, ring_name, num_workers, **kwargs):
 
 def _loader_main(dataset, ring_name, kwargs):
     run_loader(dataset, ring_name, **kwargs)
-    os._exit(0)
+    close = getattr(dataset, "close", None)
+    if close is not None:
+        close()  # leaves the queue now rather than at the next death check
+    os._exit(0)  # not the parent's atexit handlers
 
 
 def _env_int(name, default):
@@ -264,35 +431,161 @@ def _env_int(name, default):
     return default if value in (None, "") else int(value)
 
 
+# ---- The pool's description, for loaders that join from elsewhere ------------------------------
+
+_SPEC_VERSION = 1
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def pool_spec_path(ring_name):
+    """Where a pool's description lives while its job runs:
+    /dev/shm/tailcut-pool.<euid>.<ring name>.json, beside the ring's segment
+    (every process that can open the ring sees the same /dev/shm)."""
+    if not isinstance(ring_name, str) or not _NAME_RE.match(ring_name):
+        raise tailcut.InvalidArgumentError(
+            f"batch ring name {ring_name!r}: use only A-Z a-z 0-9 . _ -")
+    return f"/dev/shm/tailcut-pool.{os.geteuid()}.{ring_name}.json"
+
+
+def _callable_ref(fn):
+    """How another process gets `fn`: a pickle (a module-level function or
+    class, or an instance of one) or, when there is none, why not."""
+    if fn is None:
+        return None
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    ref = dict(describe=f"{module}.{qualname}")
+    if module == "__main__":
+        ref["error"] = "is defined in the job's main script, which another process cannot import"
+        return ref
+    try:
+        ref["pickle"] = base64.b64encode(pickle.dumps(fn)).decode("ascii")
+    except Exception as e:  # lambdas, closures, objects holding them
+        ref["error"] = f"cannot be pickled ({type(e).__name__}: {e})"
+    return ref
+
+
+def _write_spec(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, poll):
+    """Writes the pool's description (mode 0600, replaced atomically); returns its path."""
+    path = pool_spec_path(ring_name)
+    args = {k: v for k, v in queue.open_args.items() if k not in ("on_notice", "restore_state")}
+    if args.get("prefix") is not None:
+        args["prefix"] = os.fsdecode(args["prefix"])
+    spec = dict(
+        version=_SPEC_VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
+        max_clients=max_clients, poll=poll, queue=args, format=queue.format,
+        batch_size=recipe.batch_size, tensors=recipe.tensors,
+        callables={k: _callable_ref(getattr(recipe, k))
+                   for k in ("collate_fn", "transform", "record_transform")},
+        cwd=os.getcwd(), sys_path=[p for p in sys.path if isinstance(p, str)],
+        pid=os.getpid(), written=time.time())
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(spec, f, default=os.fspath)  # a PathLike option; anything else raises
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def read_pool_spec(ring_name):
+    """The description of the pool of ring `ring_name` (a dict), written by
+    the job's PooledLoader. Raises NotFoundError when there is none, and
+    PermissionDeniedError unless the file is this user's and private to it
+    (it may name code to run)."""
+    path = pool_spec_path(ring_name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise tailcut.NotFoundError(
+            f"no pool description for ring '{ring_name}' ({path}): is the job running, and has "
+            f"its local rank 0 started iterating its PooledLoader (it writes the file then)? "
+            f"`python3 -m tailcut.pool --list` lists the pools of this host") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
+            raise tailcut.PermissionDeniedError(
+                f"pool description {path} is not a private file of user {os.geteuid()} "
+                f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): refusing to use it")
+        spec = json.load(f)
+    if spec.get("version") != _SPEC_VERSION:
+        raise tailcut.ConfigMismatchError(
+            f"pool description {path} has version {spec.get('version')!r}; this tailcut reads "
+            f"version {_SPEC_VERSION} (use the same tailcut as the job)")
+    return spec
+
+
+def _remove_spec(ring_name, writer_pid):
+    """Removes the description, in the process that wrote it only (a forked
+    child that exits normally must not remove its parent's)."""
+    if os.getpid() != writer_pid:
+        return
+    try:
+        os.unlink(pool_spec_path(ring_name))
+    except FileNotFoundError:
+        pass
+
+
+# ---- PooledLoader ------------------------------------------------------------------------------
+
+
+class _Carried:
+    """A leftover batch kept for the next epoch: owned tensors and its record count."""
+
+    def __init__(self, tensors, records):
+        self.tensors, self.records = tensors, records
+
+
 class PooledLoader:
     """Batches from a host-wide pool of loader processes, equal steps per rank.
 
-    PooledLoader(dataset, num_workers=2, batch_size=32, collate_fn=None,
+    PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
                  transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
-                 world_size=None, local_rank=None, name=None, timeout=1800.0)
+                 world_size=None, local_rank=None, name=None, timeout=1800.0,
+                 carry_over=False, on_leftover=None)
 
-    `dataset` is a tailcut.torch.QueueDataset (fixed or lines format). Local
-    rank 0 ($LOCAL_RANK, else local_rank, else rank, else 0) starts
-    num_workers loader processes (run_loader) for the whole host on the first
-    iteration; every rank pops the next ready batch of the host's ring.
+    `dataset` is a tailcut.torch.QueueDataset. Local rank 0 ($LOCAL_RANK,
+    else local_rank, else rank, else 0) starts num_workers loader processes
+    (run_loader) for the whole host on the first iteration; add_loaders(n)
+    and remove_loaders(n) change their number at any time, and
+    `python3 -m tailcut.pool --ring NAME` adds one from any shell. Every rank
+    pops the next ready batch of the host's ring.
+
+    batch_size, collate_fn and transform default to the dataset's: its
+    batch_size (else 32), and its transform, which then runs in the loaders
+    as it would have in DataLoader workers (on each batch, as torch tensors,
+    if the dataset batches; else on each record, before collate_fn or torch's
+    default_collate). So DataLoader(ds, ..., num_workers=2) per rank becomes
+    PooledLoader(ds, ..., num_workers=8) per host.
+
     Iterating runs one epoch (set_epoch(e), else 0, 1, ...) and yields each
     batch as torch tensors over the ring's shared memory (no copy), READ-ONLY
     AND VALID UNTIL THE NEXT BATCH IS REQUESTED: the previous batch is
     released then. Every local rank gets the same number of batches per epoch
     (WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks, else world_size);
-    the batches left when one rank has none are released and counted in
-    `reports`. len() is this rank's steps per epoch, an estimate (exact in
-    records for fixed-size records; loaders' short batches at epoch ends and
-    the lines format make it approximate).
+    the batches left when one rank has none are counted in `reports` and,
+    with carry_over=True, yielded first in the next epoch (copied), as
+    EqualSteps does; otherwise, and after the queue's last epoch, each is
+    passed to on_leftover(batch) and released. len() is this rank's steps per
+    epoch, an estimate (records per epoch / batch_size / local ranks).
     """
 
-    def __init__(self, dataset, num_workers=2, batch_size=32, collate_fn=None, transform=None,
+    def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
-                 name=None, timeout=1800.0):
+                 name=None, timeout=1800.0, carry_over=False, on_leftover=None):
         self.dataset = dataset
         self.queue = dataset.queue
         self.num_workers = int(num_workers)
-        self.batch_size = int(batch_size)
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+        self._recipe = _recipe_for(dataset, batch_size, collate_fn, transform)
+        self.batch_size = self._recipe.batch_size
         self.collate_fn, self.transform = collate_fn, transform
         self.slot_bytes, self.num_slots = int(slot_bytes), int(num_slots)
         self.rank = _env_int("RANK", 0) if rank is None else int(rank)
@@ -305,12 +598,23 @@ class PooledLoader:
                              f"[0, {self.local_world_size})")
         self.name = name or f"{self.queue.name}.pool"
         self.timeout = timeout
-        self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer")
+        self.carry_over = bool(carry_over)
+        self.on_leftover = on_leftover
+        # Pinned for CUDA only where this process already chose its device
+        # (torch.cuda.set_device, or any CUDA work): registering first would
+        # make a context on device 0 for every rank. See docs/pooled.md.
+        self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
+                                    max_clients=_RING_MAX_CLIENTS,
+                                    cuda_register=_cuda_initialized())
         self.epoch = 0
         self.reports = []
-        self.loaders = []
+        self.loaders = []  # the loader processes this process started
+        self._leaving = set()  # pids of those asked to leave
+        self._started = False
+        self._spec_removal = None  # removes the description at close() or exit
         self._current = None
         self._stash = None
+        self._carried = []
 
     def set_epoch(self, epoch):
         """The epoch the next iteration runs."""
@@ -319,25 +623,61 @@ class PooledLoader:
         self.epoch = epoch
 
     def __len__(self):
-        fmt = self.queue.format
-        paths = self.queue.paths
-        total = sum(os.path.getsize(p) for p in paths)
-        if fmt.startswith("fixed:"):
-            records = total // int(fmt.split(":", 1)[1])
+        counter = getattr(self.dataset, "records_per_epoch", None)
+        if counter is not None:
+            records, _ = counter()
         else:
-            with open(paths[0], "rb") as f:
-                sample = f.read(1 << 20)
-            records = total * max(sample.count(b"\n"), 1) // max(len(sample), 1)
+            total = sum(os.path.getsize(p) for p in self.queue.paths)
+            fmt = self.queue.format or "lines"
+            records = total // int(fmt.split(":", 1)[1]) if fmt.startswith("fixed:") else total
         return records // self.batch_size // self.local_world_size
 
+    def _loader_kwargs(self):
+        return dict(batch_size=self._recipe.batch_size, slot_bytes=self.slot_bytes,
+                    num_slots=self.num_slots, collate_fn=self.collate_fn,
+                    transform=self.transform, max_clients=_RING_MAX_CLIENTS)
+
+    def _publish_spec(self):
+        if self._spec_removal is None:
+            _write_spec(self.name, self.queue, self._recipe, self.slot_bytes, self.num_slots,
+                        _RING_MAX_CLIENTS, 0.005)
+            self._spec_removal = weakref.finalize(self, _remove_spec, self.name, os.getpid())
+
     def start_loaders(self):
-        """Starts this host's loader processes (done by local rank 0 on the first iteration)."""
-        if not self.loaders:
-            self.loaders = start_loaders(
-                self.dataset, self.name, self.num_workers, batch_size=self.batch_size,
-                slot_bytes=self.slot_bytes, num_slots=self.num_slots, collate_fn=self.collate_fn,
-                transform=self.transform)
+        """Starts this host's num_workers loader processes (done by local rank
+        0 on the first iteration) and writes the pool's description, so that
+        `python3 -m tailcut.pool --ring NAME` can add loaders; once."""
+        if not self._started:
+            self._started = True
+            self._publish_spec()
+            self.loaders += start_loaders(self.dataset, self.name, self.num_workers,
+                                          **self._loader_kwargs())
         return self.loaders
+
+    def add_loaders(self, n=1):
+        """Starts n more loader processes for the host now, also mid-epoch and
+        from any local rank; they take items from the queue like the others.
+        Returns them (multiprocessing.Process)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        self._publish_spec()
+        procs = start_loaders(self.dataset, self.name, n, **self._loader_kwargs())
+        self.loaders += procs
+        return procs
+
+    def remove_loaders(self, n=1):
+        """Asks n of the loader processes this process started (the newest
+        first) to leave: each publishes and acks what it holds, then exits
+        (SIGTERM). Returns them without waiting: a loader may have to wait for
+        a free slot, which this rank frees by iterating."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        live = [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
+        chosen = live[len(live) - min(n, len(live)):]
+        for p in chosen:
+            self._leaving.add(p.pid)
+            p.terminate()
+        return chosen
 
     def _release_current(self):
         if self._current is not None:
@@ -345,7 +685,8 @@ class PooledLoader:
             self.ring.release(batch)
 
     def _next(self, epoch, report):
-        """The next batch of `epoch`, or None at its end."""
+        """The next batch of `epoch` (or, with carry_over, a late one of an
+        earlier epoch), or None at its end."""
         self._release_current()
         while True:
             if self._stash is not None:
@@ -361,8 +702,52 @@ class PooledLoader:
             if batch.epoch > epoch:
                 self._stash = batch  # the next epoch's first
                 return None
-            report["late_batches"] += 1  # an earlier epoch's, left by a rank that stopped
-            report["leftover_records"] += batch.records
+            # An earlier epoch's, published after the ranks ended it: late.
+            report["late_batches"] += 1
+            if self.carry_over:
+                return batch
+            self._drop(batch, report)
+
+    def _tensors(self, batch, copy=False):
+        import torch
+        arrays = decode_batch(batch.data, batch.header)
+        if copy:
+            arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
+                      else arrays.copy())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only arrays: documented
+            if isinstance(arrays, tuple):
+                return tuple(torch.from_numpy(a) for a in arrays)
+            return torch.from_numpy(arrays)
+
+    def _drop(self, batch, report):
+        """A leftover batch not carried: counted, shown to on_leftover, released."""
+        report["leftover_records"] += batch.records
+        report["dropped_batches"] += 1
+        report["dropped_records"] += batch.records
+        if isinstance(batch, _Carried):
+            if self.on_leftover is not None:
+                self.on_leftover(batch.tensors)
+            return
+        try:
+            if self.on_leftover is not None:
+                self.on_leftover(self._tensors(batch))
+        finally:
+            self.ring.release(batch)
+
+    def _leftover(self, batch, report, last_epoch):
+        report["leftover_batches"] += 1
+        if not self.carry_over or last_epoch:
+            self._drop(batch, report)
+            return
+        report["leftover_records"] += batch.records
+        report["carried_out"] += 1
+        if isinstance(batch, _Carried):
+            self._carried.append(batch)
+            return
+        try:
+            self._carried.append(_Carried(self._tensors(batch, copy=True), batch.records))
+        finally:
             self.ring.release(batch)
 
     def _agree(self, epoch, step, has_batch):
@@ -378,51 +763,58 @@ class PooledLoader:
         return self._epoch_steps()
 
     def _epoch_steps(self):
-        import warnings
-
-        import torch
-
         if self.local_rank == 0:
             self.start_loaders()
         epoch = self.epoch
         self.epoch = epoch + 1
-        report = dict(epoch=epoch, steps=0, leftover_batches=0, leftover_records=0,
-                      late_batches=0)
+        last_epoch = epoch + 1 >= self.queue.num_epochs
+        carried, self._carried = self._carried, []
+        report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
+                      leftover_records=0, late_batches=0, carried_out=0, dropped_batches=0,
+                      dropped_records=0)
         self.reports.append(report)
         step = 0
+
+        def next_batch():
+            return carried.pop(0) if carried else self._next(epoch, report)
+
         try:
             while True:
-                batch = self._next(epoch, report)
+                batch = next_batch()
                 if self._agree(epoch, step, batch is not None):
                     step += 1
                     report["steps"] = step
-                    self._current = batch
-                    arrays = decode_batch(batch.data, batch.header)
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # read-only arrays: documented
-                        if isinstance(arrays, tuple):
-                            yield tuple(torch.from_numpy(a) for a in arrays)
-                        else:
-                            yield torch.from_numpy(arrays)
+                    if isinstance(batch, _Carried):
+                        yield batch.tensors
+                    else:
+                        self._current = batch
+                        yield self._tensors(batch)
                     continue
                 while batch is not None:  # the group ended the epoch: the rest is left over
-                    report["leftover_batches"] += 1
-                    report["leftover_records"] += batch.records
-                    self.ring.release(batch)
-                    batch = self._next(epoch, report)
+                    self._leftover(batch, report, last_epoch)
+                    batch = next_batch()
                 break
         finally:
             self._release_current()
 
     def close(self):
-        """Releases what this rank holds, leaves the ring, and (local rank 0)
-        waits for its loader processes, which finish after the queue's last
-        epoch. Loaders still running 10 s later (training stopped early) are
-        killed: the items they hold go back to the queue."""
+        """Releases what this rank holds and leaves the ring. Local rank 0
+        ends the ring (every epoch; loaders still running leave, giving their
+        items back to the queue, and the last process to leave removes the
+        ring) and removes the pool's description. Loader processes this
+        process started are waited for; those still running 10 s later are
+        killed (their items go back to the queue). Idempotent."""
+        if self.ring.closed:
+            return
         self._release_current()
         if self._stash is not None:
             self.ring.release(self._stash)
             self._stash = None
+        self._carried = []
+        if self.local_rank == 0:
+            self.ring.end_epoch(None)
+        if self._spec_removal is not None:
+            self._spec_removal()  # once
         self.ring.close()
         deadline = time.monotonic() + 10.0
         for p in self.loaders:
@@ -437,3 +829,210 @@ class PooledLoader:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+# ---- python3 -m tailcut.pool -------------------------------------------------------------------
+
+
+class _CliError(Exception):
+    pass
+
+
+def _load_named(text, what):
+    """MODULE:NAME or FILE.py:NAME (NAME may be dotted), or 'none'."""
+    if text.lower() == "none":
+        return None
+    where, sep, name = text.rpartition(":")
+    if not sep or not where or not name:
+        raise _CliError(f"--{what} {text!r}: expected MODULE:NAME, FILE.py:NAME or none")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            path = os.path.abspath(where)
+            module_name = "_tailcut_pool_" + re.sub(r"\W", "_", os.path.basename(path)[:-3])
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            if spec is None:
+                raise ImportError(f"not a Python file: {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)  # as a module: its __main__ block does not run
+        else:
+            module = importlib.import_module(where)
+        obj = module
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except Exception as e:
+        raise _CliError(f"--{what} {text!r}: {type(e).__name__}: {e}") from None
+    if not callable(obj):
+        raise _CliError(f"--{what} {text!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _job_callable(spec, key, override):
+    if override is not None:
+        return _load_named(override, key.replace("_", "-"))
+    ref = spec["callables"].get(key)
+    if ref is None:
+        return None
+    flag = "--" + key.replace("_", "-")
+    if "error" in ref:
+        raise _CliError(f"the job's {key} ({ref['describe']}) {ref['error']}: move it to a module "
+                        f"the job imports, or pass {flag} MODULE:NAME or FILE.py:NAME")
+    try:
+        return pickle.loads(base64.b64decode(ref["pickle"]))
+    except Exception as e:
+        raise _CliError(f"the job's {key} ({ref['describe']}) cannot be loaded here "
+                        f"({type(e).__name__}: {e}): pass {flag} MODULE:NAME or "
+                        f"FILE.py:NAME") from None
+
+
+def _live(ring_name):
+    """(ring stats, queue summary) of a running job, or raises _CliError."""
+    try:
+        ring = tailcut.inspect_batch_ring(ring_name)
+    except tailcut.NotFoundError:
+        raise _CliError(f"batch ring '{ring_name}' does not exist: the job has ended (or "
+                        f"never started); nothing to join") from None
+    if not any(c["alive"] for c in ring["clients"]):
+        raise _CliError(f"batch ring '{ring_name}' has no live process: the job has ended")
+    if ring["closed"]:
+        raise _CliError(f"batch ring '{ring_name}' is closed: the job is ending")
+    return ring
+
+
+def _list_pools(out):
+    prefix = f"tailcut-pool.{os.geteuid()}."
+    names = sorted(f[len(prefix):-5] for f in os.listdir("/dev/shm")
+                   if f.startswith(prefix) and f.endswith(".json"))
+    if not names:
+        print("no pools on this host (a PooledLoader's local rank 0 describes its pool when it "
+              "starts its loaders)", file=out)
+        return
+    print(f"{'RING':32s} {'QUEUE':28s} {'EPOCH':>7s} {'LOADERS':>7s} {'TRAINERS':>8s} "
+          f"{'READY':>7s}  STATE", file=out)
+    for name in names:
+        try:
+            spec = read_pool_spec(name)
+            ring = _live(name)
+            q = tailcut.inspect_queue(spec["queue"]["name"])
+        except (tailcut.Error, _CliError, ValueError, OSError) as e:
+            print(f"{name:32s} stale: {e}", file=out)
+            continue
+        live = [c for c in ring["clients"] if c["alive"]]
+        loaders = sum(c["role"] == "loader" for c in live)
+        trainers = sum(c["role"] == "trainer" for c in live)
+        ready = f"{ring['ready']}/{ring['num_slots']}"
+        print(f"{name:32s} {q['name']:28s} {q['epoch']:>3d}/{q['num_epochs']:<3d} {loaders:>7d} "
+              f"{trainers:>8d} {ready:>7s}  {'no batch ready' if ring['ready'] == 0 else 'ok'}",
+              file=out)
+
+
+_EPILOG = """\
+The job's local rank 0 describes its pool in /dev/shm/tailcut-pool.<uid>.<ring>.json when it
+starts its loaders (PooledLoader: on the first iteration); this command reads it, opens the
+job's WorkQueue and BatchRing, and loads batches as the job's own loaders do, the same batch
+size and transform, until the queue's last epoch ends. The ring's name is the PooledLoader's
+`name`, by default '<queue name>.pool' (--list shows the pools of this host).
+
+The job's collate_fn/transform come with the description when they can be imported from
+here (defined in a module, not in the main script, and picklable); otherwise name them with
+--transform/--collate-fn/--record-transform MODULE:NAME or FILE.py:NAME (a file is loaded as
+a module: its `if __name__ == "__main__":` block does not run).
+
+Leaving: SIGTERM or Ctrl-C makes the loader publish and ack what it holds, then exit 0 (a
+second one stops it at once; its items then go back to the queue and records of them may come
+out twice). Exit status: 0 when the data ended, the loader left, or the job closed its ring;
+1 on an error (the message says what to do); 2 on a bad command line.
+"""
+
+
+def main(argv=None):
+    """`python3 -m tailcut.pool`: adds one loader process to a running job's pool."""
+    parser = argparse.ArgumentParser(
+        prog="python3 -m tailcut.pool",
+        description="Add one loader process to the pool of a running job on this host: it takes "
+                    "items from the job's work queue and publishes batches into its batch ring.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ring", metavar="NAME",
+                        help="the job's batch ring (PooledLoader name; default '<queue>.pool')")
+    parser.add_argument("--list", action="store_true",
+                        help="list the pools of this host that a loader can join, and exit")
+    for key, what in (("transform", "the batch transform"),
+                      ("collate-fn", "the collate function (records -> batch)"),
+                      ("record-transform", "the per-record transform")):
+        parser.add_argument(f"--{key}", metavar="REF",
+                            help=f"{what} instead of the job's: MODULE:NAME, FILE.py:NAME or none")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="do not print when the loader joins and leaves")
+    args = parser.parse_args(argv)
+    if args.list:
+        _list_pools(sys.stdout)
+        return 0
+    if not args.ring:
+        parser.error("--ring NAME is required (or --list)")
+
+    def say(text):
+        if not args.quiet:
+            # One write per line: loaders of one host often share a terminal.
+            sys.stderr.write(f"tailcut.pool: loader {os.getpid()} {text}\n")
+            sys.stderr.flush()
+
+    queue = ring = None
+    try:
+        spec = read_pool_spec(args.ring)
+        _live(args.ring)
+        qname = spec["queue"]["name"]
+        try:
+            summary = tailcut.inspect_queue(qname)
+        except tailcut.NotFoundError:
+            raise _CliError(f"the job's queue '{qname}' does not exist: the job has "
+                            f"ended") from None
+        if summary["done"] >= summary["total"]:
+            raise _CliError(f"the job's queue '{qname}' is done: nothing left to load")
+        # The job's imports, then its relative paths, as the job sees them.
+        sys.path.extend(p for p in spec["sys_path"] if p not in sys.path)
+        recipe = _Recipe(spec["batch_size"],
+                         collate_fn=_job_callable(spec, "collate_fn", args.collate_fn),
+                         transform=_job_callable(spec, "transform", args.transform),
+                         record_transform=_job_callable(spec, "record_transform",
+                                                        args.record_transform),
+                         tensors=spec["tensors"])
+        os.chdir(spec["cwd"])
+        queue = tailcut.WorkQueue(**spec["queue"])
+        ring = _core.BatchRing(args.ring, spec["slot_bytes"], spec["num_slots"], "loader",
+                               max_clients=spec["max_clients"])
+        s = queue.summary()
+        loaders = sum(c["alive"] and c["role"] == "loader" for c in ring.stats()["clients"])
+        say(f"joined ring '{args.ring}' (queue '{qname}', epoch {s['epoch']} of "
+            f"{queue.num_epochs}, {s['done']} of {s['total']} items done; {loaders} loaders "
+            f"now)")
+        with _LeaveOnSignals((signal.SIGTERM, signal.SIGINT)) as signals:
+            counts = _load(queue, ring, recipe, lambda: signals.signum is not None,
+                           spec["poll"])
+        why = {"end": "finished (no item left)", "ring closed": "stopped (the job closed its ring)"}
+        if counts["stopped"] == "left":
+            why["left"] = f"left on {signal.Signals(signals.signum).name}"
+        say(f"{why[counts['stopped']]}: published {counts['batches']} batches, "
+            f"{counts['records']} records of {counts['items']} items")
+        return 0
+    except KeyboardInterrupt:
+        print("python3 -m tailcut.pool: interrupted; the items this loader held go back to the "
+              "queue", file=sys.stderr)
+        return 130
+    except _CliError as e:
+        print(f"python3 -m tailcut.pool: {e}", file=sys.stderr)
+        return 1
+    except tailcut.Error as e:
+        print(f"python3 -m tailcut.pool: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if ring is not None:
+            ring.close()
+        if queue is not None:
+            queue.close()
+
+
+if __name__ == "__main__":
+    # Run the module's own copy (tailcut.pool), not this __main__ one, so that
+    # objects the job pickled by reference to tailcut.pool resolve to it.
+    from tailcut.pool import main as _main
+    sys.exit(_main())

@@ -96,6 +96,28 @@ struct WorkQueueOptions {
   bool keep_unfinished = false;
   // Where one-line notices go (resume, replace, waiting). Default: stderr.
   std::function<void(const std::string&)> on_notice;
+
+  // One job across hosts (docs/global.md). With a coordinator, every host
+  // keeps its own queue in shared memory, named `name` + "." + host id, and
+  // one process per host (elected through it) claims blocks of tickets for
+  // it from Redis at this URL: redis://[user[:password]@]HOST:PORT/DB. Empty:
+  // TAILCUT_COORDINATOR, and none if that is unset too. Every item is then
+  // used exactly once per epoch across all hosts of the job, which is `name`
+  // on that Redis. Needs libtailcut_global (built when hiredis is found).
+  std::string coordinator;
+  // This host's identity in the job; empty: TAILCUT_HOST_ID, else the
+  // hostname. Several ids on one machine simulate several hosts.
+  std::string host_id;
+  // How long a block stays this host's without a renewal (the feeder renews
+  // every third of it): a host that dies or stops (SIGSTOP, a partition)
+  // loses its unfinished tickets to the others after this. Far longer than
+  // lease_timeout, so that a trainer's crash inside a host never reaches
+  // the other hosts.
+  std::chrono::milliseconds global_ttl{60000};
+  // Tickets per block claimed from the coordinator. Larger blocks mean
+  // fewer Redis calls, smaller ones a shorter tail between hosts at the end
+  // of the data. 0: num_items / 64, at least 1 and at most 64.
+  uint64_t global_block_size = 0;
 };
 
 // What identifies a work file on this host: taken (stat) by the process that
@@ -221,6 +243,15 @@ class TAILCUT_EXPORT WorkQueue {
   // nothing recorded, unless begin <= offset <= end (the item as handed out:
   // a record that starts before a split's lower end may end past it).
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
+  // Progress for a process that hands on what it reads to a place that
+  // outlives it (a loader publishing batches into a BatchRing): the records
+  // before `offset` are delivered, so should this process die, or give the
+  // item back, or lose it to a lease timeout, the item is handed out again
+  // from `offset`, not from its begin. Call it after each hand-off; a crash
+  // between the hand-off and this call repeats what that hand-off held. Not
+  // for items this process splits (Claim): those resume at their begin.
+  // Same checks and statuses as Progress.
+  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
   // before `up_to`, claim them (any up_to: below begin claims nothing, past

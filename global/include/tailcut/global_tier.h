@@ -79,6 +79,9 @@ struct GlobalJob {
   uint64_t block_size = 64;  // tickets per block
   uint64_t seed = 0;
   std::string files_fingerprint;  // the caller's fingerprint of the file table
+  // false: `seed` is only a proposal; a job that exists keeps its own seed,
+  // which job().seed then reports after Open.
+  bool seed_explicit = true;
 };
 
 struct GlobalTierOptions {
@@ -160,6 +163,10 @@ class TAILCUT_EXPORT GlobalTier {
   // Connects (AUTH, SELECT), loads the scripts, and creates the job or joins
   // it after checking its configuration. Throws tailcut::Error.
   static std::unique_ptr<GlobalTier> Open(GlobalTierOptions options);
+  // Stats of the job options.job.name without joining it (only the name,
+  // coordinator and timeouts are used): for tools. Throws as Open does, and
+  // kNotFound when no such job is on that Redis.
+  static GlobalStats Inspect(GlobalTierOptions options);
   ~GlobalTier();
   GlobalTier(const GlobalTier&) = delete;
   GlobalTier& operator=(const GlobalTier&) = delete;

@@ -45,6 +45,14 @@
 //    answer signals (Python's Ctrl-C) passes short deadlines and loops.
 //  * Fork: a BatchRing belongs to the process that opened it; a forked child
 //    opens its own and must not use or destroy the parent's object.
+//  * CUDA: a trainer's Open registers its mapping of the arena with the CUDA
+//    runtime when one can be loaded at run time and has a device
+//    (cudaHostRegister, portable; no build dependency on CUDA), so that
+//    copying a popped batch to a GPU is DMA from the slot. Once per Open, in
+//    the opening process only; undone when the BatchRing is destroyed. It
+//    makes a CUDA context on the process's current device: choose the device
+//    first. A GPU that refuses is a notice (once per process); a host
+//    without a GPU gets none. memory_state() says which.
 //  * Lifetime: the first Open creates the segment, later ones attach (the
 //    same slot_bytes, num_slots and max_clients, or kConfigMismatch). The last
 //    client to leave a closed ring removes it. A ring whose clients all died
@@ -58,6 +66,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -74,6 +83,12 @@ struct BatchRingOptions {
   uint32_t num_slots = 16;          // batches in flight, 1..4095
   uint32_t max_clients = 64;        // loaders and trainers together, 1..1024
   std::chrono::milliseconds attach_timeout{10000};
+  // Trainers: register the arena with the CUDA runtime (see Contract: CUDA).
+  // Loaders never do: they only write the slots.
+  bool cuda_register = true;
+  // Where one-line notices go (a GPU the arena could not be registered
+  // with). Default: stderr.
+  std::function<void(const std::string&)> on_notice;
 };
 
 enum class RingRole { kLoader, kTrainer };
@@ -119,7 +134,9 @@ struct RingClientStats {
   bool alive = false;
   RingRole role = RingRole::kLoader;
   uint64_t acquired = 0, published = 0, abandoned = 0, popped = 0, released = 0;
-  double wait_seconds = 0;
+  double wait_seconds = 0;     // waits for a slot or a batch that ended
+  double waiting_seconds = 0;  // the wait it is in now, so far (0: not waiting)
+  uint64_t joined_ns = 0;      // CLOCK_MONOTONIC, as BatchRingStats::now_ns
 };
 
 struct BatchRingStats {
@@ -132,6 +149,7 @@ struct BatchRingStats {
   uint64_t published = 0, released = 0, reclaimed = 0, redelivered = 0, stale_tokens = 0;
   bool closed = false;
   uint64_t ended_through = 0;  // highest ended epoch + 1 (0: none)
+  uint64_t now_ns = 0;         // CLOCK_MONOTONIC when these were read: rates over a lifetime
   std::vector<RingClientStats> clients;
 };
 
@@ -174,6 +192,14 @@ class TAILCUT_EXPORT BatchRing {
   int RecoverDeadClients() noexcept;
 
   BatchRingStats Stats() const;
+  // Whether this process registered the arena with CUDA (a trainer, see
+  // Contract: CUDA).
+  bool cuda_pinned() const noexcept;
+  // One line on the arena: "arena: 64 MiB (16 slots of 4 MiB)", then for a
+  // trainer that asked for registration " + CUDA-pinned" or "; not
+  // CUDA-pinned: <why>", e.g. "no CUDA device (cudaGetDeviceCount: CUDA
+  // error 100 ...)".
+  const std::string& memory_state() const noexcept;
   uint32_t client_slot() const noexcept;
   uint64_t slot_bytes() const noexcept;
   uint32_t num_slots() const noexcept;

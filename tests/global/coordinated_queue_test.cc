@@ -1,0 +1,398 @@
+// WorkQueue with a coordinator, across real processes: simulated hosts (a
+// host id each) of several forked processes, one redis-server of the test's
+// own. Every process takes, reads and acks items through the ordinary
+// WorkQueue API and logs each ack; the parent checks the logs against every
+// (epoch, item) of the job: exactly once with all hosts alive and through a
+// Redis crash, and nothing lost, nothing doubled by the survivors when a
+// whole host is killed or paused past its TTL.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "global/redis_server.h"
+#include "tailcut/global_tier.h"
+#include "tailcut/work_queue.h"
+
+namespace tailcut {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::RedisServer;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kFiles = 6;
+constexpr uint64_t kSlices = 240;
+constexpr uint64_t kEpochs = 3;
+
+class Dir {
+ public:
+  Dir() {
+    char tmpl[] = "/tmp/tailcut-coord-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~Dir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string UniqueJob(const char* tag) {
+  static int n = 0;
+  return "tccoord_" + std::to_string(getpid()) + "_" + std::to_string(n++) + "_" + tag;
+}
+
+struct Job {
+  std::string url;
+  std::string name;
+  std::vector<std::string> works;
+  milliseconds ttl{1500};
+  milliseconds work_per_item{2};
+};
+
+WorkQueueOptions Options(const Job& job, const std::string& host, int processes) {
+  WorkQueueOptions o;
+  o.name = job.name;
+  o.works = job.works;
+  o.num_epochs = kEpochs;
+  o.num_slices = kSlices;
+  o.num_clients = static_cast<uint32_t>(processes);
+  o.shuffle = true;
+  o.coordinator = job.url;
+  o.host_id = host;
+  o.global_ttl = job.ttl;
+  o.global_block_size = 4;
+  o.on_notice = [](const std::string&) {};
+  return o;
+}
+
+// One process of a host: takes until the end, logs (epoch * items + index)
+// of every item it acked. Returns its exit status.
+int RunProcess(const Job& job, const std::string& host, int processes, const std::string& log) {
+  std::unique_ptr<WorkQueue> q;
+  try {
+    q = WorkQueue::Open(Options(job, host, processes));
+  } catch (const Error& e) {
+    fprintf(stderr, "%s: %s\n", host.c_str(), e.what());
+    return 2;
+  }
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  WorkItem item;
+  for (;;) {
+    TakeStatus st = q->Take(&item, Clock::now() + std::chrono::seconds(60));
+    if (st == TakeStatus::kEnd) break;
+    if (st != TakeStatus::kOk) {
+      fprintf(stderr, "%s: take returned %d\n", host.c_str(), static_cast<int>(st));
+      return 3;
+    }
+    std::this_thread::sleep_for(job.work_per_item);
+    if (q->Ack(item) == AckStatus::kOk) {
+      uint64_t key = item.epoch * q->num_items() + item.index;
+      if (write(fd, &key, sizeof(key)) != sizeof(key)) return 4;
+    }
+  }
+  close(fd);
+  q->Close();
+  return 0;
+}
+
+struct Host {
+  std::string id;
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+};
+
+// `processes` forked processes of host `id`; `tag` tells their logs apart
+// from those of other processes of the same host started separately.
+Host StartHost(const Job& job, const std::string& id, int processes, const std::string& dir,
+               const std::string& tag = "") {
+  Host h;
+  h.id = id;
+  for (int p = 0; p < processes; ++p) {
+    std::string log = dir + "/" + id + tag + "." + std::to_string(p) + ".log";
+    h.logs.push_back(log);
+    pid_t pid = fork();
+    if (pid == 0) _exit(RunProcess(job, id, processes, log));
+    h.pids.push_back(pid);
+  }
+  return h;
+}
+
+std::vector<int> Wait(const Host& h) {
+  std::vector<int> codes;
+  for (pid_t pid : h.pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+// How many times each key was acked, over the given hosts' logs.
+std::map<uint64_t, int> Counts(const std::vector<Host>& hosts) {
+  std::map<uint64_t, int> counts;
+  for (const Host& h : hosts)
+    for (const std::string& log : h.logs) {
+      std::ifstream in(log, std::ios::binary);
+      uint64_t key;
+      while (in.read(reinterpret_cast<char*>(&key), sizeof(key))) ++counts[key];
+    }
+  return counts;
+}
+
+uint64_t NumItems(const Job& job) {
+  WorkQueueOptions o = Options(job, "probe", 1);
+  o.coordinator.clear();
+  o.name = job.name + "_probe";
+  auto q = WorkQueue::Open(o);
+  uint64_t n = q->num_items();
+  q->Close();  // unfinished and closed by all: removed
+  return n;
+}
+
+// The job as Redis sees it.
+GlobalStats JobStats(const Job& job) {
+  GlobalTierOptions o;
+  o.coordinator = job.url;
+  o.job.name = job.name;
+  o.on_notice = [](const std::string&) {};
+  return GlobalTier::Inspect(o);
+}
+
+std::string Missing(const std::map<uint64_t, int>& counts, uint64_t total) {
+  std::string out;
+  int shown = 0;
+  for (uint64_t k = 0; k < total; ++k)
+    if (!counts.count(k) && shown++ < 5) out += std::to_string(k) + " ";
+  return out;
+}
+
+class CoordinatedQueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (uint64_t f = 0; f < kFiles; ++f) {
+      std::string path = dir_.path() + "/part-" + std::to_string(f);
+      std::ofstream(path) << std::string(4096 * (f + 3), 'x');
+      job_.works.push_back(path);
+    }
+  }
+  void TearDown() override {
+    for (const std::string& h : {"a", "b", "c", "probe"}) {
+      try {
+        RemoveQueue(job_.name + "." + h, true);
+      } catch (const Error&) {
+      }
+    }
+  }
+  Dir dir_;
+  Job job_;
+};
+
+TEST_F(CoordinatedQueueTest, ThreeHostsOfThreeProcessesUseEveryItemOncePerEpoch) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("once");
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b", "c"}) hosts.push_back(StartHost(job_, id, 3, dir_.path()));
+  for (const Host& h : hosts)
+    for (int code : Wait(h)) EXPECT_EQ(code, 0) << "host " << h.id;
+  std::map<uint64_t, int> counts = Counts(hosts);
+  EXPECT_EQ(counts.size(), total) << "missing, e.g.: " << Missing(counts, total);
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << "item key " << key;
+  // Every host took part, and Redis agrees that every ticket is done.
+  for (const Host& h : hosts) EXPECT_GT(Counts({h}).size(), 0u) << "host " << h.id;
+  EXPECT_EQ(JobStats(job_).done, total);
+  // Every host's queue removed itself at the end.
+  for (const Host& h : hosts)
+    EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + "." + h.id)));
+}
+
+TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNothing) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("kill");
+  job_.ttl = milliseconds(1000);
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b", "c"}) hosts.push_back(StartHost(job_, id, 3, dir_.path()));
+  // Let host c work for a while, then kill every process of it at once.
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({hosts[2]}).size() < 30 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the kill";
+  for (pid_t pid : hosts[2].pids) kill(pid, SIGKILL);
+  Wait(hosts[2]);
+  for (int i = 0; i < 2; ++i)
+    for (int code : Wait(hosts[i])) EXPECT_EQ(code, 0) << "host " << hosts[i].id;
+  std::map<uint64_t, int> survivors = Counts({hosts[0], hosts[1]});
+  std::map<uint64_t, int> all = Counts(hosts);
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : survivors) EXPECT_EQ(n, 1) << "item key " << key;
+  EXPECT_GT(Counts({hosts[2]}).size(), 0u);
+  // The dead host's blocks expired and were re-owned; Redis counts each ticket once.
+  GlobalStats stats = JobStats(job_);
+  EXPECT_EQ(stats.done, total);
+  uint64_t reclaims = 0;
+  for (const GlobalHostStats& h : stats.hosts) reclaims += h.reclaims;
+  EXPECT_GT(reclaims, 0u) << "nobody re-owned the dead host's blocks";
+}
+
+TEST_F(CoordinatedQueueTest, WhenAHostsFeederDiesAnotherProcessOfTheHostTakesOver) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("feeder");
+  job_.ttl = milliseconds(1500);
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  // Host a's first process opens alone, so its feeder thread leads; the
+  // second joins once the first has acked items.
+  Host first = StartHost(job_, "a", 1, dir_.path());
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({first}).size() < 10 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  Host second = StartHost(job_, "a", 1, dir_.path(), "-second");
+  Host other = StartHost(job_, "b", 2, dir_.path());
+  std::this_thread::sleep_for(milliseconds(200));
+  ASSERT_LT(Counts({first, second, other}).size(), total * 2 / 3) << "the job ended too soon";
+  kill(first.pids[0], SIGKILL);  // the feeder of host a
+  Wait(first);
+  for (int code : Wait(second)) EXPECT_EQ(code, 0) << "host a's second process";
+  for (int code : Wait(other)) EXPECT_EQ(code, 0) << "host b";
+  std::map<uint64_t, int> all = Counts({first, second, other});
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : Counts({second, other})) EXPECT_EQ(n, 1) << "key " << key;
+  EXPECT_GT(Counts({second}).size(), 0u) << "host a's survivor never got items";
+}
+
+TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOnceInRedis) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("pause");
+  job_.ttl = milliseconds(600);
+  job_.work_per_item = milliseconds(3);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b", "c"}) hosts.push_back(StartHost(job_, id, 2, dir_.path()));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({hosts[2]}).size() < 20 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the pause";
+  for (pid_t pid : hosts[2].pids) kill(pid, SIGSTOP);
+  std::this_thread::sleep_for(job_.ttl * 4);  // its blocks expire and go to a and b
+  for (pid_t pid : hosts[2].pids) kill(pid, SIGCONT);
+  for (const Host& h : hosts)
+    for (int code : Wait(h)) EXPECT_EQ(code, 0) << "host " << h.id;
+  std::map<uint64_t, int> all = Counts(hosts);
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : Counts({hosts[0], hosts[1]})) EXPECT_EQ(n, 1) << "key " << key;
+  GlobalStats stats = JobStats(job_);
+  EXPECT_EQ(stats.done, total);
+  uint64_t refused = 0, reclaims = 0;
+  for (const GlobalHostStats& h : stats.hosts) {
+    if (h.host_id == "c") refused = h.stale_acks + h.stale_renews;
+    reclaims += h.reclaims;
+  }
+  EXPECT_GT(reclaims, 0u) << "nobody re-owned the paused host's blocks";
+  EXPECT_GT(refused, 0u) << "the paused host was not fenced";
+}
+
+TEST_F(CoordinatedQueueTest, RedisCrashingAndRestartingMidEpochKeepsExactlyOnce) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("redis");
+  job_.ttl = milliseconds(6000);  // a Claim whose reply was lost comes back after it
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b"}) hosts.push_back(StartHost(job_, id, 2, dir_.path()));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts(hosts).size() < total / 3 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before Redis crashed";
+  redis.Kill();
+  std::this_thread::sleep_for(milliseconds(300));
+  redis.Start();  // from its append-only file
+  for (const Host& h : hosts)
+    for (int code : Wait(h)) EXPECT_EQ(code, 0) << "host " << h.id;
+  std::map<uint64_t, int> counts = Counts(hosts);
+  EXPECT_EQ(counts.size(), total) << "missing, e.g.: " << Missing(counts, total);
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << "item key " << key;
+}
+
+TEST_F(CoordinatedQueueTest, HostsWithAnotherConfigurationAreRefusedNamingTheField) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("mismatch");
+  auto first = WorkQueue::Open(Options(job_, "a", 1));
+  WorkQueueOptions other = Options(job_, "b", 1);
+  other.num_epochs = kEpochs + 1;
+  try {
+    WorkQueue::Open(other);
+    FAIL() << "a host with other num_epochs joined";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
+    EXPECT_NE(std::string(e.what()).find("num_epochs"), std::string::npos) << e.what();
+  }
+  first->Close();
+}
+
+TEST_F(CoordinatedQueueTest, RedisDownOrAWrongPasswordAreNamedErrors) {
+  SKIP_WITHOUT_REDIS();
+  job_.name = UniqueJob("errors");
+  {
+    RedisServer redis({"--requirepass", "right"});
+    job_.url = "redis://:wrong@127.0.0.1:" + std::to_string(redis.port()) + "/0";
+    try {
+      WorkQueue::Open(Options(job_, "a", 1));
+      FAIL() << "a wrong password was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kPermission);
+      EXPECT_EQ(std::string(e.what()).find("wrong"), std::string::npos) << e.what();
+    }
+  }
+  job_.url = "redis://127.0.0.1:" + std::to_string(testing::FreePort()) + "/0";
+  WorkQueueOptions o = Options(job_, "a", 1);
+  auto start = Clock::now();
+  try {
+    WorkQueue::Open(o);
+    FAIL() << "opened with Redis down";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find("cannot reach Redis"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + ".a")));
+}
+
+TEST_F(CoordinatedQueueTest, ABadHostIdIsRefusedBeforeAnythingIsCreated) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("hostid");
+  try {
+    WorkQueue::Open(Options(job_, "has space", 1));
+    FAIL() << "a host id with a space was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("host id 'has space'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tailcut

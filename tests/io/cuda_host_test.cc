@@ -1,0 +1,135 @@
+// Tests of host memory registration with a CUDA runtime loaded at run time
+// (io/cuda_host.h), against the stand-in runtime (fake_cudart.cc): the range
+// given is registered and unregistered, failures are kept with CUDA's words,
+// and "no GPU here" is told apart from "a GPU that refused".
+#include "io/cuda_host.h"
+
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace tailcut::detail {
+namespace {
+
+bool NvidiaDriverPresent() { return access("/dev/nvidiactl", F_OK) == 0; }
+
+// Sets the stand-in's environment for the life of the object.
+class FakeCuda {
+ public:
+  FakeCuda(const char* device_status, const char* devices, const char* register_status,
+           const char* library = TAILCUT_FAKE_CUDART) {
+    setenv("TAILCUT_CUDART", library, 1);
+    setenv("FAKE_CUDART_DEVICE_STATUS", device_status, 1);
+    setenv("FAKE_CUDART_DEVICES", devices, 1);
+    setenv("FAKE_CUDART_REGISTER_STATUS", register_status, 1);
+  }
+  ~FakeCuda() {
+    for (const char* name : {"TAILCUT_CUDART", "FAKE_CUDART_DEVICE_STATUS", "FAKE_CUDART_DEVICES",
+                             "FAKE_CUDART_REGISTER_STATUS"}) {
+      unsetenv(name);
+    }
+  }
+
+  // What the stand-in holds registered at ptr (0: nothing), and how many
+  // ranges it holds.
+  static size_t Live(void* ptr, int* ranges) {
+    using LiveFn = size_t (*)(void*, int*);
+    *ranges = -1;
+    void* handle = dlopen(TAILCUT_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD);
+    if (!handle) return 0;
+    auto fn = reinterpret_cast<LiveFn>(dlsym(handle, "FakeCudartLive"));
+    size_t size = fn ? fn(ptr, ranges) : 0;
+    dlclose(handle);
+    return size;
+  }
+};
+
+class Mapping {
+ public:
+  explicit Mapping(size_t bytes) : bytes_(bytes) {
+    base_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  }
+  ~Mapping() { munmap(base_, bytes_); }
+  void* base() const { return base_; }
+
+ private:
+  void* base_;
+  size_t bytes_;
+};
+
+TEST(CudaHostRegistrationTest, RegistersTheRangeGivenAndUnregistersItWhenDestroyed) {
+  FakeCuda cuda("0", "1", "0");
+  Mapping memory(3 * 4096);
+  int ranges = 0;
+  {
+    CudaHostRegistration registration(memory.base(), 3 * 4096);
+    EXPECT_TRUE(registration.pinned());
+    EXPECT_EQ(registration.problem(), "");
+    EXPECT_FALSE(registration.no_gpu());
+    EXPECT_EQ(FakeCuda::Live(memory.base(), &ranges), 3u * 4096);
+    EXPECT_EQ(ranges, 1);
+  }
+  EXPECT_EQ(FakeCuda::Live(memory.base(), &ranges), 0u) << "unregistered";
+  EXPECT_EQ(ranges, 0);
+}
+
+TEST(CudaHostRegistrationTest, AFailedRegistrationKeepsCudasWordsAndIsNotANoGpuHost) {
+  FakeCuda cuda("0", "1", "2");  // 2: cudaErrorMemoryAllocation
+  Mapping memory(4096);
+  CudaHostRegistration registration(memory.base(), 4096);
+  EXPECT_FALSE(registration.pinned());
+  EXPECT_EQ(registration.problem(), "cudaHostRegister failed: CUDA error 2 (fake error)");
+  EXPECT_FALSE(registration.no_gpu()) << "a GPU is there: worth a notice";
+  int ranges = 0;
+  EXPECT_EQ(FakeCuda::Live(memory.base(), &ranges), 0u);
+}
+
+TEST(CudaHostRegistrationTest, ARuntimeThatFindsNoDeviceIsANoGpuHost) {
+  Mapping memory(4096);
+  {
+    FakeCuda cuda("100", "0", "0");  // cudaErrorNoDevice
+    CudaHostRegistration registration(memory.base(), 4096);
+    EXPECT_FALSE(registration.pinned());
+    EXPECT_TRUE(registration.no_gpu());
+    EXPECT_EQ(registration.problem(),
+              "no CUDA device (cudaGetDeviceCount: CUDA error 100 (fake error))");
+  }
+  {
+    FakeCuda cuda("0", "0", "0");
+    CudaHostRegistration registration(memory.base(), 4096);
+    EXPECT_TRUE(registration.no_gpu());
+    EXPECT_EQ(registration.problem(), "no CUDA device");
+  }
+  {
+    FakeCuda cuda("35", "0", "0");  // insufficient driver: no GPU only without a driver
+    CudaHostRegistration registration(memory.base(), 4096);
+    EXPECT_EQ(registration.no_gpu(), !NvidiaDriverPresent());
+  }
+}
+
+TEST(CudaHostRegistrationTest, ARuntimeAskedForThatCannotBeLoadedIsNamed) {
+  FakeCuda cuda("0", "1", "0", "/nonexistent/libcudart.so");
+  Mapping memory(4096);
+  CudaHostRegistration registration(memory.base(), 4096);
+  EXPECT_FALSE(registration.pinned());
+  EXPECT_FALSE(registration.no_gpu()) << "asked for by name: worth a notice";
+  EXPECT_EQ(registration.problem().find("cannot load TAILCUT_CUDART='/nonexistent/libcudart.so'"),
+            0u)
+      << registration.problem();
+}
+
+TEST(CudaHostRegistrationTest, ALibraryWithoutTheRuntimesCallsIsRefused) {
+  FakeCuda cuda("0", "1", "0", "libc.so.6");
+  Mapping memory(4096);
+  CudaHostRegistration registration(memory.base(), 4096);
+  EXPECT_FALSE(registration.pinned());
+  EXPECT_EQ(registration.problem(),
+            "the CUDA runtime lacks cudaGetDeviceCount/cudaHostRegister/cudaHostUnregister");
+}
+
+}  // namespace
+}  // namespace tailcut::detail
