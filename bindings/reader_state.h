@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -42,12 +44,17 @@ class ReaderState : public Child {
     }
   }
   void CloseFromQueue() noexcept override {
+    // A reading thread takes mu back at once between its 100 ms slices, and
+    // std::mutex is not fair: say we are closing first, so that it yields mu
+    // to us (ReadInSlices) instead of starving us.
+    closing.store(true, std::memory_order_release);  // pairs with ReadInSlices' acquire load
     std::lock_guard<std::mutex> lock(mu);
     if (!closed) {
       CloseReaders();
       closed = true;
       closed_by_queue = true;
     }
+    closed_cv.notify_all();
   }
   // REQUIRES: mu, no GIL.
   void CloseLocked() noexcept {
@@ -81,7 +88,9 @@ class ReaderState : public Child {
   std::unique_ptr<tc::Shuffler> shuffler;         // over reader and more; null: file order
   tc::RecordFormat format;
   pid_t pid;
-  std::mutex mu;  // one Next* at a time; close waits for it
+  std::mutex mu;                      // one Next* at a time; close waits for it
+  std::atomic<bool> closing{false};   // CloseFromQueue is waiting for mu
+  std::condition_variable closed_cv;  // with mu: closed became true
   bool closed = false;
   bool closed_by_queue = false;
   bool failed = false;

@@ -61,7 +61,10 @@ struct IteratorBase {
   std::optional<ReadOutcome> ReadInSlices(const Wait& wait, Read&& read) {
     rs->h->CheckPid();
     std::optional<ReadOutcome> got = InSlices(wait, [&](Clock::time_point end) {
-      std::lock_guard<std::mutex> lock(rs->mu);
+      std::unique_lock<std::mutex> lock(rs->mu);
+      // The queue is closing us from another thread: let it have mu.
+      if (rs->closing.load(std::memory_order_acquire))
+        rs->closed_cv.wait_until(lock, end, [&] { return rs->closed; });
       ReadOutcome o;
       if (rs->closed) {
         o.closed_by_queue = rs->closed_by_queue;
