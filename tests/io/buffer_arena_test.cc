@@ -18,29 +18,12 @@
 #include <vector>
 
 #include "tailcut/error.h"
+#include "tests/io/fake_cuda.h"
 
 namespace tailcut::detail {
 namespace {
 
-// Runs fn in a forked child (a fresh once-per-process notice state); returns
-// its exit code, or 128 + the signal that killed it.
-int RunInChild(const std::function<int()>& fn) {
-  fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int code = 3;
-    try {
-      code = fn();
-    } catch (const std::exception& e) {
-      fprintf(stderr, "child: %s\n", e.what());
-    }
-    fflush(nullptr);
-    _exit(code);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using testing::RunInChild;
 
 bool NvidiaDriverPresent() { return access("/dev/nvidiactl", F_OK) == 0; }
 
@@ -145,10 +128,7 @@ struct CudaOutcome {
 
 CudaOutcome OpenWithFakeCuda(const char* device_status, const char* devices,
                              const char* register_status, int arenas = 1) {
-  setenv("TAILCUT_CUDART", TAILCUT_FAKE_CUDART, 1);
-  setenv("FAKE_CUDART_DEVICE_STATUS", device_status, 1);
-  setenv("FAKE_CUDART_DEVICES", devices, 1);
-  setenv("FAKE_CUDART_REGISTER_STATUS", register_status, 1);
+  testing::FakeCuda cuda(device_status, devices, register_status);
   CudaOutcome out;
   for (int i = 0; i < arenas; ++i) {
     BufferArena arena(4096, 3, true, [&](const std::string& line) {
@@ -156,10 +136,6 @@ CudaOutcome OpenWithFakeCuda(const char* device_status, const char* devices,
     });
     out.pinned = arena.cuda_pinned();
     out.described = arena.Describe(false, false);
-  }
-  for (const char* name : {"TAILCUT_CUDART", "FAKE_CUDART_DEVICE_STATUS", "FAKE_CUDART_DEVICES",
-                           "FAKE_CUDART_REGISTER_STATUS"}) {
-    unsetenv(name);
   }
   return out;
 }

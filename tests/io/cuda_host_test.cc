@@ -12,41 +12,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "tests/io/fake_cuda.h"
+
 namespace tailcut::detail {
 namespace {
 
+using testing::FakeCuda;
+
 bool NvidiaDriverPresent() { return access("/dev/nvidiactl", F_OK) == 0; }
-
-// Sets the stand-in's environment for the life of the object.
-class FakeCuda {
- public:
-  FakeCuda(const char* device_status, const char* devices, const char* register_status,
-           const char* library = TAILCUT_FAKE_CUDART) {
-    setenv("TAILCUT_CUDART", library, 1);
-    setenv("FAKE_CUDART_DEVICE_STATUS", device_status, 1);
-    setenv("FAKE_CUDART_DEVICES", devices, 1);
-    setenv("FAKE_CUDART_REGISTER_STATUS", register_status, 1);
-  }
-  ~FakeCuda() {
-    for (const char* name : {"TAILCUT_CUDART", "FAKE_CUDART_DEVICE_STATUS", "FAKE_CUDART_DEVICES",
-                             "FAKE_CUDART_REGISTER_STATUS"}) {
-      unsetenv(name);
-    }
-  }
-
-  // What the stand-in holds registered at ptr (0: nothing), and how many
-  // ranges it holds.
-  static size_t Live(void* ptr, int* ranges) {
-    using LiveFn = size_t (*)(void*, int*);
-    *ranges = -1;
-    void* handle = dlopen(TAILCUT_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD);
-    if (!handle) return 0;
-    auto fn = reinterpret_cast<LiveFn>(dlsym(handle, "FakeCudartLive"));
-    size_t size = fn ? fn(ptr, ranges) : 0;
-    dlclose(handle);
-    return size;
-  }
-};
 
 class Mapping {
  public:

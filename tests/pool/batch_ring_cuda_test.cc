@@ -17,9 +17,13 @@
 #include <vector>
 
 #include "tailcut/batch_ring.h"
+#include "tests/io/fake_cuda.h"
 
 namespace tailcut {
 namespace {
+
+using testing::FakeCuda;
+using testing::RunInChild;
 
 using Clock = std::chrono::steady_clock;
 
@@ -31,22 +35,6 @@ struct RingGuard {
   explicit RingGuard(std::string n) : name(std::move(n)) { RemoveBatchRing(name); }
   ~RingGuard() { RemoveBatchRing(name); }
   std::string name;
-};
-
-// The stand-in's environment, for the life of the object.
-struct FakeCuda {
-  FakeCuda(const char* device_status, const char* devices, const char* register_status) {
-    setenv("TAILCUT_CUDART", TAILCUT_FAKE_CUDART, 1);
-    setenv("FAKE_CUDART_DEVICE_STATUS", device_status, 1);
-    setenv("FAKE_CUDART_DEVICES", devices, 1);
-    setenv("FAKE_CUDART_REGISTER_STATUS", register_status, 1);
-  }
-  ~FakeCuda() {
-    for (const char* name : {"TAILCUT_CUDART", "FAKE_CUDART_DEVICE_STATUS", "FAKE_CUDART_DEVICES",
-                             "FAKE_CUDART_REGISTER_STATUS"}) {
-      unsetenv(name);
-    }
-  }
 };
 
 // What the stand-in was asked. The runtime is never unloaded, so counters
@@ -93,26 +81,6 @@ BatchRingOptions Small(const std::string& name, std::vector<std::string>* notice
   o.attach_timeout = std::chrono::milliseconds(500);
   o.on_notice = [notices](const std::string& line) { notices->push_back(line); };
   return o;
-}
-
-// Runs fn in a forked child (a fresh once-per-process notice); returns its
-// exit code, or 128 + the signal that killed it.
-int RunInChild(const std::function<int()>& fn) {
-  fflush(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int code = 3;
-    try {
-      code = fn();
-    } catch (const std::exception& e) {
-      fprintf(stderr, "child: %s\n", e.what());
-    }
-    fflush(nullptr);
-    _exit(code);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 TEST(BatchRingCudaTest, EachTrainerRegistersItsArenaOnceAndUnregistersItWhenItLeaves) {
