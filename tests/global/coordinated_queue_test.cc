@@ -167,6 +167,22 @@ GlobalStats JobStats(const Job& job) {
   return GlobalTier::Inspect(o);
 }
 
+// Stops every process of `host` (SIGSTOP) at a moment when it holds a block
+// with tickets left in Redis, so that its fault must be seen by the others:
+// between its acks and its next claim a host may briefly hold none.
+// Returns false if that moment never came.
+bool StopWhileHoldingABlock(const Job& job, const Host& host) {
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < give_up) {
+    for (pid_t pid : host.pids) kill(pid, SIGSTOP);
+    for (const GlobalOpenBlock& b : JobStats(job).open_blocks)
+      if (b.host_id == host.id && b.left > 0) return true;
+    for (pid_t pid : host.pids) kill(pid, SIGCONT);
+    std::this_thread::sleep_for(milliseconds(3));
+  }
+  return false;
+}
+
 std::string Missing(const std::map<uint64_t, int>& counts, uint64_t total) {
   std::string out;
   int shown = 0;
@@ -231,6 +247,7 @@ TEST_F(CoordinatedQueueTest, AHostKilledMidEpochLosesNothingAndTheOthersDoubleNo
   auto give_up = Clock::now() + std::chrono::seconds(20);
   while (Counts({hosts[2]}).size() < 30 && Clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(StopWhileHoldingABlock(job_, hosts[2])) << "host c never held a block";
   ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the kill";
   for (pid_t pid : hosts[2].pids) kill(pid, SIGKILL);
   Wait(hosts[2]);
@@ -290,8 +307,8 @@ TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOn
   auto give_up = Clock::now() + std::chrono::seconds(20);
   while (Counts({hosts[2]}).size() < 20 && Clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(StopWhileHoldingABlock(job_, hosts[2])) << "host c never held a block";
   ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the pause";
-  for (pid_t pid : hosts[2].pids) kill(pid, SIGSTOP);
   std::this_thread::sleep_for(job_.ttl * 4);  // its blocks expire and go to a and b
   for (pid_t pid : hosts[2].pids) kill(pid, SIGCONT);
   for (const Host& h : hosts)
