@@ -18,7 +18,8 @@
 //  4. At most queue_depth reads are in flight; a read keeps its item slot
 //     (and so its fds) alive until it completes, even after the item is gone.
 //  5. Every item this Reader took is acked (all records handed out), given
-//     back (error, close), or dropped after the queue refused it (kStale).
+//     back (error, close), dropped after the queue refused it (kStale), or,
+//     with defer_acks, taken by the caller (TakeFinished).
 #include "tailcut/reader.h"
 
 #include <fcntl.h>
@@ -34,6 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <set>
 #include <vector>
 
@@ -167,6 +169,10 @@ class Reader::Impl {
     return active_ ? items_[held_[held_head_]].item : WorkItem{};
   }
   size_t items_held() const noexcept { return held_count_; }
+  bool defers_acks() const noexcept { return options_.defer_acks; }
+  bool TakeFinished(WorkItem* item) noexcept;
+  AckStatus AckFinished(const WorkItem& item) noexcept { return AckItem(item); }
+  AckStatus GiveBackFinished(const WorkItem& item) noexcept { return GiveBackItem(item); }
   ReaderStats stats() const noexcept {
     ReaderStats s;
     s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
@@ -214,6 +220,8 @@ class Reader::Impl {
                 ErrorKind kind = ErrorKind::kIo) noexcept;
   ReadStatus Activate() noexcept;
   void FinishItem() noexcept;
+  AckStatus AckItem(const WorkItem& item) noexcept;
+  AckStatus GiveBackItem(const WorkItem& item) noexcept;
   void RetireFront() noexcept;
   void GiveBackAll() noexcept;
   ReadStatus Fail(const std::string& message, ErrorKind kind = ErrorKind::kIo) noexcept;
@@ -256,6 +264,9 @@ class Reader::Impl {
   std::vector<uint32_t> held_;  // ring of item slots in take order; front is current
   uint32_t held_head_ = 0;
   uint32_t held_count_ = 0;
+  // defer_acks: finished items, not acked; [finished_taken_, size) not taken yet.
+  std::vector<WorkItem> finished_;
+  size_t finished_taken_ = 0;
   std::vector<ReadResult> results_;
   std::set<dev_t> direct_fallback_devices_;
 
@@ -333,6 +344,7 @@ void Reader::Impl::Open() {
   }
   for (ItemSlot& it : items_) it.order.assign(num_chunks_, kNone);
   held_.assign(slots, kNone);
+  finished_.reserve(slots);
 
   // Expected file sizes: what the queue sliced, so every process agrees on
   // where each file ends whatever happened to it since.
@@ -680,10 +692,11 @@ ReadStatus Reader::Impl::Activate() noexcept {
       queue_end_ = ended_ = true;
       return ReadStatus::kEnd;
     }
-    if (status == TakeStatus::kLimit && options_.wait_at_lease_limit) {
-      // Leases held by items of ours that other processes split: they come
-      // free as those processes finish their pieces. Polled: the queue wakes
-      // waiters when items come back, not when leases do.
+    if (status == TakeStatus::kLimit && (options_.wait_at_lease_limit || options_.defer_acks)) {
+      // Leases held by items of ours that other processes split (they come
+      // free as those processes finish their pieces), or by finished items
+      // our caller has not acked yet. Polled: the queue wakes waiters when
+      // items come back, not when leases do.
       if (std::chrono::steady_clock::now() >= deadline_) return ReadStatus::kEmpty;
       ::usleep(1000);
       continue;
@@ -720,19 +733,51 @@ void Reader::Impl::FinishItem() noexcept {
     uint64_t position = it.parser ? it.parser->position() : stream_off_;
     ReportProgress(it, std::max(position, it.item.end));
     if (!it.stale) {
-      if (queue_.Ack(it.item) == AckStatus::kOk) {
-        Bump(stats_.items_acked);
+      if (!options_.defer_acks) {
+        AckItem(it.item);
       } else {
-        std::string path(it.item.path);
-        Bump(stats_.stale_items);
-        Notice("tailcut reader: the queue refused the ack of item " +
-               std::to_string(it.item.index) + " of '" + path +
-               "' (reassigned after a lease timeout); its records will be read again by its "
-               "new owner");
+        try {
+          finished_.push_back(it.item);
+        } catch (const std::bad_alloc&) {
+          AckItem(it.item);  // out of memory: acked as without defer_acks
+        }
       }
     }
   }
   RetireFront();
+}
+
+AckStatus Reader::Impl::AckItem(const WorkItem& item) noexcept {
+  AckStatus status = queue_.Ack(item);
+  if (status == AckStatus::kOk) {
+    Bump(stats_.items_acked);
+  } else {
+    Bump(stats_.stale_items);
+    try {
+      Notice("tailcut reader: the queue refused the ack of item " + std::to_string(item.index) +
+             " of '" + std::string(item.path) +
+             "' (reassigned after a lease timeout); its records will be read again by its "
+             "new owner");
+    } catch (...) {
+    }
+  }
+  return status;
+}
+
+AckStatus Reader::Impl::GiveBackItem(const WorkItem& item) noexcept {
+  AckStatus status = queue_.GiveBack(item);
+  if (status == AckStatus::kOk) Bump(stats_.items_given_back);
+  return status;
+}
+
+bool Reader::Impl::TakeFinished(WorkItem* item) noexcept {
+  if (finished_taken_ == finished_.size()) return false;
+  *item = finished_[finished_taken_++];
+  if (finished_taken_ == finished_.size()) {
+    finished_.clear();  // keeps the capacity: no allocation in steady state
+    finished_taken_ = 0;
+  }
+  return true;
 }
 
 // Drops the front held item: its chunks go back to the pool (reads still in
@@ -773,10 +818,12 @@ void Reader::Impl::GiveBackAll() noexcept {
     if (!it.stale) {
       if (active_ && it.parser) ReportProgress(it, it.parser->position());
       if (active_ && !it.parser) ReportProgress(it, stream_off_);
-      if (!it.stale && queue_.GiveBack(it.item) == AckStatus::kOk) Bump(stats_.items_given_back);
+      if (!it.stale) GiveBackItem(it.item);
     }
     RetireFront();
   }
+  WorkItem item;
+  while (TakeFinished(&item)) GiveBackItem(item);
 }
 
 ReadStatus Reader::Impl::Fail(const std::string& message, ErrorKind kind) noexcept {
@@ -1324,6 +1371,12 @@ const std::string& Reader::error() const noexcept { return impl_->error(); }
 ErrorKind Reader::error_kind() const noexcept { return impl_->error_kind(); }
 WorkItem Reader::current_item() const noexcept { return impl_->current_item(); }
 size_t Reader::items_held() const noexcept { return impl_->items_held(); }
+bool Reader::defers_acks() const noexcept { return impl_->defers_acks(); }
+bool Reader::TakeFinished(WorkItem* item) noexcept { return impl_->TakeFinished(item); }
+AckStatus Reader::AckFinished(const WorkItem& item) noexcept { return impl_->AckFinished(item); }
+AckStatus Reader::GiveBackFinished(const WorkItem& item) noexcept {
+  return impl_->GiveBackFinished(item);
+}
 ReaderStats Reader::stats() const noexcept { return impl_->stats(); }
 const std::string& Reader::memory_state() const noexcept { return impl_->memory_state(); }
 std::string_view Reader::backend_name() const noexcept { return impl_->backend_name(); }

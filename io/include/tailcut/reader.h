@@ -20,7 +20,8 @@
 //    Reader owns its buffers, files, ring and threads.
 //  * Items: the Reader takes at most prefetch_items items beyond the one being
 //    read. The current item is acked when its last record has been handed out
-//    and the consumer asks for the next; Progress(item, offset, records) is
+//    and the consumer asks for the next (with ReaderOptions::defer_acks, the
+//    caller acks it instead: see TakeFinished); Progress(item, offset, records) is
 //    reported as each chunk is used up, so a checkpoint resumes mid-item.
 //    Close() (and the destructor) gives back every item not acked, the
 //    current one included (the queue hands a given-back item out again from
@@ -130,6 +131,13 @@ struct ReaderOptions {
   // as they read (a Shuffler's): an item of this process that another process
   // split stays leased until that process finishes its piece.
   bool wait_at_lease_limit = false;
+  // For a caller that keeps records after the next Next* call (a Shuffler's
+  // buffer): an item whose last record was handed out is not acked but waits
+  // for TakeFinished, and the caller acks it (AckFinished) once its records
+  // are used, or gives it back (GiveBackFinished). Those items keep their
+  // leases until then, so the Reader waits at the lease limit as with
+  // wait_at_lease_limit.
+  bool defer_acks = false;
   // Where one-line notices go (fallbacks, memory locking, CUDA). Default: stderr.
   std::function<void(const std::string&)> on_notice;
 };
@@ -196,9 +204,23 @@ class TAILCUT_EXPORT Reader {
   // ReadMode::kChunks: the next piece of the current item's bytes.
   ReadStatus NextChunk(ChunkView* out, Deadline deadline = Deadline::max()) noexcept;
 
+  // ReaderOptions::defer_acks: the oldest item whose records were all handed
+  // out and that nobody took yet, into *item; false when there is none. The
+  // caller then owns it: it must AckFinished or GiveBackFinished it (dying
+  // with it gives it back). Items the Reader stopped reading because the
+  // queue reassigned them (stats().stale_items) never come here.
+  bool TakeFinished(WorkItem* item) noexcept;
+  // Acks an item TakeFinished gave (kStale, with a notice, if the queue
+  // reassigned it meanwhile: its new owner reads it again). Counted in
+  // stats() as the Reader's own acks are. Also after Close().
+  AckStatus AckFinished(const WorkItem& item) noexcept;
+  // Gives back an item TakeFinished gave: it is handed out again from its
+  // start (or its last WorkQueue::Commit), so its records are read again.
+  AckStatus GiveBackFinished(const WorkItem& item) noexcept;
+
   // Waits for reads in flight, gives back every item not acked (the current
-  // one too: it is handed out again from its start), closes files and frees
-  // the buffers. Idempotent;
+  // one too: it is handed out again from its start, and with defer_acks the
+  // finished ones nobody took), closes files and frees the buffers. Idempotent;
   // afterwards the Next* calls return kEnd (or the sticky kError).
   void Close() noexcept;
 
@@ -218,6 +240,8 @@ class TAILCUT_EXPORT Reader {
   // are out but it is not acked yet) plus those taken ahead. 0 means the next
   // Next* call must take an item first, which is where it may wait (kEmpty).
   size_t items_held() const noexcept;
+  // ReaderOptions::defer_acks as opened.
+  bool defers_acks() const noexcept;
   ReaderStats stats() const noexcept;
   // One line on the buffers, e.g. "buffers: 64 MiB locked + io_uring-registered"
   // or "buffers: 64 MiB not locked: RLIMIT_MEMLOCK is 8 MiB; raise it with
