@@ -8,6 +8,12 @@
 //     restore of a larger state.
 //  2. live_ lists the Readers that have not said kEnd; the Shuffler never
 //     calls a Reader after its kEnd or kError.
+//  3. Every item a Reader handed over (TakeFinished) is, until it is acked
+//     or given back, in exactly one place: items_ (finished, records of it
+//     still buffered) or done_ (none buffered, acked at the next release).
+//     items_[i].buffered counts the slots in [0, count_) whose item is i.
+//  4. reading_[r] is the entry of the item readers_[r] hands out records
+//     of; an entry neither finished nor abandoned is some reading_[r].
 #include "tailcut/shuffler.h"
 
 #include <algorithm>
@@ -49,7 +55,16 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
   if (options_.buffer_records == 0) {
     throw Error(ErrorKind::kInvalidArgument, "shuffler: buffer_records must be at least 1");
   }
+  for (size_t i = 0; i < readers_.size(); ++i) {
+    if (!readers_[i]->defers_acks()) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "shuffler: Reader " + std::to_string(i) +
+                      " acks its own items, so records in the buffer would be lost with the "
+                      "process; open every Reader with ReaderOptions::defer_acks = true");
+    }
+  }
   for (uint32_t i = 0; i < readers_.size(); ++i) live_.push_back(i);
+  reading_.assign(readers_.size(), kNone);
   rng_ = options_.seed;
   size_t restored = 0;
   std::vector<Slot> slots;
@@ -84,6 +99,8 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
   count_ = restored;
 }
 
+Shuffler::~Shuffler() { Close(); }
+
 std::string Shuffler::SaveState() const {
   std::string out(kMagic, sizeof kMagic);
   PutU64(&out, rng_);
@@ -106,12 +123,103 @@ uint64_t Shuffler::Random() noexcept {
   return z ^ (z >> 31);
 }
 
-void Shuffler::Take(const Record& record, uint64_t epoch) {
+namespace {
+
+// A lease slot and its generation name one taking of an item.
+bool SameTaking(const WorkItem& a, const WorkItem& b) {
+  return a.lease == b.lease && a.generation == b.generation;
+}
+
+}  // namespace
+
+void Shuffler::Take(uint32_t r, const Record& record, uint64_t epoch) {
+  const WorkItem item = readers_[r]->current_item();
+  if (reading_[r] != kNone && !SameTaking(items_[reading_[r]].item, item)) Abandon(r);
+  if (reading_[r] == kNone) {
+    uint32_t i;
+    if (!free_items_.empty()) {
+      i = free_items_.back();
+      free_items_.pop_back();
+    } else {
+      items_.emplace_back();
+      // Reserved here, so that freeing an entry or queueing its ack (Drop,
+      // in the noexcept Next) never allocates.
+      free_items_.reserve(items_.size());
+      done_.reserve(items_.size() + readers_.size());
+      i = static_cast<uint32_t>(items_.size() - 1);
+    }
+    items_[i] = Tracked{item, r, 0, false, false, true};
+    reading_[r] = i;
+  }
   Slot& slot = slots_[count_];
   slot.bytes.assign(record.data, record.data + record.size);
   slot.offset = record.offset;
   slot.epoch = epoch;
+  slot.item = reading_[r];
+  ++items_[reading_[r]].buffered;
   ++count_;
+}
+
+void Shuffler::CollectFinished(uint32_t r) {
+  WorkItem item;
+  while (readers_[r]->TakeFinished(&item)) {
+    const uint32_t at = reading_[r];
+    if (at != kNone && SameTaking(items_[at].item, item)) {
+      items_[at].finished = true;
+      reading_[r] = kNone;
+      Drop(at);
+    } else {
+      // An item none of whose records came here (an empty slice): nothing
+      // of it is buffered.
+      try {
+        done_.push_back(Done{item, r});
+      } catch (const std::bad_alloc&) {
+        readers_[r]->GiveBackFinished(item);
+      }
+    }
+  }
+}
+
+void Shuffler::Abandon(uint32_t r) noexcept {
+  const uint32_t at = reading_[r];
+  if (at == kNone) return;
+  items_[at].abandoned = true;
+  reading_[r] = kNone;
+  Drop(at);
+}
+
+void Shuffler::Drop(uint32_t i) noexcept {
+  Tracked& t = items_[i];
+  if (t.buffered > 0 || (!t.finished && !t.abandoned)) return;
+  if (t.finished) {
+    try {
+      done_.push_back(Done{t.item, t.reader});  // capacity reserved in Take, mostly
+    } catch (const std::bad_alloc&) {
+      readers_[t.reader]->GiveBackFinished(t.item);  // read again: never lost
+    }
+  }
+  t.used = false;
+  free_items_.push_back(i);  // capacity reserved in Take
+}
+
+void Shuffler::Release() noexcept {
+  if (done_.empty()) return;
+  for (const Done& d : done_) readers_[d.reader]->AckFinished(d.item);
+  done_.clear();
+  dry_ = 0;  // leases came free, and the end of the data may have come
+}
+
+void Shuffler::Close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  for (const Done& d : done_) readers_[d.reader]->GiveBackFinished(d.item);
+  done_.clear();
+  for (Tracked& t : items_) {
+    if (t.used && t.finished) readers_[t.reader]->GiveBackFinished(t.item);
+    t.used = false;
+  }
+  count_ = 0;
+  live_.clear();
 }
 
 ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
@@ -120,45 +228,78 @@ ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
   // which only this thread can read (forever with Deadline::max()). Only
   // when every Reader holds nothing (each said kEmpty) does one of them wait.
   FillPass(Deadline::min());
-  if (count_ == 0 && !failed_ && !live_.empty()) FillPass(deadline);
+  if (count_ == 0 && !failed_ && !live_.empty()) {
+    // Finished items hold leases the Readers may be waiting for.
+    Release();
+    dry_ = 0;
+    FillPass(deadline);
+  }
   if (count_ > 0) return ReadStatus::kOk;
   if (failed_) return ReadStatus::kError;
-  return live_.empty() ? ReadStatus::kEnd : ReadStatus::kEmpty;
+  if (!live_.empty()) return ReadStatus::kEmpty;
+  // Readers closed at max_epoch may have handed over items whose records
+  // were all handed out by earlier calls.
+  if (options_.ack_on_next) Release();
+  return ReadStatus::kEnd;
 }
 
 void Shuffler::FillPass(Deadline deadline) noexcept {
   // Readers that said kEmpty during this pass: not asked again in it.
   uint64_t empty_now = 0;  // bit i: live_[i] (at most 64 Readers)
   size_t empties = 0;
+  // Dry Readers sit this pass out while there are records to hand out.
+  if (deadline == Deadline::min()) {
+    for (size_t i = 0; i < live_.size(); ++i) {
+      if (dry_ & (1ull << live_[i])) {
+        empty_now |= 1ull << i;
+        ++empties;
+      }
+    }
+  }
   while (count_ + 1 < slots_.size() && !failed_ && empties < live_.size()) {
     // Lemire's multiply-shift maps a random word onto [0, live_.size()).
     size_t pick =
         static_cast<size_t>((static_cast<unsigned __int128>(Random()) * live_.size()) >> 64);
     while (empty_now & (1ull << pick)) pick = (pick + 1) % live_.size();
-    Reader& reader = *readers_[live_[pick]];
+    const uint32_t r = live_[pick];
+    Reader& reader = *readers_[r];
     // With records to hand out, never wait for other processes' items.
     Record record;
     ReadStatus status = reader.NextRecord(&record, count_ > 0 ? Deadline::min() : deadline);
     uint64_t epoch = status == ReadStatus::kOk ? reader.current_item().epoch : 0;
-    if (status == ReadStatus::kOk && options_.max_epoch && epoch > *options_.max_epoch) {
-      // The first record of an item past max_epoch: not buffered, so closing
-      // the Reader gives that item back whole; the Reader is done.
-      reader.Close();
-      status = ReadStatus::kEnd;
+    try {
+      CollectFinished(r);
+      if (status == ReadStatus::kOk && options_.max_epoch && epoch > *options_.max_epoch) {
+        // The first record of an item past max_epoch: not buffered, so closing
+        // the Reader gives that item back whole; the Reader is done.
+        reader.Close();
+        status = ReadStatus::kEnd;
+      }
+      if (status == ReadStatus::kOk) Take(r, record, epoch);
+    } catch (const std::bad_alloc&) {
+      // Nothing is lost: the items of this Reader not yet handed over stay
+      // its own, and Close (or the destructor) gives back the others.
+      failed_ = true;
+      error_kind_ = ErrorKind::kNoSpace;
+      error_ = "shuffler: out of memory buffering records; lower buffer_records";
+      return;
     }
+    // A Reader that ended, failed (and gave back what it held) or was
+    // closed reads its current item no further.
+    if (status == ReadStatus::kEnd || status == ReadStatus::kError) Abandon(r);
     switch (status) {
       case ReadStatus::kOk:
-        try {
-          Take(record, epoch);
-        } catch (const std::bad_alloc&) {
-          failed_ = true;
-          error_kind_ = ErrorKind::kNoSpace;
-          error_ = "shuffler: out of memory buffering records; lower buffer_records";
-        }
         break;
       case ReadStatus::kEmpty:
         empty_now |= 1ull << pick;
         ++empties;
+        if (count_ > 0) {
+          // Asking a Reader at the end of the data again at every record
+          // costs a scan of the queue each time (orphans, splits): ask again
+          // only after kDryRecords records, or once acks free leases.
+          dry_ |= 1ull << r;
+          dry_countdown_ = kDryRecords;
+        }
         break;
       case ReadStatus::kEnd:
         live_.erase(live_.begin() + static_cast<std::ptrdiff_t>(pick));
@@ -181,12 +322,19 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
 }
 
 ReadStatus Shuffler::Next(Record* out, Deadline deadline) noexcept {
+  if (closed_) return failed_ ? ReadStatus::kError : ReadStatus::kEnd;
+  if (options_.ack_on_next) Release();
   ReadStatus status = Fill(deadline);
   if (status != ReadStatus::kOk) return status;
   size_t i = static_cast<size_t>((static_cast<unsigned __int128>(Random()) * count_) >> 64);
   --count_;
   std::swap(slots_[i], slots_[count_]);  // moves two vectors: no copy of the bytes
   const Slot& slot = slots_[count_];
+  if (slot.item != kNone) {
+    --items_[slot.item].buffered;
+    Drop(slot.item);
+  }
+  if (dry_ != 0 && --dry_countdown_ == 0) dry_ = 0;
   out->data = slot.bytes.data();
   out->size = slot.bytes.size();
   out->offset = slot.offset;

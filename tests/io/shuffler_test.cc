@@ -6,6 +6,8 @@
 #include "tailcut/shuffler.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -62,14 +65,16 @@ WorkQueueOptions QueueOptions(const std::vector<std::string>& paths, const std::
   return options;
 }
 
-ReaderOptions SmallReaderOptions() {
+// A Shuffler's Readers (defer_acks), or one that acks its own items.
+ReaderOptions SmallReaderOptions(bool defer_acks = true) {
   ReaderOptions options;
   options.format = RecordFormat::Parse("lines");
   options.buffer_budget_bytes = 256 << 10;
   options.chunk_bytes = 16 << 10;
-  options.prefetch_items = 1;  // 4 Readers x 2 items: the default 8 leases
+  options.prefetch_items = 1;  // 4 Readers x 2 items, and finished items keep theirs
   options.backend = IoBackend::kDefault;
   options.cuda_register = false;
+  options.defer_acks = defer_acks;
   options.on_notice = [](const std::string&) {};
   return options;
 }
@@ -83,9 +88,10 @@ struct Readers {
   }
 };
 
-Readers OpenReaders(WorkQueue& queue, int n) {
+Readers OpenReaders(WorkQueue& queue, int n, bool defer_acks = true) {
   Readers readers;
-  for (int i = 0; i < n; ++i) readers.owned.push_back(Reader::Open(queue, SmallReaderOptions()));
+  for (int i = 0; i < n; ++i)
+    readers.owned.push_back(Reader::Open(queue, SmallReaderOptions(defer_acks)));
   return readers;
 }
 
@@ -158,33 +164,140 @@ TEST(ShufflerTest, EveryRecordOnceInAnOrderThatDependsOnTheSeedOnly) {
   EXPECT_FALSE(runs[0] == runs[2]) << "another Shuffler seed, another order";
 }
 
-TEST(ShufflerTest, ARestoredStateContinuesTheSameOrder) {
+// A checkpoint as a job takes one: the queue's state and the Shuffler's,
+// saved together, restored into a new queue, new Readers and a new Shuffler
+// (as after a crash). The buffered records of finished items exist only in
+// the Shuffler's state: without it they would be lost. Two restores of the
+// same states go on in the same order.
+TEST(ShufflerTest, ARestoredCheckpointLosesNoRecordAndRepeatsItsOrder) {
   TempDir dir;
   auto paths = MakeFiles(dir.path(), 2, 3000);
-  std::vector<int64_t> straight, resumed;
-  for (bool restore : {false, true}) {
-    std::string name = UniqueQueueName("shuffler");
-    QueueGuard cleanup{name};
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
+  std::vector<int64_t> before;
+  std::string queue_state, shuffler_state;
+  {
     auto queue = WorkQueue::Open(QueueOptions(paths, name, 12));
     Readers readers = OpenReaders(*queue, 3);
-    auto shuffler = std::make_unique<Shuffler>(readers.Pointers(),
-                                               ShufflerOptions{.buffer_records = 700, .seed = 9});
-    std::vector<int64_t>& ids = restore ? resumed : straight;
-    ids = ReadIds(*shuffler, 1000);
-    std::string state = shuffler->SaveState();
-    if (restore) {
-      shuffler.reset();  // everything it knew is in the state
-      shuffler = std::make_unique<Shuffler>(
-          readers.Pointers(), ShufflerOptions{.buffer_records = 700, .seed = 12345}, state);
-      EXPECT_EQ(shuffler->buffered(), 699u) << "full, less the record handed out last";
-    }
-    ReadStatus last;
-    std::vector<int64_t> rest = ReadIds(*shuffler, SIZE_MAX, &last);
-    EXPECT_EQ(last, ReadStatus::kEnd);
-    ids.insert(ids.end(), rest.begin(), rest.end());
+    Shuffler shuffler(readers.Pointers(), {.buffer_records = 700, .seed = 9});
+    before = ReadIds(shuffler, 2500);
+    shuffler_state = shuffler.SaveState();
+    queue_state = queue->SaveState();
+    EXPECT_EQ(shuffler.buffered(), 699u) << "full, less the record handed out last";
+    EXPECT_GT(readers.owned[0]->stats().items_taken + readers.owned[1]->stats().items_taken +
+                  readers.owned[2]->stats().items_taken,
+              3u)
+        << "some items were finished with records of them still buffered";
   }
-  EXPECT_TRUE(EachOnce(resumed, 6000));
-  EXPECT_TRUE(straight == resumed);
+  std::vector<std::vector<int64_t>> afters;
+  for (int run = 0; run < 2; ++run) {
+    std::string again = UniqueQueueName("shuffler");
+    QueueGuard cleanup_again{again};
+    WorkQueueOptions qo = QueueOptions(paths, again, 12);
+    qo.restore_state = queue_state;
+    auto queue = WorkQueue::Open(qo);
+    Readers readers = OpenReaders(*queue, 3);
+    Shuffler shuffler(readers.Pointers(), {.buffer_records = 700, .seed = 12345}, shuffler_state);
+    EXPECT_EQ(shuffler.buffered(), 699u);
+    ReadStatus last;
+    afters.push_back(ReadIds(shuffler, SIZE_MAX, &last));
+    EXPECT_EQ(last, ReadStatus::kEnd) << shuffler.error();
+  }
+  EXPECT_TRUE(afters[0] == afters[1]) << "the same states, the same order";
+  std::vector<int64_t> all = before;
+  all.insert(all.end(), afters[0].begin(), afters[0].end());
+  std::vector<int64_t> distinct = all;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  EXPECT_TRUE(EachOnce(distinct, 6000)) << "none lost: " << distinct.size() << " of 6000";
+  // Records an unfinished item handed to the buffer after its Reader's last
+  // progress report (one per chunk) are read again: at most a chunk each.
+  EXPECT_LE(all.size() - distinct.size(), 3u * (16u << 10) / 20u);
+}
+
+// Exactly once across a kill -9: a child process reads through a Shuffler
+// with a full buffer (records of finished items in it), writes each record's
+// id to a pipe as it uses it and is killed mid-epoch. Its unacked items come
+// back whole: the parent, reading the rest, gets every record the child did
+// not use (the buffered ones included), and some again (at least once).
+TEST(ShufflerTest, AProcessKilledWithAFullBufferLosesNoRecord) {
+  TempDir dir;
+  auto paths = MakeFiles(dir.path(), 4, 2000);
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
+  WorkQueueOptions qo = QueueOptions(paths, name, 32, 2);
+  int ids_pipe[2];
+  ASSERT_EQ(pipe(ids_pipe), 0);
+  fflush(nullptr);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ids_pipe[0]);
+    auto queue = WorkQueue::Open(qo);
+    Readers readers = OpenReaders(*queue, 2);
+    Shuffler shuffler(readers.Pointers(), {.buffer_records = 1500, .seed = 2});
+    Record record;
+    for (int used = 0; used < 3000 && shuffler.Next(&record) == ReadStatus::kOk; ++used) {
+      int64_t id = IdOf(record);
+      if (write(ids_pipe[1], &id, sizeof id) != sizeof id) _exit(3);
+    }
+    kill(getpid(), SIGKILL);  // mid-epoch, 1500 records buffered
+    _exit(4);
+  }
+  close(ids_pipe[1]);
+  std::vector<int64_t> used_by_child;
+  int64_t id;
+  while (read(ids_pipe[0], &id, sizeof id) == sizeof id) used_by_child.push_back(id);
+  close(ids_pipe[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  ASSERT_EQ(used_by_child.size(), 3000u);
+
+  auto queue = WorkQueue::Open(qo);
+  Readers readers = OpenReaders(*queue, 2);
+  Shuffler shuffler(readers.Pointers(), {.buffer_records = 1500, .seed = 2});
+  ReadStatus last;
+  std::vector<int64_t> rest = ReadIds(shuffler, SIZE_MAX, &last);
+  ASSERT_EQ(last, ReadStatus::kEnd) << shuffler.error();
+  EXPECT_GE(queue->Stats().recovered_items, 1u);
+  std::vector<int64_t> all = used_by_child;
+  all.insert(all.end(), rest.begin(), rest.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  EXPECT_TRUE(EachOnce(all, 8000)) << "lost " << 8000 - static_cast<int64_t>(all.size());
+  EXPECT_LT(rest.size(), 8000u) << "the items the child acked were not read again";
+}
+
+// A Shuffler closed (or destroyed) before the end gives its finished items
+// back: a new Shuffler over new Readers reads every record it did not hand out.
+TEST(ShufflerTest, AShufflerClosedEarlyGivesBackWhatItBuffered) {
+  TempDir dir;
+  auto paths = MakeFiles(dir.path(), 2, 2000);
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(paths, name, 16));
+  std::vector<int64_t> first;
+  {
+    Readers readers = OpenReaders(*queue, 2);
+    Shuffler shuffler(readers.Pointers(), {.buffer_records = 1000, .seed = 8});
+    first = ReadIds(shuffler, 1200);
+    shuffler.Close();
+    Record record;
+    EXPECT_EQ(shuffler.Next(&record), ReadStatus::kEnd);
+    EXPECT_EQ(shuffler.buffered(), 0u);
+  }
+  Readers readers = OpenReaders(*queue, 2);
+  Shuffler shuffler(readers.Pointers(), {.buffer_records = 1000, .seed = 8});
+  ReadStatus last;
+  std::vector<int64_t> rest = ReadIds(shuffler, SIZE_MAX, &last);
+  ASSERT_EQ(last, ReadStatus::kEnd) << shuffler.error();
+  std::vector<int64_t> all = first;
+  all.insert(all.end(), rest.begin(), rest.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  EXPECT_TRUE(EachOnce(all, 4000)) << "lost " << 4000 - static_cast<int64_t>(all.size());
+  EXPECT_EQ(queue->Stats().done, 16u);
 }
 
 TEST(ShufflerTest, AtTheEndTheBufferDrainsThenEmptyThenTheHeldItemsRecords) {
@@ -287,6 +400,18 @@ TEST(ShufflerTest, BadStatesAndOptionsAreErrorsThatSayWhat) {
   expect_error({.buffer_records = 0}, {}, ErrorKind::kInvalidArgument,
                "buffer_records must be at least 1");
   expect_error({}, "not a state", ErrorKind::kCorrupt, "not a Shuffler state (bad magic)");
+  {
+    Readers acking = OpenReaders(*queue, 1, /*defer_acks=*/false);
+    try {
+      Shuffler shuffler(acking.Pointers(), {});
+      ADD_FAILURE() << "no error for a Reader that acks its own items";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("open every Reader with ReaderOptions::defer_acks"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   Shuffler good(readers.Pointers(), {.buffer_records = 4});
   Record record;
   ASSERT_EQ(good.Next(&record), ReadStatus::kOk);
@@ -318,7 +443,7 @@ TEST(ShufflerTest, MixingAndCostAgainstAFullShuffleAndFileOrder) {
     qo.shuffle = false;  // items in file order: what mixing there is comes from the Shuffler
     qo.leases_per_client = 32;
     auto queue = WorkQueue::Open(qo);
-    Readers readers = OpenReaders(*queue, readers_n);
+    Readers readers = OpenReaders(*queue, readers_n, /*defer_acks=*/buffer > 0);
     auto start = std::chrono::steady_clock::now();
     if (buffer == 0) {
       Record record;

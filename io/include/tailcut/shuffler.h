@@ -16,7 +16,7 @@
 //   std::vector<std::unique_ptr<tailcut::Reader>> owned;
 //   std::vector<tailcut::Reader*> readers;
 //   for (int i = 0; i < 4; ++i) {
-//     owned.push_back(tailcut::Reader::Open(*queue, options));
+//     owned.push_back(tailcut::Reader::Open(*queue, {.format = format, .defer_acks = true}));
 //     readers.push_back(owned.back().get());
 //   }
 //   tailcut::Shuffler shuffler(readers, {.buffer_records = 8192, .seed = 7});
@@ -37,32 +37,43 @@
 //  * Threads: one thread at a time. The Readers are not owned, must outlive
 //    the Shuffler, and nothing else may call their Next* functions.
 //  * Records: the Record handed out points into the Shuffler's buffer and is
-//    valid until the next Next call. Each Reader gets leases for its own
-//    items: k Readers with prefetch_items p need k * (p + 1) leases
-//    (WorkQueueOptions::leases_per_client). Open them with
-//    ReaderOptions::wait_at_lease_limit: an item of theirs that another
-//    process split keeps its lease until that process finishes its piece.
+//    valid until the next Next call.
+//  * Exactly once: the Readers must be opened with ReaderOptions::defer_acks,
+//    so that an item is acked only once all its records have left the
+//    buffer and been used: with ack_on_next (the default), at the first
+//    Next after its last record was handed out, as a Reader acks its own;
+//    otherwise at Release(). A process that dies, or a Shuffler closed
+//    before the end, loses no record: every item not acked goes back to the
+//    queue whole (records of it already handed out are then read again, as
+//    with a Reader's current item).
+//  * Leases: each Reader gets leases for its own items, and a finished item
+//    keeps its lease until it is acked: k Readers with prefetch_items p hold
+//    k * (p + 1) items plus those whose records are still buffered, within
+//    WorkQueueOptions::leases_per_client (8 by default; prefetch_items 0 is
+//    the usual choice). At the limit the Readers wait (defer_acks implies
+//    ReaderOptions::wait_at_lease_limit) and the buffer drains, which frees
+//    leases: the order mixes less then, but nothing stalls.
 //  * Deadlines: as Reader::NextRecord. While any Reader waits at the end of
 //    the data, the buffer is drained first; kEmpty comes only when the buffer
-//    is empty and every Reader not at its end said kEmpty.
+//    is empty and every Reader not at its end said kEmpty. Before it waits
+//    with an empty buffer, Next releases (see Release()): the leases of
+//    finished items may be what the queue waits for.
 //  * Checkpoints: SaveState() returns the RNG state and the records in the
 //    buffer (they were read from the queue but not handed out); save it with
 //    the queue's state and pass it to the constructor to go on from there.
-//    The record handed out last is not in it.
-//  * Crashes and early stops: the Readers ack an item once its last record is
-//    in the buffer, so the buffered records of acked items exist only here.
-//    A process that dies, or a Shuffler destroyed before kEnd/kEmpty without
-//    SaveState, loses them (at most buffer_records records): the queue's
-//    exactly-once becomes at-most-once for them. Draining to kEnd or kEmpty
-//    loses nothing.
+//    The queue's state counts a finished item as read to its end, so its
+//    buffered records exist only in this state. The record handed out last
+//    is not in it.
 //  * max_epoch: a Reader whose next record comes from an item of a later
 //    epoch is closed (Reader::Close gives that item back whole, since none
 //    of its records was buffered) and counts as ended.
 //  * Errors: the constructor throws tailcut::Error (kInvalidArgument: not 1
-//    to 64 Readers, buffer_records 0; kCorrupt: a state that is not a Shuffler
-//    state). Next is noexcept; a Reader's error comes after the buffered
-//    records are handed out (error() and error_kind() then say what), and
-//    sticks.
+//    to 64 Readers, a Reader without defer_acks, buffer_records 0; kCorrupt:
+//    a state that is not a Shuffler state). Next is noexcept; a Reader's
+//    error comes after the buffered records are handed out (error() and
+//    error_kind() then say what), and sticks. A failed Reader gives back the
+//    items it holds; their buffered records are still handed out and will be
+//    read again by another process (at least once).
 #ifndef TAILCUT_SHUFFLER_H_
 #define TAILCUT_SHUFFLER_H_
 
@@ -82,6 +93,11 @@ struct ShufflerOptions {
   size_t buffer_records = 8192;  // records held for shuffling; > 0
   uint64_t seed = 0;
   std::optional<uint64_t> max_epoch;  // buffer no record of an item past it
+  // true: each Next first acks the items whose records were all handed out
+  // by earlier calls (a record is used once the consumer asks for the next).
+  // false: only Release() acks them (and Next, before it waits with an empty
+  // buffer), for a consumer that keeps records longer, e.g. packs batches.
+  bool ack_on_next = true;
 };
 
 class TAILCUT_EXPORT Shuffler {
@@ -93,6 +109,17 @@ class TAILCUT_EXPORT Shuffler {
   // The next record in shuffled order; *out valid until the next call.
   ReadStatus Next(Record* out, Deadline deadline = Deadline::max()) noexcept;
 
+  // Acks every item whose records were all handed out: the caller has used
+  // them (or passed them on to where they outlive this process).
+  void Release() noexcept;
+  // Gives back every item not acked (finished items whose records are
+  // buffered or were handed out since the last release); the buffer is
+  // dropped and Next returns kEnd (or the sticky kError) from now on. The
+  // Readers are left open: close them after. Idempotent; the destructor
+  // calls it.
+  void Close() noexcept;
+  ~Shuffler();
+
   // RNG state and buffered records, to restore with the constructor.
   std::string SaveState() const;
   size_t buffered() const noexcept { return count_; }
@@ -103,10 +130,26 @@ class TAILCUT_EXPORT Shuffler {
   ErrorKind error_kind() const noexcept { return error_kind_; }
 
  private:
+  static constexpr uint32_t kNone = UINT32_MAX;
   struct Slot {
     std::vector<std::byte> bytes;  // capacity reused from record to record
     uint64_t offset = 0;
     uint64_t epoch = 0;
+    uint32_t item = kNone;  // index in items_; kNone for restored records
+  };
+  // An item with records in the buffer, or whose Reader is still reading it.
+  struct Tracked {
+    WorkItem item;
+    uint32_t reader = 0;
+    size_t buffered = 0;     // its records in slots_[0, count_)
+    bool finished = false;   // its Reader handed it over (TakeFinished): not acked
+    bool abandoned = false;  // its Reader gave it back or lost it: never acked here
+    bool used = false;       // the entry is in use (else on free_items_)
+  };
+  // A finished item all of whose records were handed out: acked at the next release.
+  struct Done {
+    WorkItem item;
+    uint32_t reader = 0;
   };
   uint64_t Random() noexcept;
   // Reads until the buffer is full or no Reader has a record now; waits
@@ -116,7 +159,15 @@ class TAILCUT_EXPORT Shuffler {
   // One round of reads; a Reader waits until `deadline` only while the
   // buffer is empty.
   void FillPass(Deadline deadline) noexcept;
-  void Take(const Record& record, uint64_t epoch);  // may throw std::bad_alloc
+  // Buffers a record of the item readers_[r] is reading; may throw std::bad_alloc.
+  void Take(uint32_t r, const Record& record, uint64_t epoch);
+  // Takes the items readers_[r] finished; may throw std::bad_alloc.
+  void CollectFinished(uint32_t r);
+  // After a record of items_[i] left the buffer, or the item ended: frees
+  // the entry once nothing of it is buffered, queueing a finished one for
+  // its ack.
+  void Drop(uint32_t i) noexcept;
+  void Abandon(uint32_t r) noexcept;  // readers_[r]'s current item is not ours to ack
 
   std::vector<Reader*> readers_;
   std::vector<uint32_t> live_;  // indices of Readers not at their end
@@ -124,6 +175,16 @@ class TAILCUT_EXPORT Shuffler {
   uint64_t rng_ = 0;
   std::vector<Slot> slots_;  // [0, count_) hold records; slots_[count_] was handed out last
   size_t count_ = 0;
+  std::vector<Tracked> items_;
+  std::vector<uint32_t> free_items_;
+  std::vector<uint32_t> reading_;  // per Reader: its current item in items_, or kNone
+  std::vector<Done> done_;         // acked at the next release
+  // Readers that said kEmpty with records buffered: not asked again for
+  // dry_countdown_ more records (bit r: readers_[r]).
+  static constexpr size_t kDryRecords = 64;
+  uint64_t dry_ = 0;
+  size_t dry_countdown_ = 0;
+  bool closed_ = false;
   bool failed_ = false;  // a Reader failed (or memory ran out): kError once drained
   std::string error_;
   ErrorKind error_kind_ = ErrorKind::kIo;
