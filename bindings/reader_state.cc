@@ -113,10 +113,10 @@ ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::obj
   const uint32_t readers = shuffled ? shuffle->interleave : 1;
   if (shuffled) {
     ShareReaderOptions(*h, *shuffle, caller, given, &ro);
-    if (readers > 1) {
-      ro.on_notice = OncePerLine(std::move(ro.on_notice));
-      ro.wait_at_lease_limit = true;  // siblings free leases as the Shuffler reads them
-    }
+    // The Shuffler acks an item once its records have left its buffer and
+    // were used (exactly once when the process dies).
+    ro.defer_acks = true;
+    if (readers > 1) ro.on_notice = OncePerLine(std::move(ro.on_notice));
   }
   auto rs = std::make_shared<ReaderState>(h, ro.format);
   {
@@ -131,6 +131,7 @@ ReaderPtr OpenReader(const HandlePtr& h, const py::object& format, const py::obj
       so.buffer_records = std::max<uint64_t>(shuffle->buffer, 1);
       so.seed = shuffle->seed.value_or(h->queue->seed());
       so.max_epoch = max_epoch;
+      so.ack_on_next = !shuffle->batched;
       rs->shuffler = std::make_unique<tc::Shuffler>(std::move(all), so);
     }
   }

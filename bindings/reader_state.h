@@ -97,6 +97,7 @@ class ReaderState : public Child {
 
  private:
   void CloseReaders() noexcept {
+    if (shuffler) shuffler->Close();  // gives back its finished items first
     reader->Close();
     for (auto& r : more) r->Close();
   }

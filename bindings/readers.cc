@@ -397,9 +397,9 @@ constexpr const char* kShuffleDoc =
     "buffer_budget_bytes and the process's leases_per_client) and hand out their records in a "
     "random order through a buffer of n records, seeded by shuffle_seed (default: the queue's "
     "seed), so one process with the same seeds gets the same order. Records are then copied "
-    "(never zero-copy). Items are acked once their last record is in the buffer: records still "
-    "buffered when the process dies or the iterator is closed early are lost (at most n); "
-    "reading to the end loses nothing. See docs/python.md.";
+    "(never zero-copy). An item is acked once all its records have left the buffer and were "
+    "used (the next record or batch was asked for), so a process that dies or an iterator "
+    "closed early loses nothing: its unacked items are read again whole. See docs/python.md.";
 
 void DefineReaderMethods(QueueClass& queue) {
   // pybind11 copies docstrings; these need only live through the calls.
@@ -445,6 +445,7 @@ void DefineReaderMethods(QueueClass& queue) {
                 throw py::error_already_set();
             }
             ShuffleArgs shuffle = PopShuffleArgs(options);
+            shuffle.batched = true;
             it->rs =
                 OpenReader(h, format, record_bytes, options, "batches", &shuffle, it->max_epoch);
             if (it->rs->shuffler) {

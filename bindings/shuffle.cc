@@ -142,6 +142,8 @@ tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline d
   out->count = 0;
   out->in_place = false;
   out->data = nullptr;
+  // Every record handed out so far left in a batch the consumer now used.
+  if (groups_.empty()) shuffler_.Release();
   try {
     if (failed_) return Drain(want, out, tc::ReadStatus::kError);
     if (ended_) return Drain(want, out, tc::ReadStatus::kEnd);

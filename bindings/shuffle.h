@@ -8,10 +8,11 @@
 //  * interleave Readers share the iterator's buffer_budget_bytes (1/k each)
 //    and the process's leases: k Readers with prefetch_items p hold up to
 //    k * (p + 1) items, which must fit in leases_per_client.
-//  * The Readers ack an item once its last record is in the buffer: records
-//    still buffered when the process dies, or when the iterator is closed
-//    before the end, are lost (at most shuffle_buffer). Reading to the end
-//    (StopIteration, or Empty from read(timeout=...)) loses nothing.
+//  * An item is acked once its records have left the buffer and were used:
+//    records() at the next record asked for, batches() once the batches
+//    holding them were handed out and the next one is asked for. A process
+//    that dies, or an iterator closed early, gives its unacked items back
+//    whole: at least once, never lost.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -37,6 +38,9 @@ struct ShuffleArgs {
   uint64_t buffer = 0;           // shuffle_buffer: records held for shuffling
   uint32_t interleave = 1;       // Readers, each with an item of its own
   std::optional<uint64_t> seed;  // shuffle_seed; unset: the queue's seed
+  // Not a keyword: set by batches(), whose ShuffledBatches keeps records in
+  // batches after Next and releases them itself (ShufflerOptions::ack_on_next).
+  bool batched = false;
   // Records come through a Shuffler (a buffer of one record when only
   // interleave is set: the Readers' records mixed one by one).
   bool on() const { return buffer > 0 || interleave > 1; }
@@ -67,8 +71,11 @@ std::function<void(const std::string&)> OncePerLine(std::function<void(const std
 // Batches of shuffled records, like tc::Batcher over a Reader: records are
 // packed in the order the Shuffler hands them out; a batch holds the records
 // of one epoch (a record of another epoch -- a late item -- waits in a group
-// of its own, handed out when full or at the end). Used under the
-// ReaderState's mu, one thread at a time; the Shuffler must outlive it.
+// of its own, handed out when full or at the end). The Shuffler must be
+// opened with ack_on_next = false: Next releases (acks the items whose
+// records were all handed out) when it holds no record back, since the
+// batches before were used then. Used under the ReaderState's mu, one
+// thread at a time; the Shuffler must outlive it.
 class ShuffledBatches {
  public:
   ShuffledBatches(tc::Shuffler& shuffler, bool short_at_end, bool drop_last)
