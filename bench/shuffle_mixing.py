@@ -68,6 +68,10 @@ def main():
         (f"tailcut, default (shuffle_buffer={tailcut.torch.SHUFFLE_BUFFER}, "
          f"interleave={tailcut.torch.INTERLEAVE})", {}),
         ("tailcut, shuffle_buffer=8192, interleave=4", dict(shuffle_buffer=8192, interleave=4)),
+        # An item stays leased until its last record leaves the buffer: 4 readers
+        # and a large buffer fill the default 8 leases, and the buffer drains.
+        ("tailcut, shuffle_buffer=8192, interleave=4, leases_per_client=16",
+         dict(shuffle_buffer=8192, interleave=4, leases_per_client=16)),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "records.bin")
@@ -76,11 +80,11 @@ def main():
         records.tofile(path)
         print(f"{n} records of {args.record_bytes} B, {args.slices} items (shuffled), "
               f"batches of {args.batch}, 1 process")
-        print(f"{'pipeline':58} {'adjacent':>9} {'items':>6} {'displaced':>9} "
+        print(f"{'pipeline':66} {'adjacent':>9} {'items':>6} {'displaced':>9} "
               f"{'records/s':>10} {'vs file order':>13}")
         full = np.random.default_rng(0).permutation(n)
         adj, items, disp = mixing(full, args.batch, item_records)
-        print(f"{'full shuffle (DistributedSampler, shuffle=True)':58} {adj:9.4%} {items:6.1f} "
+        print(f"{'full shuffle (DistributedSampler, shuffle=True)':66} {adj:9.4%} {items:6.1f} "
               f"{disp:9.3f} {'-':>10} {'-':>13}")
         base = None
         for label, shuffle in pipelines:
@@ -93,7 +97,7 @@ def main():
             rate = n / best
             base = base or rate
             adj, items, disp = mixing(order, args.batch, item_records)
-            print(f"{label:58} {adj:9.4%} {items:6.1f} {disp:9.3f} {rate:10.0f} "
+            print(f"{label:66} {adj:9.4%} {items:6.1f} {disp:9.3f} {rate:10.0f} "
                   f"{rate / base:12.2f}x")
 
 

@@ -53,10 +53,8 @@ _RECORD_GROUP = 64
 
 # Record-level shuffle by default (see QueueDataset and docs/pytorch.md): 2
 # items read at once, their records mixed through a buffer of 2048 records.
-# Off by default: a shuffle buffer holds records of items already acked, so a
-# process that dies loses them; file order keeps exactly once (docs/pytorch.md).
-SHUFFLE_BUFFER = 0
-INTERLEAVE = 1
+SHUFFLE_BUFFER = 2048
+INTERLEAVE = 2
 
 _MASK64 = (1 << 64) - 1
 
@@ -384,7 +382,7 @@ class QueueDataset(IterableDataset):
     """An IterableDataset that reads a tailcut work queue.
 
     QueueDataset(works, batch_size=None, *, transform=None, copy=False,
-                 drop_last=False, shuffle_buffer=0, interleave=1,
+                 drop_last=False, shuffle_buffer=2048, interleave=2,
                  reader_options=None, resume=None, **queue_options)
 
     `works` and `queue_options` are tailcut.WorkQueue's arguments (num_epochs,
@@ -402,20 +400,20 @@ class QueueDataset(IterableDataset):
     (n, record_bytes) uint8 tensor. Other formats: (data, offsets), a uint8 and
     an int64 tensor, record i = data[offsets[i]:offsets[i + 1]].
 
-    Record-level shuffle (off by default; shuffle_buffer=2048, interleave=2
-    mix batches well, see docs/pytorch.md): each process reads `interleave`
-    items at once and hands out their records in a random order through a
-    buffer of `shuffle_buffer` records (tf.data's interleave + shuffle), seeded
-    by the queue's seed, the epoch and the process's rank and worker id, so
-    the same seed gives the same order. The items themselves come in the
-    queue's seeded order (shuffle=True). Records are copied then. The buffer
-    holds shuffle_buffer records per process, at most a quarter of the
-    process's even share of an epoch (records_per_epoch() / (num_clients x
-    DataLoader workers)); a process that dies (or an iteration left early)
-    loses the records still in it (their items are done): at most once for
-    them, which is why it is off by default. shuffle_buffer=0 and
-    interleave=1 (the default): records in file order within each item,
-    exactly once even across crashes, and zero-copy batches.
+    Record-level shuffle (on by default, see docs/pytorch.md): each process
+    reads `interleave` items at once and hands out their records in a random
+    order through a buffer of `shuffle_buffer` records (tf.data's interleave
+    + shuffle), seeded by the queue's seed, the epoch and the process's rank
+    and worker id, so the same seed gives the same order. The items
+    themselves come in the queue's seeded order (shuffle=True). Records are
+    copied then. The buffer holds shuffle_buffer records per process, at
+    most a quarter of the process's even share of an epoch
+    (records_per_epoch() / (num_clients x DataLoader workers)). An item is
+    done only once its records have left the buffer in batches that were
+    used, so a process that dies (or an iteration left early) loses nothing:
+    its unfinished items are read again whole, as in file order.
+    shuffle_buffer=0 and interleave=1: records in file order within each
+    item, and zero-copy batches.
 
     Zero copy (shuffle_buffer=0, interleave=1): in the process that reads
     (num_workers=0), a full batch of fixed-size records is a read-only tensor
