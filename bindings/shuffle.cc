@@ -174,15 +174,19 @@ tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline d
         case tc::ReadStatus::kEmpty:
           // The deadline passed at the end of the data: a short batch of
           // what is here, or kEmpty holding nothing.
-          if (!holding) return tc::ReadStatus::kEmpty;
+          if (!holding) {
+            // Items a Reader handed over in this last call may have all their
+            // records in batches already used: done, not given back at close.
+            shuffler_.Release();
+            return tc::ReadStatus::kEmpty;
+          }
           Emit(0, want, out);
           return tc::ReadStatus::kOk;
         case tc::ReadStatus::kEnd:
-          ended_ = true;
-          return Drain(want, out, tc::ReadStatus::kEnd);
         case tc::ReadStatus::kError:
-          failed_ = true;
-          return Drain(want, out, tc::ReadStatus::kError);
+          (status == tc::ReadStatus::kEnd ? ended_ : failed_) = true;
+          if (!holding) shuffler_.Release();  // as for kEmpty
+          return Drain(want, out, status);
       }
     }
   } catch (const std::bad_alloc&) {

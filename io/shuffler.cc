@@ -235,12 +235,13 @@ ReadStatus Shuffler::Fill(Deadline deadline) noexcept {
     FillPass(deadline);
   }
   if (count_ > 0) return ReadStatus::kOk;
-  if (failed_) return ReadStatus::kError;
-  if (!live_.empty()) return ReadStatus::kEmpty;
-  // Readers closed at max_epoch may have handed over items whose records
-  // were all handed out by earlier calls.
+  // Nothing to hand out. Readers may have handed over items during this call
+  // whose records were all handed out by earlier ones (a Reader finishes an
+  // item when asked after its last record): ack them now, or a consumer that
+  // stops here would give them back at Close.
   if (options_.ack_on_next) Release();
-  return ReadStatus::kEnd;
+  if (failed_) return ReadStatus::kError;
+  return live_.empty() ? ReadStatus::kEnd : ReadStatus::kEmpty;
 }
 
 void Shuffler::FillPass(Deadline deadline) noexcept {

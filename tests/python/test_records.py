@@ -338,15 +338,42 @@ def test_shuffled_batches_and_records_hold_every_record_once_in_a_seeded_order(
     assert sorted(ids) == list(range(n))
 
 
-def test_shuffled_batches_stop_at_max_epoch_and_give_the_next_epoch_back(tmp_path, qname, notices):
-    files, n = fixed_ids(tmp_path)
+@pytest.mark.parametrize("short_at_end", [False, True])
+@pytest.mark.parametrize("buffer", [1, 300])
+def test_shuffled_batches_stop_at_max_epoch_and_give_the_next_epoch_back(tmp_path, qname, notices,
+                                                                         short_at_end, buffer):
+    files, n = fixed_ids(tmp_path, per_file=512)  # whole batches: no short one at the end
     with tailcut.WorkQueue(files, name=qname, num_epochs=2, num_slices=8, format="fixed",
                            record_bytes=8, on_notice=notices.append) as q:
         for epoch in range(2):
-            it = q.batches(64, max_epoch=epoch, shuffle_buffer=300, interleave=2, **SMALL_READER)
+            it = q.batches(64, max_epoch=epoch, shuffle_buffer=buffer, interleave=2,
+                           short_at_end=short_at_end, **SMALL_READER)
             ids = [int(i) for b in it for i in b.view(np.int64).ravel()]
             assert sorted(ids) == list(range(n)) and it.epoch == epoch
-        assert q.summary()["done"] == 16
+            it.close()
+            # Every item of the epoch is done once its iteration ended: none of
+            # them (their records all handed out) went back to the queue at close.
+            assert q.summary()["done"] == 8 * (epoch + 1), epoch
+
+
+def test_shuffled_batches_ending_on_items_others_hold_leave_theirs_done(tmp_path, qname, notices):
+    """A read(timeout=0) that ends with Empty (another user holds the last item)
+    and the close after it give back none of the items whose records were
+    handed out: they are all done, only the held one is not."""
+    files, n = fixed_ids(tmp_path)
+    with tailcut.WorkQueue(files, name=qname, num_slices=8, format="fixed", record_bytes=8,
+                           shuffle=False, on_notice=notices.append) as q:
+        held = q.take()  # item 0, the first in ticket order
+        it = q.batches(64, shuffle_buffer=300, interleave=2, short_at_end=True, **SMALL_READER)
+        ids = []
+        with pytest.raises(tailcut.Empty):
+            while True:
+                ids.extend(int(i) for i in it.read(64, timeout=0).view(np.int64).ravel())
+        it.close()
+        summary = q.summary()
+        assert summary["done"] == 7 and summary["in_flight"] == 1, summary
+        assert len(ids) == len(set(ids)) == n - (held.end - held.begin) // 8
+        held.ack()
 
 
 def test_interleave_needs_leases_and_memory_and_says_which(tmp_path, qname, notices):
