@@ -68,10 +68,11 @@ def main():
         (f"tailcut, default (shuffle_buffer={tailcut.torch.SHUFFLE_BUFFER}, "
          f"interleave={tailcut.torch.INTERLEAVE})", {}),
         ("tailcut, shuffle_buffer=8192, interleave=4", dict(shuffle_buffer=8192, interleave=4)),
-        # An item stays leased until its last record leaves the buffer: 4 readers
-        # and a large buffer fill the default 8 leases, and the buffer drains.
-        ("tailcut, shuffle_buffer=8192, interleave=4, leases_per_client=16",
-         dict(shuffle_buffer=8192, interleave=4, leases_per_client=16)),
+        # An item stays leased until its last record leaves the buffer: with the
+        # queue's default 8 leases (QueueDataset's shuffle default is 32), 4
+        # readers and a large buffer fill them, and the buffer drains.
+        ("tailcut, shuffle_buffer=8192, interleave=4, leases_per_client=8",
+         dict(shuffle_buffer=8192, interleave=4, leases_per_client=8)),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "records.bin")

@@ -156,6 +156,21 @@ def test_a_dataloader_worker_that_dies_loses_no_records(uneven, qname, shuffle_b
         assert summary["done"] == summary["total"]
 
 
+def test_a_shuffling_dataset_opens_its_queue_with_leases_for_the_items_its_buffer_holds(tmp_path,
+                                                                                       qname):
+    """An item stays leased until its last record leaves the shuffle buffer, so
+    the shuffle's queue gets SHUFFLE_LEASES leases; a given value is kept, and
+    file order keeps the queue's default."""
+    works = [write_records(tmp_path / "a.bin", range(100))]
+    fixed = dict(format="fixed", record_bytes=RECORD_BYTES, on_notice=quiet)
+    cases = [({}, tt.SHUFFLE_LEASES), (dict(leases_per_client=12), 12), (FILE_ORDER, None),
+             (dict(max_clients=1024), None)]
+    for i, (kw, leases) in enumerate(cases):
+        with tt.QueueDataset(works, 10, name=f"{qname}-{i}", **fixed, **kw) as ds:
+            assert ds.queue.open_args.get("leases_per_client") == leases, kw
+    assert tt.SHUFFLE_LEASES == 32
+
+
 def test_queue_dataset_refuses_bad_arguments_by_name(tmp_path, qname):
     works = [write_records(tmp_path / "a.bin", range(100))]
     fixed = dict(format="fixed", record_bytes=RECORD_BYTES)

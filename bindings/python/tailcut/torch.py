@@ -55,6 +55,9 @@ _RECORD_GROUP = 64
 # items read at once, their records mixed through a buffer of 2048 records.
 SHUFFLE_BUFFER = 2048
 INTERLEAVE = 2
+# leases_per_client of a queue read with the record-level shuffle: the most
+# the default max_clients (256) allows.
+SHUFFLE_LEASES = 32
 
 _MASK64 = (1 << 64) - 1
 
@@ -448,6 +451,14 @@ class QueueDataset(IterableDataset):
             works = [works]
         queue_options.setdefault("num_clients", _env_int("LOCAL_WORLD_SIZE", 1))
         queue_options.setdefault("name", _default_name())
+        if (shuffle_buffer or interleave != 1) and "max_clients" not in queue_options:
+            # An item stays the process's until its last record leaves the
+            # shuffle buffer, and with random eviction that takes about
+            # buffer x ln(records per item) records: many items at once. With
+            # too few leases the readers pause while the buffer drains, so the
+            # processes take unequal shares and EqualSteps ends epochs early
+            # (docs/pytorch.md, "Record-level shuffle").
+            queue_options.setdefault("leases_per_client", SHUFFLE_LEASES)
         self._queue_args = dict(works=list(works), **queue_options)
         if batch_size is not None and (isinstance(batch_size, bool)
                                        or not isinstance(batch_size, int) or batch_size < 1):
