@@ -55,7 +55,7 @@ def data(tmp_path):
     return paths, n
 
 
-def _read_all(paths, name, host, url, epochs, out, use_env):
+def _read_all(paths, name, host, url, epochs, out, use_env, opened=None):
     if use_env:
         os.environ["TAILCUT_COORDINATOR"] = url
         os.environ["TAILCUT_HOST_ID"] = host
@@ -65,6 +65,10 @@ def _read_all(paths, name, host, url, epochs, out, use_env):
     q = tailcut.WorkQueue(paths, num_epochs=epochs, num_slices=40, num_clients=2, name=name,
                           format="lines", global_ttl=3, global_block_size=2,
                           on_notice=lambda line: None, **kwargs)
+    if opened is not None:
+        # Every host's feeder claims blocks as its queue opens: without this a
+        # host that starts late (a loaded machine) may find the job done.
+        opened.wait(60)
     seen = [bytes(r) for r in q.records()]
     q.close()
     out.put((host, seen))
@@ -74,8 +78,9 @@ def test_two_hosts_of_two_processes_read_every_line_once_per_epoch(redis_url, da
     paths, n = data
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
+    opened = ctx.Barrier(4)
     procs = [ctx.Process(target=_read_all,
-                         args=(paths, qname, host, redis_url, 2, out, host == "b"))
+                         args=(paths, qname, host, redis_url, 2, out, host == "b", opened))
              for host in ("a", "a", "b", "b")]
     for p in procs:
         p.start()
