@@ -42,7 +42,6 @@ import os
 import pickle
 import re
 import signal
-import stat
 import struct
 import sys
 import threading
@@ -53,7 +52,7 @@ import weakref
 import numpy as np
 
 import tailcut
-from tailcut import _core
+from tailcut import _core, _pool_spec
 
 __all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
@@ -433,7 +432,6 @@ def _env_int(name, default):
 
 # ---- The pool's description, for loaders that join from elsewhere ------------------------------
 
-_SPEC_VERSION = 1
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -472,7 +470,7 @@ def _write_spec(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, po
     if args.get("prefix") is not None:
         args["prefix"] = os.fsdecode(args["prefix"])
     spec = dict(
-        version=_SPEC_VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
+        version=_pool_spec.VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
         max_clients=max_clients, poll=poll, queue=args, format=queue.format,
         batch_size=recipe.batch_size, tensors=recipe.tensors,
         callables={k: _callable_ref(getattr(recipe, k))
@@ -496,29 +494,11 @@ def _write_spec(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, po
 
 def read_pool_spec(ring_name):
     """The description of the pool of ring `ring_name` (a dict), written by
-    the job's PooledLoader. Raises NotFoundError when there is none, and
-    PermissionDeniedError unless the file is this user's and private to it
-    (it may name code to run)."""
-    path = pool_spec_path(ring_name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise tailcut.NotFoundError(
-            f"no pool description for ring '{ring_name}' ({path}): is the job running, and has "
-            f"its local rank 0 started iterating its PooledLoader (it writes the file then)? "
-            f"`python3 -m tailcut.pool --list` lists the pools of this host") from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
-            raise tailcut.PermissionDeniedError(
-                f"pool description {path} is not a private file of user {os.geteuid()} "
-                f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): refusing to use it")
-        spec = json.load(f)
-    if spec.get("version") != _SPEC_VERSION:
-        raise tailcut.ConfigMismatchError(
-            f"pool description {path} has version {spec.get('version')!r}; this tailcut reads "
-            f"version {_SPEC_VERSION} (use the same tailcut as the job)")
-    return spec
+    the job's PooledLoader, every field checked (tailcut/_pool_spec.py).
+    Raises NotFoundError when there is none, PermissionDeniedError unless the
+    file is this user's and private to it (it may name code to run),
+    CorruptError when it is not a pool description."""
+    return _pool_spec.read(pool_spec_path(ring_name), ring_name)
 
 
 def _remove_spec(ring_name, writer_pid):
@@ -996,7 +976,12 @@ def main(argv=None):
                          record_transform=_job_callable(spec, "record_transform",
                                                         args.record_transform),
                          tensors=spec["tensors"])
-        os.chdir(spec["cwd"])
+        try:
+            os.chdir(spec["cwd"])
+        except OSError as e:
+            raise _CliError(f"the job's working directory {spec['cwd']!r} (from "
+                            f"{pool_spec_path(args.ring)}): {e.strerror}; run this where it "
+                            f"exists (the same host and mounts as the job)") from None
         queue = tailcut.WorkQueue(**spec["queue"])
         ring = _core.BatchRing(args.ring, spec["slot_bytes"], spec["num_slots"], "loader",
                                max_clients=spec["max_clients"])

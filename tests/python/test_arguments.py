@@ -1,0 +1,190 @@
+"""Every input checked, every error clear: files the tools read, user strings
+with NUL and control characters, the ring's bad arguments, and the types of
+the arguments of every public entry point (tailcut/_args.py).
+
+The rows of docs/reliability.md ("Inputs") point here.
+"""
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import tailcut
+from tailcut import pool as tpool
+
+_names = itertools.count()
+
+
+def exact(message):
+    return "^" + re.escape(message) + "$"
+
+
+# ---- Files the tools read: the pool description --------------------------------------------
+
+
+def _valid_spec(ring):
+    """What PooledLoader._publish_spec writes, field for field."""
+    return dict(
+        version=1, ring=ring, slot_bytes=65536, num_slots=4, max_clients=64, poll=0.005,
+        queue=dict(works=["/nonexistent/a.txt"], num_epochs=1, shuffle=False, seed=None,
+                   prefix=None, num_slices=None, num_clients=1, name=f"{ring}-q"),
+        format="lines", batch_size=8, tensors=False,
+        callables=dict(collate_fn=None, transform=None, record_transform=None),
+        cwd="/", sys_path=[], pid=1, written=0.0)
+
+
+def _damaged(ring, form):
+    """The bytes of a damaged description (None: a directory in its place)."""
+    spec = _valid_spec(ring)
+    if form == "directory":
+        return None
+    raw = {"not json": b"{slot_bytes: 4", "null": b"null", "a list": b"[1, 2]",
+           "a number": b"42", "a string": b'"pool"', "binary": bytes(range(256)) * 4,
+           "empty": b"", "blank": b"  \n", "deeply nested": b"[" * 100000 + b"]" * 100000}
+    if form in raw:
+        return raw[form]
+    field, _, value = form.partition("=")
+    target = spec
+    if field.startswith("queue."):
+        target, field = spec["queue"], field[len("queue."):]
+    if form.startswith("no "):
+        field = form[3:]
+        target = spec["queue"] if field.startswith("queue.") else spec
+        del target[field.removeprefix("queue.")]
+    else:
+        target[field] = json.loads(value)
+    return json.dumps(spec).encode()
+
+
+_FORMS = ["not json", "null", "a list", "a number", "a string", "binary", "empty", "blank",
+          "deeply nested", "directory", "no version", "no queue", "no slot_bytes",
+          "no callables", "no queue.name", "no queue.works", 'slot_bytes="4"', "slot_bytes=0",
+          "slot_bytes=true", "num_slots=1.5", "num_slots=4294967296", "poll=-1", 'poll="x"',
+          "batch_size=null", "tensors=1", "cwd=7", 'sys_path="/"', "sys_path=[1]",
+          "queue=[]", 'queue.works="a.txt"', "queue.name=5", 'queue.name="a\\u0000b"',
+          'queue.num_epochs="2"', "queue.shuffle=3", 'queue.lease_timeout="x"',
+          "queue.bogus=1", 'callables={"transform": 5}',
+          'callables={"transform": {"describe": "m.f"}}', 'format=["lines"]', "ring=null"]
+
+
+@pytest.fixture
+def ring_name():
+    name = f"pytest-args-{os.getpid()}-{next(_names)}"
+    yield name
+    path = tpool.pool_spec_path(name)
+    if os.path.isdir(path):
+        os.rmdir(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _write(path, data):
+    if data is None:
+        os.mkdir(path, 0o700)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _join(ring, *more):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "tailcut.pool", "--ring", ring, *more],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("form", _FORMS)
+def test_a_damaged_pool_description_is_exit_1_naming_the_file_without_a_traceback(
+        ring_name, form):
+    path = tpool.pool_spec_path(ring_name)
+    _write(path, _damaged(ring_name, form))
+    run = _join(ring_name)
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    assert f"pool description {path}" in run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr  # one line
+    with pytest.raises(tailcut.CorruptError, match=re.escape(f"pool description {path}: ")):
+        tpool.read_pool_spec(ring_name)
+    # --list shows it as stale rather than failing.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    listed = subprocess.run([sys.executable, "-m", "tailcut.pool", "--list"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert re.search(rf"^{re.escape(ring_name)} +stale: pool description", listed.stdout, re.M)
+
+
+@pytest.mark.parametrize("form, message", [
+    ("empty", "it is empty"),
+    ("null", "it holds a JSON null, not an object"),
+    ("a list", "it holds a JSON array, not an object"),
+    ("no queue.name", "it has no field 'queue.name'"),
+    ('slot_bytes="4"', "field 'slot_bytes' must be an int >= 1, got '4' (str)"),
+    ("num_slots=1.5", "field 'num_slots' must be an int in [1, 4294967295], got 1.5 (float)"),
+    ('queue.name="a\\u0000b"', "field 'queue.name' 'a\\x00b' contains the control character "
+                               "'\\x00'; remove it"),
+    ("directory", None),
+])
+def test_a_damaged_pool_description_says_what_is_wrong_and_the_fix(ring_name, form, message):
+    path = tpool.pool_spec_path(ring_name)
+    _write(path, _damaged(ring_name, form))
+    fix = (f"remove it (rm {path}) and restart the job's PooledLoader, whose local rank 0 "
+           f"writes it again")
+    if form == "directory":
+        expected = f"pool description {path}: it is a directory; {fix}"
+    else:
+        expected = f"pool description {path}: {message}; {fix}"
+    with pytest.raises(tailcut.CorruptError, match=exact(expected)):
+        tpool.read_pool_spec(ring_name)
+
+
+def test_a_valid_pool_description_passes_the_checks(ring_name):
+    # The baseline the damaged forms start from: the checks pass it, and the
+    # loader goes on to look for the job's ring.
+    _write(tpool.pool_spec_path(ring_name), json.dumps(_valid_spec(ring_name)).encode())
+    assert tpool.read_pool_spec(ring_name)["slot_bytes"] == 65536
+    run = _join(ring_name)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert f"batch ring '{ring_name}' does not exist" in run.stderr
+
+
+def test_a_symlinked_or_foreign_pool_description_is_refused_without_a_traceback(
+        ring_name, tmp_path):
+    path = tpool.pool_spec_path(ring_name)
+    target = tmp_path / "spec.json"
+    target.write_text(json.dumps(_valid_spec(ring_name)))
+    os.symlink(target, path)
+    run = _join(ring_name)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert (f"PermissionDeniedError: pool description {path} cannot be opened (it is a "
+            f"symbolic link)") in run.stderr
+    os.unlink(path)
+    _write(path, json.dumps(_valid_spec(ring_name)).encode())
+    os.chmod(path, 0o644)
+    with pytest.raises(tailcut.PermissionDeniedError, match="is not a private file"):
+        tpool.read_pool_spec(ring_name)
+
+
+def test_a_missing_working_directory_of_the_job_is_exit_1_without_a_traceback(
+        ring_name, tmp_path):
+    # Past the description: the job's ring must be live for the loader to
+    # reach its cwd, so a ring and a queue stand in for the job.
+    data = tmp_path / "a.txt"
+    data.write_bytes(b"x\n" * 100)
+    spec = _valid_spec(ring_name)
+    spec["queue"]["works"] = [str(data)]
+    spec["cwd"] = str(tmp_path / "gone")
+    _write(tpool.pool_spec_path(ring_name), json.dumps(spec).encode())
+    with tailcut.WorkQueue(**spec["queue"]), \
+            tailcut.BatchRing(ring_name, 65536, 4, "trainer", max_clients=64):
+        try:
+            run = _join(ring_name)
+        finally:
+            tailcut.remove_batch_ring(ring_name)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert (f"the job's working directory {str(tmp_path / 'gone')!r} (from "
+            f"{tpool.pool_spec_path(ring_name)}): No such file or directory") in run.stderr
