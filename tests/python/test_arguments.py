@@ -188,3 +188,81 @@ def test_a_missing_working_directory_of_the_job_is_exit_1_without_a_traceback(
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert (f"the job's working directory {str(tmp_path / 'gone')!r} (from "
             f"{tpool.pool_spec_path(ring_name)}): No such file or directory") in run.stderr
+
+
+# ---- User strings: NUL refused, control characters shown escaped --------------------------
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"x\n" * 100)
+    return str(path)
+
+
+@pytest.fixture
+def uniq():
+    return f"pytest-args-{os.getpid()}-{next(_names)}"
+
+
+def _queue(data_file, uniq, **kwargs):
+    return lambda: tailcut.WorkQueue([data_file], name=uniq, **kwargs).close()
+
+
+# (entry point, the call, exception, the whole message). The C++ library
+# checks each where the value enters; these show it from Python.
+_NUL_CASES = [
+    ("WorkQueue name", lambda d, u: tailcut.WorkQueue([d], name="job\0x"),
+     tailcut.InvalidArgumentError,
+     "queue name 'job\\x00x' contains '\\x00'; use only ASCII letters, digits, '.', '_' and '-'"),
+    ("WorkQueue works", lambda d, u: tailcut.WorkQueue([d + "\0.bak"], name=u),
+     tailcut.InvalidArgumentError,
+     "queue '{u}': work file '{d}\\x00.bak' (works[0]) contains a NUL byte; no file has such a name"),
+    ("WorkQueue prefix", lambda d, u: tailcut.WorkQueue(["a.txt"], prefix="/tmp/\0", name=u),
+     tailcut.InvalidArgumentError,
+     "queue '{u}': prefix '/tmp/\\x00' contains a NUL byte; no path has one"),
+    ("WorkQueue format", lambda d, u: tailcut.WorkQueue([d], format="lines\0", name=u),
+     tailcut.InvalidArgumentError,
+     "unknown record format 'lines\\x00' (expected fixed, lines, tfrecord or file)"),
+    ("WorkQueue coordinator",
+     lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1\0.evil:6379/0", name=u),
+     tailcut.InvalidArgumentError,
+     "tailcut: coordinator URL 'redis://127.0.0.1\\x00.evil:6379/0': it contains the control "
+     "character '\\x00'; remove it; expected redis://[user[:password]@]HOST:PORT/DB"),
+    ("WorkQueue host_id",
+     lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1:1/0", host_id="h\0x",
+                                    name=u),
+     tailcut.InvalidArgumentError,
+     "queue '{u}': the host id 'h\\x00x' from host_id may only hold letters, digits, '.', '_' "
+     "and '-'; set host_id (TAILCUT_HOST_ID)"),
+    ("inspect_queue", lambda d, u: tailcut.inspect_queue("q\0"), tailcut.InvalidArgumentError,
+     "queue name 'q\\x00' contains '\\x00'; use only ASCII letters, digits, '.', '_' and '-'"),
+    ("remove_queue", lambda d, u: tailcut.remove_queue("q\0"), tailcut.InvalidArgumentError,
+     "queue name 'q\\x00' contains '\\x00'; use only ASCII letters, digits, '.', '_' and '-'"),
+    ("segment_path", lambda d, u: tailcut.segment_path("q\0"), tailcut.InvalidArgumentError,
+     "queue name 'q\\x00' contains '\\x00'; use only ASCII letters, digits, '.', '_' and '-'"),
+    ("BatchRing name", lambda d, u: tailcut.BatchRing("r\0x", 4096, 2, "trainer"),
+     tailcut.InvalidArgumentError,
+     "batch ring name 'r\\x00x' contains '\\x00'; use only ASCII letters, digits, '.', '_' and "
+     "'-'"),
+    ("inspect_batch_ring", lambda d, u: tailcut.inspect_batch_ring("r\n"),
+     tailcut.InvalidArgumentError,
+     "batch ring name 'r\\x0a' contains '\\x0a'; use only ASCII letters, digits, '.', '_' and "
+     "'-'"),
+    ("remove_batch_ring", lambda d, u: tailcut.remove_batch_ring("r\0"),
+     tailcut.InvalidArgumentError,
+     "batch ring name 'r\\x00' contains '\\x00'; use only ASCII letters, digits, '.', '_' and "
+     "'-'"),
+    ("pool_spec_path", lambda d, u: tpool.pool_spec_path("r\n"), tailcut.InvalidArgumentError,
+     "batch ring name 'r\\n': use only A-Z a-z 0-9 . _ -"),
+]
+
+
+@pytest.mark.parametrize("entry, call, error, message", _NUL_CASES,
+                         ids=[c[0] for c in _NUL_CASES])
+def test_a_nul_or_control_character_in_a_user_string_is_refused_and_shown_escaped(
+        data_file, uniq, entry, call, error, message):
+    with pytest.raises(error, match=exact(message.format(d=data_file, u=uniq))):
+        call(data_file, uniq)
+    assert not os.path.exists(tailcut.segment_path(uniq))
+

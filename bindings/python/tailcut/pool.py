@@ -432,14 +432,14 @@ def _env_int(name, default):
 
 # ---- The pool's description, for loaders that join from elsewhere ------------------------------
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def pool_spec_path(ring_name):
     """Where a pool's description lives while its job runs:
     /dev/shm/tailcut-pool.<euid>.<ring name>.json, beside the ring's segment
     (every process that can open the ring sees the same /dev/shm)."""
-    if not isinstance(ring_name, str) or not _NAME_RE.match(ring_name):
+    if not isinstance(ring_name, str) or not _NAME_RE.fullmatch(ring_name):
         raise tailcut.InvalidArgumentError(
             f"batch ring name {ring_name!r}: use only A-Z a-z 0-9 . _ -")
     return f"/dev/shm/tailcut-pool.{os.geteuid()}.{ring_name}.json"
