@@ -120,6 +120,23 @@ struct PyBatch {
   }
 };
 
+const char* RoleName(tc::RingRole role) {
+  return role == tc::RingRole::kLoader ? "loader" : "trainer";
+}
+
+// Raises unless this BatchRing was opened in `role`, the role `call` is for.
+// The library answers a wrong role with the same status as a corrupt segment
+// (kInvalid); the binding checks the arguments it can name before the call,
+// so what kInvalid still means afterwards is the segment. REQUIRES: the GIL.
+void CheckRole(const RingHandle& h, const char* call, tc::RingRole role) {
+  if (h.role != role)
+    Raise(g_exc.invalid_argument, "batch ring '" + h.name + "': " + call + " is for a " +
+                                      RoleName(role) + ", and this BatchRing was opened as a " +
+                                      RoleName(h.role) + "; open one with role='" + RoleName(role) +
+                                      "' for it");
+}
+
+// A status other than kOk after CheckRole and the argument checks of the call.
 [[noreturn]] void RaiseStatus(const RingHandle& h, const char* call, tc::RingStatus st,
                               const std::string& what) {
   std::string text =
@@ -128,8 +145,10 @@ struct PyBatch {
     Raise(g_exc.stale, text +
                            " (the slot has moved on: released twice, or recovered from a "
                            "process taken for dead)");
-  Raise(g_exc.invalid_argument,
-        text + " (wrong role for this call, a bad argument, or a corrupt segment)");
+  Raise(g_exc.corrupt, text +
+                           " (the ring's shared memory holds values no process of it writes: "
+                           "stop the job, remove the ring with `tailcut ring " +
+                           h.name + " --rm`, and start again)");
 }
 
 void CheckOpen(bool open, const RingHandle& h, const char* what) {
@@ -311,6 +330,7 @@ void DefineBatchRing(py::module_& m) {
           "acquire",
           [](const RingPtr& h, py::object timeout) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "acquire", tc::RingRole::kLoader);
             tc::WritableBatch slot;
             std::optional<tc::RingStatus> st =
                 InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
@@ -341,9 +361,20 @@ void DefineBatchRing(py::module_& m) {
           [](const RingPtr& h, const std::shared_ptr<PySlot>& slot, py::object epoch,
              py::object records, py::object nbytes) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "publish", tc::RingRole::kLoader);
             PySlot& s = Owned(*h, slot, "slot");
             uint64_t e = ToU64(epoch, "epoch"), r = ToU64(records, "records"),
                      n = ToU64(nbytes, "nbytes");
+            if (n > ring.slot_bytes())
+              Raise(g_exc.invalid_argument,
+                    "batch ring '" + h->name + "': publish: nbytes " + std::to_string(n) +
+                        " is more than the ring's slot_bytes " + std::to_string(ring.slot_bytes()) +
+                        "; make the batch smaller or open the ring with a larger slot_bytes");
+            if (e == tc::BatchRing::kAllEpochs)
+              Raise(g_exc.invalid_argument, "batch ring '" + h->name +
+                                                "': publish: epoch must be below 2**64-1 (that "
+                                                "value means every epoch), got " +
+                                                std::to_string(e));
             tc::RingStatus st = ring.Publish(s.slot.token, e, r, n);
             if (st == tc::RingStatus::kClosed) return false;
             if (st != tc::RingStatus::kOk)
@@ -359,6 +390,7 @@ void DefineBatchRing(py::module_& m) {
           "abandon",
           [](const RingPtr& h, const std::shared_ptr<PySlot>& slot) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "abandon", tc::RingRole::kLoader);
             PySlot& s = Owned(*h, slot, "slot");
             tc::RingStatus st = ring.Abandon(s.slot.token);
             s.Close();
@@ -370,6 +402,7 @@ void DefineBatchRing(py::module_& m) {
           "pop",
           [](const RingPtr& h, py::object through_epoch, py::object timeout) -> py::object {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "pop", tc::RingRole::kTrainer);
             uint64_t through = through_epoch.is_none() ? tc::BatchRing::kAllEpochs
                                                        : ToU64(through_epoch, "through_epoch");
             tc::ReadyBatch batch;
@@ -403,6 +436,7 @@ void DefineBatchRing(py::module_& m) {
           "release",
           [](const RingPtr& h, const std::shared_ptr<PyBatch>& batch) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "release", tc::RingRole::kTrainer);
             PyBatch& b = Owned(*h, batch, "batch");
             b.Close();  // the views die before the slot can be reused
             tc::RingStatus st = ring.Release(b.batch.token);

@@ -266,3 +266,52 @@ def test_a_nul_or_control_character_in_a_user_string_is_refused_and_shown_escape
         call(data_file, uniq)
     assert not os.path.exists(tailcut.segment_path(uniq))
 
+
+# ---- The ring's bad arguments: named with their limit ---------------------------------------
+
+
+@pytest.fixture
+def rings(uniq):
+    loader = tailcut.BatchRing(uniq, 65536, 2, "loader")
+    trainer = tailcut.BatchRing(uniq, 65536, 2, "trainer")
+    yield loader, trainer
+    loader.close()
+    trainer.close()
+    tailcut.remove_batch_ring(uniq)
+
+
+def test_publish_of_more_than_slot_bytes_names_nbytes_and_the_limit(rings, uniq):
+    loader, trainer = rings
+    slot = loader.acquire(timeout=1)
+    with pytest.raises(tailcut.InvalidArgumentError, match=exact(
+            f"batch ring '{uniq}': publish: nbytes 70000 is more than the ring's slot_bytes "
+            f"65536; make the batch smaller or open the ring with a larger slot_bytes")):
+        loader.publish(slot, 0, 1, 70000)
+    with pytest.raises(tailcut.InvalidArgumentError, match=exact(
+            f"batch ring '{uniq}': publish: epoch must be below 2**64-1 (that value means "
+            f"every epoch), got 18446744073709551615")):
+        loader.publish(slot, 2**64 - 1, 1, 10)
+    assert slot.open  # still the loader's: it can publish it right
+    assert loader.publish(slot, 0, 1, 65536)
+    batch = trainer.pop(timeout=1)
+    assert len(batch.data) == 65536
+    trainer.release(batch)
+
+
+@pytest.mark.parametrize("call, role, needs", [
+    ("acquire", "trainer", "loader"), ("publish", "trainer", "loader"),
+    ("abandon", "trainer", "loader"), ("pop", "loader", "trainer"),
+    ("release", "loader", "trainer")])
+def test_a_ring_call_in_the_wrong_role_names_the_role(rings, uniq, call, role, needs):
+    loader, trainer = rings
+    ring = loader if role == "loader" else trainer
+    slot = loader.acquire(timeout=1)
+    loader.publish(slot, 0, 1, 1)
+    batch = trainer.pop(timeout=1)
+    args = {"acquire": (), "pop": (), "publish": (slot, 0, 1, 1), "abandon": (slot,),
+            "release": (batch,)}[call]
+    with pytest.raises(tailcut.InvalidArgumentError, match=exact(
+            f"batch ring '{uniq}': {call} is for a {needs}, and this BatchRing was opened as a "
+            f"{role}; open one with role='{needs}' for it")):
+        getattr(ring, call)(*args)
+    trainer.release(batch)
