@@ -290,33 +290,34 @@ void DefineBatchRing(py::module_& m) {
       "the first creates the ring, later ones attach with the same slot_bytes, num_slots and "
       "max_clients. A trainer registers the arena with CUDA where a runtime and a device are "
       "found (cuda_pinned, memory_state); choose the device (torch.cuda.set_device) first.")
-      .def(py::init([](const std::string& name, py::object slot_bytes, py::object num_slots,
-                       const std::string& role, py::object max_clients, double attach_timeout,
-                       bool cuda_register) {
+      .def(py::init([](const py::object& name, py::object slot_bytes, py::object num_slots,
+                       const py::object& role_arg, py::object max_clients,
+                       const py::object& attach_timeout, const py::object& cuda_register) {
              tc::BatchRingOptions o;
-             o.name = name;
+             o.name = ToText(name, "name");
              o.slot_bytes = ToU64(slot_bytes, "slot_bytes", 1);
-             uint64_t n = ToU64(num_slots, "num_slots", 1);
-             uint64_t c = ToU64(max_clients, "max_clients", 1);
-             if (n > UINT32_MAX || c > UINT32_MAX)
-               Raise(g_exc.invalid_argument, "num_slots and max_clients must fit in 32 bits");
-             o.num_slots = static_cast<uint32_t>(n);
-             o.max_clients = static_cast<uint32_t>(c);
-             if (!(attach_timeout >= 0))
-               Raise(g_exc.invalid_argument, "attach_timeout must be a number of seconds >= 0");
-             o.attach_timeout =
-                 std::chrono::milliseconds(static_cast<int64_t>(attach_timeout * 1e3));
-             o.cuda_register = cuda_register;
+             o.num_slots = ToU32(num_slots, "num_slots", 1);
+             o.max_clients = ToU32(max_clients, "max_clients", 1);
+             // At most 7 days, as a WorkQueue's: a longer wait is surely a
+             // mistake, and the deadline arithmetic would overflow.
+             double wait = ToSeconds(attach_timeout, "attach_timeout");
+             if (wait > 7 * 86400.0)
+               RaiseValue("attach_timeout", "a number of seconds in [0, 604800] (7 days)",
+                          attach_timeout);
+             o.attach_timeout = ToMillis(wait);
+             o.cuda_register = ToFlag(cuda_register, "cuda_register");
              auto h = std::make_shared<RingHandle>();
+             const char* roles = "'loader' or 'trainer'";
+             if (!PyUnicode_Check(role_arg.ptr())) RaiseType("role", roles, role_arg);
+             const std::string role = py::str(role_arg);
              if (role == "loader") {
                h->role = tc::RingRole::kLoader;
              } else if (role == "trainer") {
                h->role = tc::RingRole::kTrainer;
              } else {
-               Raise(g_exc.invalid_argument,
-                     "BatchRing role must be 'loader' or 'trainer', got '" + role + "'");
+               RaiseValue("role", roles, role_arg);
              }
-             h->name = name;
+             h->name = o.name;
              {
                py::gil_scoped_release nogil;
                h->ring = tc::BatchRing::Open(o, h->role);
@@ -514,7 +515,8 @@ void DefineBatchRing(py::module_& m) {
 
   m.def(
       "inspect_batch_ring",
-      [](const std::string& name) {
+      [](const py::object& name_arg) {
+        const std::string name = ToText(name_arg, "name");
         tc::BatchRingStats s;
         {
           py::gil_scoped_release nogil;
@@ -523,9 +525,14 @@ void DefineBatchRing(py::module_& m) {
         return StatsDict(s);
       },
       py::arg("name"), "Stats of an existing ring without joining it.");
-  m.def("remove_batch_ring", &tc::RemoveBatchRing, py::arg("name"),
-        py::call_guard<py::gil_scoped_release>(),
-        "Removes the ring's segment; False if there was none.");
+  m.def(
+      "remove_batch_ring",
+      [](const py::object& name_arg) {
+        const std::string name = ToText(name_arg, "name");
+        py::gil_scoped_release nogil;
+        return tc::RemoveBatchRing(name);
+      },
+      py::arg("name"), "Removes the ring's segment; False if there was none.");
 }
 
 }  // namespace tailcut::python

@@ -217,7 +217,8 @@ _NUL_CASES = [
      "queue name 'job\\x00x' contains '\\x00'; use only ASCII letters, digits, '.', '_' and '-'"),
     ("WorkQueue works", lambda d, u: tailcut.WorkQueue([d + "\0.bak"], name=u),
      tailcut.InvalidArgumentError,
-     "queue '{u}': work file '{d}\\x00.bak' (works[0]) contains a NUL byte; no file has such a name"),
+     "queue '{u}': work file '{d}\\x00.bak' (works[0]) contains a NUL byte; no file has such "
+     "a name"),
     ("WorkQueue prefix", lambda d, u: tailcut.WorkQueue(["a.txt"], prefix="/tmp/\0", name=u),
      tailcut.InvalidArgumentError,
      "queue '{u}': prefix '/tmp/\\x00' contains a NUL byte; no path has one"),
@@ -315,3 +316,157 @@ def test_a_ring_call_in_the_wrong_role_names_the_role(rings, uniq, call, role, n
             f"{role}; open one with role='{needs}' for it")):
         getattr(ring, call)(*args)
     trainer.release(batch)
+
+
+# ---- Argument types: one rule, one message shape, across the whole API ---------------------
+
+
+def _rule_cases(entry, arg, rule, minimum=0, none_ok=False, numbers=True):
+    """The bad values of a count or a number of seconds: (entry, arg, value,
+    exception, message). A bool is not a count, a str not a number, a float
+    not a count; below the minimum is out of range; None where not allowed."""
+    count = rule.startswith("an int")
+    cases = [(True, TypeError), ("2", TypeError), (minimum - 1, tailcut.InvalidArgumentError)]
+    if count:
+        cases.append((2.0, TypeError))
+    if not none_ok:
+        cases.append((None, TypeError))
+    return [(entry, arg, value, error,
+             f"{arg} must be {rule}, got {value!r} ({type(value).__name__})")
+            for value, error in cases]
+
+
+def _flag_cases(entry, arg):
+    return [(entry, arg, value, TypeError,
+             f"{arg} must be True or False, got {value!r} ({type(value).__name__})")
+            for value in (1, "no", None)]
+
+
+_SECONDS_OR_NONE = "a number of seconds >= 0 or None"
+_WAIT = "a number of seconds >= 0, or None (or float('inf')) to wait without a limit"
+_TYPE_CASES = (
+    _rule_cases("WorkQueue", "num_epochs", "an int >= 0")
+    + _rule_cases("WorkQueue", "num_clients", "an int in [0, 4294967295]")
+    + _rule_cases("WorkQueue", "seed", "an int >= 0 or None", none_ok=True)
+    + _rule_cases("WorkQueue", "num_slices", "an int >= 0 or None", none_ok=True)
+    + _rule_cases("WorkQueue", "max_clients", "an int in [0, 4294967295]")
+    + _rule_cases("WorkQueue", "leases_per_client", "an int in [0, 4294967295]")
+    + _rule_cases("WorkQueue", "global_block_size", "an int >= 0")
+    + _rule_cases("WorkQueue", "lease_timeout", _SECONDS_OR_NONE, none_ok=True)
+    + _rule_cases("WorkQueue", "global_ttl", "a number of seconds >= 0")
+    + _rule_cases("WorkQueue", "attach_timeout", _WAIT, none_ok=True)
+    + _flag_cases("WorkQueue", "shuffle") + _flag_cases("WorkQueue", "keep_unfinished")
+    + _flag_cases("WorkQueue", "auto_ack")
+    + [("WorkQueue", key, 5, TypeError, f"{key} must be a str, got 5 (int)")
+       for key in ("name", "format", "coordinator", "host_id")]
+    + _rule_cases("take", "timeout", _WAIT, none_ok=True)
+    # records(): None is the default of these two.
+    + _rule_cases("records", "interleave", "an int >= 1", minimum=1, none_ok=True)
+    + _rule_cases("records", "shuffle_buffer", "an int >= 0", none_ok=True)
+    + _rule_cases("batches", "batch_size", "an int >= 1", minimum=1)
+    + _rule_cases("BatchRing", "slot_bytes", "an int >= 1", minimum=1)
+    + _rule_cases("BatchRing", "num_slots", "an int in [1, 4294967295]", minimum=1)
+    + _rule_cases("BatchRing", "max_clients", "an int in [1, 4294967295]", minimum=1)
+    + _rule_cases("BatchRing", "attach_timeout", "a number of seconds >= 0")
+    + _flag_cases("BatchRing", "cuda_register")
+    + [("BatchRing", "role", 1, TypeError, "role must be 'loader' or 'trainer', got 1 (int)"),
+       ("BatchRing", "role", "reader", tailcut.InvalidArgumentError,
+        "role must be 'loader' or 'trainer', got 'reader' (str)")]
+    + _rule_cases("QueueDataset", "batch_size", "an int >= 1 or None", minimum=1, none_ok=True)
+    + _rule_cases("QueueDataset", "shuffle_buffer", "an int >= 0")
+    + _rule_cases("QueueDataset", "interleave", "an int >= 1", minimum=1)
+    + _flag_cases("QueueDataset", "copy") + _flag_cases("QueueDataset", "drop_last")
+    + _rule_cases("EqualSteps", "rank", "an int >= 0 or None", none_ok=True)
+    + _rule_cases("EqualSteps", "world_size", "an int >= 1 or None", minimum=1, none_ok=True)
+    + _flag_cases("EqualSteps", "carry_over")
+    + _rule_cases("PooledLoader", "num_workers", "an int >= 0")
+    + _rule_cases("PooledLoader", "batch_size", "an int >= 1 or None", minimum=1, none_ok=True)
+    + _rule_cases("PooledLoader", "slot_bytes", "an int >= 1", minimum=1)
+    + _rule_cases("PooledLoader", "num_slots", "an int >= 1", minimum=1)
+    + _rule_cases("PooledLoader", "rank", "an int >= 0 or None", none_ok=True)
+    + _rule_cases("PooledLoader", "world_size", "an int >= 1 or None", minimum=1, none_ok=True)
+    + _rule_cases("PooledLoader", "local_rank", "an int >= 0 or None", none_ok=True)
+    + _flag_cases("PooledLoader", "carry_over")
+    + _rule_cases("run_loader", "batch_size", "an int >= 1 or None", minimum=1, none_ok=True)
+    + _rule_cases("run_loader", "slot_bytes", "an int >= 1", minimum=1)
+    + _rule_cases("run_loader", "poll", "a number of seconds >= 0")
+    + _rule_cases("start_loaders", "num_workers", "an int >= 0")
+    + _rule_cases("start_loaders", "num_slots", "an int >= 1", minimum=1)
+)
+# EqualSteps and PooledLoader: timeout must be > 0 (a wait of 0 ends every step).
+_TYPE_CASES += [
+    (entry, "timeout", value, error,
+     f"timeout must be a number of seconds > 0 or None, got {value!r} ({type(value).__name__})")
+    for entry in ("EqualSteps", "PooledLoader")
+    for value, error in ((True, TypeError), ("2", TypeError), (0, tailcut.InvalidArgumentError),
+                         (-1.0, tailcut.InvalidArgumentError))]
+
+
+@pytest.fixture(scope="module")
+def torch_api():
+    return pytest.importorskip("tailcut.torch")
+
+
+def _call(entry, arg, value, data_file, uniq, tt):
+    """Calls `entry` with arg=value and every other argument valid."""
+    kw = {arg: value}
+    if entry == "WorkQueue":
+        if arg in ("host_id",):
+            kw["coordinator"] = "redis://127.0.0.1:1/0"
+        tailcut.WorkQueue([data_file], **{"name": uniq, **kw}).close()
+        return
+    if entry in ("take", "records", "batches"):
+        with tailcut.WorkQueue([data_file], name=uniq, format="lines") as q:
+            if entry == "take":
+                q.take(**kw)
+            elif entry == "records":
+                q.records(**kw)
+            else:
+                q.batches(value)
+        return
+    if entry == "BatchRing":
+        args = dict(name=uniq, slot_bytes=4096, num_slots=2, role="trainer")
+        if arg in args:
+            args[arg] = value
+            tailcut.BatchRing(**args).close()
+        else:
+            tailcut.BatchRing(**args, **kw).close()
+        tailcut.remove_batch_ring(uniq)
+        return
+    if entry == "QueueDataset":
+        tt.QueueDataset([data_file], **{"name": uniq, "format": "lines", **kw}).close()
+        return
+    with tt.QueueDataset([data_file], name=uniq, format="lines") as ds:
+        if entry == "EqualSteps":
+            tt.EqualSteps(ds, **kw)
+        elif entry == "PooledLoader":
+            tt.PooledLoader(ds, **kw).close()
+        elif entry == "run_loader":
+            tpool.run_loader(ds, uniq, **{"slot_bytes": 4096, "num_slots": 2, **kw})
+        elif entry == "start_loaders":
+            args = {"slot_bytes": 4096, "num_slots": 2, **kw}
+            num_workers = args.pop("num_workers", 1)
+            tpool.start_loaders(ds, uniq, num_workers, **args)
+
+
+@pytest.mark.parametrize("entry, arg, value, error, message", _TYPE_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[2]!r}" for c in _TYPE_CASES])
+def test_every_entry_point_checks_its_arguments_with_one_message_shape(
+        data_file, uniq, torch_api, entry, arg, value, error, message):
+    with pytest.raises(error, match=exact(message)):
+        _call(entry, arg, value, data_file, uniq, torch_api)
+    assert not os.path.exists(tailcut.segment_path(uniq))
+    assert not os.path.exists(tpool.pool_spec_path(uniq))
+
+
+@pytest.mark.parametrize("value", [3, "numpy"])
+def test_numpy_integers_and_int_subclasses_are_counts(data_file, uniq, value):
+    np = pytest.importorskip("numpy")
+    count = np.int64(3) if value == "numpy" else value
+    with tailcut.WorkQueue([data_file], name=uniq, num_epochs=count, num_clients=np.uint8(1),
+                           seed=np.int32(7)) as q:
+        assert q.num_epochs == 3 and q.seed == 7
+    from tailcut import _args
+    assert _args.count("n", np.int16(4), minimum=1) == 4
+    with pytest.raises(TypeError, match=exact("n must be an int >= 1, got True (bool_)")):
+        _args.count("n", np.bool_(True), minimum=1)

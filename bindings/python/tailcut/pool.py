@@ -36,6 +36,7 @@ import argparse
 import base64
 import importlib
 import importlib.util
+import inspect
 import json
 import multiprocessing
 import os
@@ -52,7 +53,7 @@ import weakref
 import numpy as np
 
 import tailcut
-from tailcut import _core, _pool_spec
+from tailcut import _args, _core, _pool_spec
 
 __all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
@@ -394,6 +395,10 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
     transform default to its own (see PooledLoader). The loader leaves early,
     after publishing and acking what it holds, on SIGTERM (when run in the
     main thread), when stop() returns true, or when the job closes the ring."""
+    _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+    _args.seconds("poll", poll)
+    for key, fn in (("collate_fn", collate_fn), ("transform", transform), ("stop", stop)):
+        _args.callable_or_none(key, fn)
     recipe = _recipe_for(dataset, batch_size, collate_fn, transform)
     ring = _core.BatchRing(ring_name, slot_bytes, num_slots, "loader", max_clients=max_clients)
     try:
@@ -408,6 +413,11 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
 
 def start_loaders(dataset, ring_name, num_workers, **kwargs):
     """Starts num_workers loader processes (forked) running run_loader; returns them."""
+    num_workers = _args.count("num_workers", num_workers)
+    # What the loaders would refuse, refused here, not in each child.
+    inspect.signature(run_loader).bind(dataset, ring_name, **kwargs)
+    for key in set(kwargs) & {"slot_bytes", "num_slots", "max_clients", "batch_size"}:
+        _args.count(key, kwargs[key], minimum=1, allow_none=key == "batch_size")
     ctx = multiprocessing.get_context("fork")
     procs = []
     for _ in range(num_workers):
@@ -561,24 +571,29 @@ class PooledLoader:
                  name=None, timeout=1800.0, carry_over=False, on_leftover=None):
         self.dataset = dataset
         self.queue = dataset.queue
-        self.num_workers = int(num_workers)
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+        self.num_workers = _args.count("num_workers", num_workers)
+        _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+        for key, fn in (("collate_fn", collate_fn), ("transform", transform),
+                        ("on_leftover", on_leftover)):
+            _args.callable_or_none(key, fn)
         self._recipe = _recipe_for(dataset, batch_size, collate_fn, transform)
         self.batch_size = self._recipe.batch_size
         self.collate_fn, self.transform = collate_fn, transform
-        self.slot_bytes, self.num_slots = int(slot_bytes), int(num_slots)
-        self.rank = _env_int("RANK", 0) if rank is None else int(rank)
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
-        self.local_rank = (_env_int("LOCAL_RANK", self.rank) if local_rank is None
-                           else int(local_rank))
+        self.slot_bytes = _args.count("slot_bytes", slot_bytes, minimum=1)
+        self.num_slots = _args.count("num_slots", num_slots, minimum=1)
+        rank = _args.count("rank", rank, allow_none=True)
+        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
+        local_rank = _args.count("local_rank", local_rank, allow_none=True)
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.local_rank = _env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
         self.local_world_size = _env_int("LOCAL_WORLD_SIZE", self.world_size)
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(f"local rank {self.local_rank} is not in "
                              f"[0, {self.local_world_size})")
         self.name = name or f"{self.queue.name}.pool"
-        self.timeout = timeout
-        self.carry_over = bool(carry_over)
+        self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
+        self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = on_leftover
         # Pinned for CUDA only where this process already chose its device
         # (torch.cuda.set_device, or any CUDA work): registering first would
