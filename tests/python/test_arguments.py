@@ -360,6 +360,7 @@ _TYPE_CASES = (
     + [("WorkQueue", key, 5, TypeError, f"{key} must be a str, got 5 (int)")
        for key in ("name", "format", "coordinator", "host_id")]
     + _rule_cases("take", "timeout", _WAIT, none_ok=True)
+    + _rule_cases("agree_step", "step", "an int >= 0") + _flag_cases("agree_step", "has_batch")
     # records(): None is the default of these two.
     + _rule_cases("records", "interleave", "an int >= 1", minimum=1, none_ok=True)
     + _rule_cases("records", "shuffle_buffer", "an int >= 0", none_ok=True)
@@ -415,10 +416,12 @@ def _call(entry, arg, value, data_file, uniq, tt):
             kw["coordinator"] = "redis://127.0.0.1:1/0"
         tailcut.WorkQueue([data_file], **{"name": uniq, **kw}).close()
         return
-    if entry in ("take", "records", "batches"):
+    if entry in ("take", "agree_step", "records", "batches"):
         with tailcut.WorkQueue([data_file], name=uniq, format="lines") as q:
             if entry == "take":
                 q.take(**kw)
+            elif entry == "agree_step":
+                q.agree_step(**{"rank": 0, "ranks": 1, "step": 0, "has_batch": True, **kw})
             elif entry == "records":
                 q.records(**kw)
             else:
