@@ -299,6 +299,29 @@ def test_publish_of_more_than_slot_bytes_names_nbytes_and_the_limit(rings, uniq)
     trainer.release(batch)
 
 
+def test_a_batch_the_segment_says_is_larger_than_its_slot_is_a_corrupt_error(rings, uniq):
+    # A hostile or damaged segment: the published size of a batch grown past
+    # the slot after publish. Found by the epoch and records written just
+    # before it in the slot's header (word, epoch, records, bytes, loader).
+    import mmap
+    import struct
+    loader, trainer = rings
+    epoch, records = 0x5A17C0DE5A17, 0x0BADC0FFEE0B
+    slot = loader.acquire(timeout=1)
+    assert loader.publish(slot, epoch, records, 10)
+    with open(tailcut.inspect_batch_ring(uniq)["segment_path"], "r+b") as f, \
+            mmap.mmap(f.fileno(), 0) as m:
+        at = m.find(struct.pack("<QQQ", epoch, records, 10))
+        assert at > 0 and m.find(struct.pack("<QQ", epoch, records), at + 1) == -1
+        m[at + 16:at + 24] = struct.pack("<Q", 65537)
+    # The status's name (RingStatusName) between the call and the fix.
+    pattern = (re.escape(f"batch ring '{uniq}': pop refused: ") + "[a-z ]+" + re.escape(
+        f" (the ring's shared memory holds values no process of it writes: stop the job, "
+        f"remove the ring with `tailcut ring {uniq} --rm`, and start again)"))
+    with pytest.raises(tailcut.CorruptError, match=f"^{pattern}$"):
+        trainer.pop(timeout=1)
+
+
 @pytest.mark.parametrize("call, role, needs", [
     ("acquire", "trainer", "loader"), ("publish", "trainer", "loader"),
     ("abandon", "trainer", "loader"), ("pop", "loader", "trainer"),
