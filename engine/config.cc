@@ -183,6 +183,13 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
                                                  "': format tag longer than " +
                                                  std::to_string(kFormatTagBytes - 1) + " bytes");
+  for (char c : options.format) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag " +
+                                                   Quote(options.format) +
+                                                   " contains a control character; use the tag "
+                                                   "RecordFormat::Tag() gives");
+  }
   if (options.prefix.find('\0') != std::string::npos)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': prefix " +
                                                  Quote(options.prefix) +

@@ -418,6 +418,11 @@ TEST_F(ResolveConfigTest, NulInNamesPrefixesAndPathsIsRefusedAndShownEscaped) {
   EXPECT_EQ(ErrorOf(o, ErrorKind::kInvalidArgument),
             "queue 'config_test': work file '" + a +
                 "\\x00.bak' (works[0]) contains a NUL byte; no file has such a name");
+  o = Options({a});
+  o.format = "lines\0"s;
+  EXPECT_EQ(ErrorOf(o, ErrorKind::kInvalidArgument),
+            "queue 'config_test': format tag 'lines\\x00' contains a control character; use the "
+            "tag RecordFormat::Tag() gives");
   try {
     ValidateQueueName("ring\nname", "batch ring name");
     FAIL() << "no error";
