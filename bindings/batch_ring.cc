@@ -120,6 +120,23 @@ struct PyBatch {
   }
 };
 
+const char* RoleName(tc::RingRole role) {
+  return role == tc::RingRole::kLoader ? "loader" : "trainer";
+}
+
+// Raises unless this BatchRing was opened in `role`, the role `call` is for.
+// The library answers a wrong role with the same status as a corrupt segment
+// (kInvalid); the binding checks the arguments it can name before the call,
+// so what kInvalid still means afterwards is the segment. REQUIRES: the GIL.
+void CheckRole(const RingHandle& h, const char* call, tc::RingRole role) {
+  if (h.role != role)
+    Raise(g_exc.invalid_argument, "batch ring '" + h.name + "': " + call + " is for a " +
+                                      RoleName(role) + ", and this BatchRing was opened as a " +
+                                      RoleName(h.role) + "; open one with role='" + RoleName(role) +
+                                      "' for it");
+}
+
+// A status other than kOk after CheckRole and the argument checks of the call.
 [[noreturn]] void RaiseStatus(const RingHandle& h, const char* call, tc::RingStatus st,
                               const std::string& what) {
   std::string text =
@@ -128,8 +145,10 @@ struct PyBatch {
     Raise(g_exc.stale, text +
                            " (the slot has moved on: released twice, or recovered from a "
                            "process taken for dead)");
-  Raise(g_exc.invalid_argument,
-        text + " (wrong role for this call, a bad argument, or a corrupt segment)");
+  Raise(g_exc.corrupt, text +
+                           " (the ring's shared memory holds values no process of it writes: "
+                           "stop the job, remove the ring with `tailcut ring " +
+                           h.name + " --rm`, and start again)");
 }
 
 void CheckOpen(bool open, const RingHandle& h, const char* what) {
@@ -271,33 +290,34 @@ void DefineBatchRing(py::module_& m) {
       "the first creates the ring, later ones attach with the same slot_bytes, num_slots and "
       "max_clients. A trainer registers the arena with CUDA where a runtime and a device are "
       "found (cuda_pinned, memory_state); choose the device (torch.cuda.set_device) first.")
-      .def(py::init([](const std::string& name, py::object slot_bytes, py::object num_slots,
-                       const std::string& role, py::object max_clients, double attach_timeout,
-                       bool cuda_register) {
+      .def(py::init([](const py::object& name, py::object slot_bytes, py::object num_slots,
+                       const py::object& role_arg, py::object max_clients,
+                       const py::object& attach_timeout, const py::object& cuda_register) {
              tc::BatchRingOptions o;
-             o.name = name;
+             o.name = ToText(name, "name");
              o.slot_bytes = ToU64(slot_bytes, "slot_bytes", 1);
-             uint64_t n = ToU64(num_slots, "num_slots", 1);
-             uint64_t c = ToU64(max_clients, "max_clients", 1);
-             if (n > UINT32_MAX || c > UINT32_MAX)
-               Raise(g_exc.invalid_argument, "num_slots and max_clients must fit in 32 bits");
-             o.num_slots = static_cast<uint32_t>(n);
-             o.max_clients = static_cast<uint32_t>(c);
-             if (!(attach_timeout >= 0))
-               Raise(g_exc.invalid_argument, "attach_timeout must be a number of seconds >= 0");
-             o.attach_timeout =
-                 std::chrono::milliseconds(static_cast<int64_t>(attach_timeout * 1e3));
-             o.cuda_register = cuda_register;
+             o.num_slots = ToU32(num_slots, "num_slots", 1);
+             o.max_clients = ToU32(max_clients, "max_clients", 1);
+             // At most 7 days, as a WorkQueue's: a longer wait is surely a
+             // mistake, and the deadline arithmetic would overflow.
+             double wait = ToSeconds(attach_timeout, "attach_timeout");
+             if (wait > 7 * 86400.0)
+               RaiseValue("attach_timeout", "a number of seconds in [0, 604800] (7 days)",
+                          attach_timeout);
+             o.attach_timeout = ToMillis(wait);
+             o.cuda_register = ToFlag(cuda_register, "cuda_register");
              auto h = std::make_shared<RingHandle>();
+             const char* roles = "'loader' or 'trainer'";
+             if (!PyUnicode_Check(role_arg.ptr())) RaiseType("role", roles, role_arg);
+             const std::string role = py::str(role_arg);
              if (role == "loader") {
                h->role = tc::RingRole::kLoader;
              } else if (role == "trainer") {
                h->role = tc::RingRole::kTrainer;
              } else {
-               Raise(g_exc.invalid_argument,
-                     "BatchRing role must be 'loader' or 'trainer', got '" + role + "'");
+               RaiseValue("role", roles, role_arg);
              }
-             h->name = name;
+             h->name = o.name;
              {
                py::gil_scoped_release nogil;
                h->ring = tc::BatchRing::Open(o, h->role);
@@ -311,6 +331,7 @@ void DefineBatchRing(py::module_& m) {
           "acquire",
           [](const RingPtr& h, py::object timeout) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "acquire", tc::RingRole::kLoader);
             tc::WritableBatch slot;
             std::optional<tc::RingStatus> st =
                 InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
@@ -341,9 +362,20 @@ void DefineBatchRing(py::module_& m) {
           [](const RingPtr& h, const std::shared_ptr<PySlot>& slot, py::object epoch,
              py::object records, py::object nbytes) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "publish", tc::RingRole::kLoader);
             PySlot& s = Owned(*h, slot, "slot");
             uint64_t e = ToU64(epoch, "epoch"), r = ToU64(records, "records"),
                      n = ToU64(nbytes, "nbytes");
+            if (n > ring.slot_bytes())
+              Raise(g_exc.invalid_argument,
+                    "batch ring '" + h->name + "': publish: nbytes " + std::to_string(n) +
+                        " is more than the ring's slot_bytes " + std::to_string(ring.slot_bytes()) +
+                        "; make the batch smaller or open the ring with a larger slot_bytes");
+            if (e == tc::BatchRing::kAllEpochs)
+              Raise(g_exc.invalid_argument, "batch ring '" + h->name +
+                                                "': publish: epoch must be below 2**64-1 (that "
+                                                "value means every epoch), got " +
+                                                std::to_string(e));
             tc::RingStatus st = ring.Publish(s.slot.token, e, r, n);
             if (st == tc::RingStatus::kClosed) return false;
             if (st != tc::RingStatus::kOk)
@@ -359,6 +391,7 @@ void DefineBatchRing(py::module_& m) {
           "abandon",
           [](const RingPtr& h, const std::shared_ptr<PySlot>& slot) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "abandon", tc::RingRole::kLoader);
             PySlot& s = Owned(*h, slot, "slot");
             tc::RingStatus st = ring.Abandon(s.slot.token);
             s.Close();
@@ -370,6 +403,7 @@ void DefineBatchRing(py::module_& m) {
           "pop",
           [](const RingPtr& h, py::object through_epoch, py::object timeout) -> py::object {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "pop", tc::RingRole::kTrainer);
             uint64_t through = through_epoch.is_none() ? tc::BatchRing::kAllEpochs
                                                        : ToU64(through_epoch, "through_epoch");
             tc::ReadyBatch batch;
@@ -403,6 +437,7 @@ void DefineBatchRing(py::module_& m) {
           "release",
           [](const RingPtr& h, const std::shared_ptr<PyBatch>& batch) {
             tc::BatchRing& ring = Usable(*h);
+            CheckRole(*h, "release", tc::RingRole::kTrainer);
             PyBatch& b = Owned(*h, batch, "batch");
             b.Close();  // the views die before the slot can be reused
             tc::RingStatus st = ring.Release(b.batch.token);
@@ -480,7 +515,8 @@ void DefineBatchRing(py::module_& m) {
 
   m.def(
       "inspect_batch_ring",
-      [](const std::string& name) {
+      [](const py::object& name_arg) {
+        const std::string name = ToText(name_arg, "name");
         tc::BatchRingStats s;
         {
           py::gil_scoped_release nogil;
@@ -489,9 +525,14 @@ void DefineBatchRing(py::module_& m) {
         return StatsDict(s);
       },
       py::arg("name"), "Stats of an existing ring without joining it.");
-  m.def("remove_batch_ring", &tc::RemoveBatchRing, py::arg("name"),
-        py::call_guard<py::gil_scoped_release>(),
-        "Removes the ring's segment; False if there was none.");
+  m.def(
+      "remove_batch_ring",
+      [](const py::object& name_arg) {
+        const std::string name = ToText(name_arg, "name");
+        py::gil_scoped_release nogil;
+        return tc::RemoveBatchRing(name);
+      },
+      py::arg("name"), "Removes the ring's segment; False if there was none.");
 }
 
 }  // namespace tailcut::python

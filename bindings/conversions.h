@@ -1,6 +1,11 @@
 // Conversions of Python arguments to the C++ library's types, with the
-// binding's error messages (InvalidArgumentError / TypeError naming the
-// argument). REQUIRES: the GIL, for every function here.
+// binding's error messages. REQUIRES: the GIL, for every function here.
+//
+// One message shape, the same as tailcut/_args.py's: "<what> must be <rule>,
+// got <repr> (<type>)", e.g. "num_epochs must be an int >= 0, got '2' (str)";
+// a wrong type raises TypeError, a value out of range InvalidArgumentError.
+// A bool is not a count, a str is not a number, a float is not a count;
+// anything with __index__ (numpy integers) is.
 #pragma once
 
 #include <pybind11/functional.h>
@@ -10,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "tailcut/record_format.h"
@@ -19,12 +25,26 @@ namespace tc = tailcut;
 
 namespace tailcut::python {
 
-// An int >= min_value (bool refused).
-uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0);
+// Raise TypeError / InvalidArgumentError "<what> must be <rule>, got ...".
+[[noreturn]] void RaiseType(const char* what, const std::string& rule, const py::handle& value);
+[[noreturn]] void RaiseValue(const char* what, const std::string& rule, const py::handle& value);
+
+// An int in [min_value, max_value].
+uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0,
+               uint64_t max_value = UINT64_MAX);
+// None, or ToU64's int.
+std::optional<uint64_t> ToU64OrNone(const py::handle& value, const char* what,
+                                    uint64_t min_value = 0);
 // A count the engine keeps in 32 bits: larger values are refused, not cut.
-uint32_t ToU32(const py::handle& value, const char* what);
-// A finite number of seconds >= 0.
+uint32_t ToU32(const py::handle& value, const char* what, uint32_t min_value = 0);
+// A finite number of seconds >= 0 (or None, as nullopt, where or_none).
 double ToSeconds(const py::handle& value, const char* what);
+std::optional<double> ToSecondsOrNone(const py::handle& value, const char* what);
+// True or False (numpy's bools too); not 0, 1, None or a str.
+bool ToFlag(const py::handle& value, const char* what);
+// A str (UTF-8). NUL and other control characters are the library's to
+// refuse, where the value enters it (with the message that names the value).
+std::string ToText(const py::handle& value, const char* what);
 std::chrono::milliseconds ToMillis(double seconds);
 // A str, bytes or os.PathLike path, as the bytes of the file name
 // (os.fsencode): names that are not UTF-8 work too.

@@ -56,8 +56,10 @@ namespace {
 // WorkQueue::AgreeStep in slices (blocking.h); calling it again for the same
 // step is harmless (it republishes the same word). REQUIRES: the GIL.
 std::string AgreeStepBlocking(QueueHandle& h, const py::object& rank, const py::object& ranks,
-                              const py::object& step, bool has_batch, const py::object& timeout) {
+                              const py::object& step, const py::object& has_batch_arg,
+                              const py::object& timeout) {
   uint64_t r = ToU64(rank, "rank");
+  const bool has_batch = ToFlag(has_batch_arg, "has_batch");
   uint64_t n = ToU64(ranks, "ranks", 1);
   uint64_t s = ToU64(step, "step");
   if (r >= n)
@@ -177,8 +179,8 @@ void DefineTake(QueueClass& queue) {
           "item the previous take() returned, if that is still open (PAI code never acks).")
       .def(
           "agree_step",
-          [](const HandlePtr& h, py::object rank, py::object ranks, py::object step, bool has_batch,
-             py::object timeout) {
+          [](const HandlePtr& h, py::object rank, py::object ranks, py::object step,
+             py::object has_batch, py::object timeout) {
             return AgreeStepBlocking(*h, rank, ranks, step, has_batch, timeout);
           },
           py::arg("rank"), py::arg("ranks"), py::arg("step"), py::arg("has_batch"),

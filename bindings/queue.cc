@@ -27,19 +27,16 @@ constexpr std::chrono::milliseconds kLongestAttach{7LL * 24 * 3600 * 1000};
 // attach_timeout: seconds >= 0, or None / +inf for no limit (nullopt).
 std::optional<std::chrono::milliseconds> ToAttachTimeout(const py::handle& v) {
   if (v.is_none()) return std::nullopt;
-  if (PyBool_Check(v.ptr()))
-    throw py::type_error("attach_timeout must be a number of seconds or None");
+  const char* rule = "a number of seconds >= 0, or None (or float('inf')) to wait without a limit";
+  if (PyBool_Check(v.ptr()) || PyUnicode_Check(v.ptr()) || PyBytes_Check(v.ptr()))
+    RaiseType("attach_timeout", rule, v);
   double s = PyFloat_AsDouble(v.ptr());
   if (s == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
-    throw py::type_error("attach_timeout must be a number of seconds or None");
+    RaiseType("attach_timeout", rule, v);
   }
   if (std::isinf(s) && s > 0) return std::nullopt;
-  if (!(s >= 0))
-    Raise(g_exc.invalid_argument,
-          "attach_timeout must be a number of seconds >= 0, or None (or float('inf')) to wait "
-          "without a limit; got " +
-              std::string(py::repr(v)));
+  if (!(s >= 0)) RaiseValue("attach_timeout", rule, v);
   return ToMillis(s);
 }
 
@@ -120,10 +117,10 @@ std::unique_ptr<tc::WorkQueue> OpenInSlices(tc::WorkQueueOptions o, bool forever
   return std::move(job->queue);
 }
 
-HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool shuffle,
-                    const py::object& seed, const py::object& prefix, const py::object& num_slices,
-                    const py::object& num_clients, const py::object& queue_name,
-                    const py::kwargs& more) {
+HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
+                    const py::object& shuffle, const py::object& seed, const py::object& prefix,
+                    const py::object& num_slices, const py::object& num_clients,
+                    const py::object& queue_name, const py::kwargs& more) {
   const std::string name = ToQueueName(queue_name);
   tc::WorkQueueOptions o;
   py::dict open_args;
@@ -137,10 +134,10 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
   for (const std::string& w : o.works) works_list.append(FromPath(w));
   open_args["works"] = works_list;
   o.num_epochs = ToU64(num_epochs, "num_epochs");
-  o.shuffle = shuffle;
-  if (!seed.is_none()) o.seed = ToU64(seed, "seed");
+  o.shuffle = ToFlag(shuffle, "shuffle");
+  if (auto v = ToU64OrNone(seed, "seed")) o.seed = *v;
   if (!prefix.is_none()) o.prefix = ToPath(prefix);
-  if (!num_slices.is_none()) o.num_slices = ToU64(num_slices, "num_slices");
+  if (auto v = ToU64OrNone(num_slices, "num_slices")) o.num_slices = *v;
   o.num_clients = ToU32(num_clients, "num_clients");
   o.name = name;
   open_args["num_epochs"] = num_epochs;
@@ -165,9 +162,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
     } else if (key == "max_clients") {
       o.max_clients = ToU32(v, "max_clients");
     } else if (key == "keep_unfinished") {
-      o.keep_unfinished = py::cast<bool>(v);
+      o.keep_unfinished = ToFlag(v, "keep_unfinished");
     } else if (key == "auto_ack") {
-      h->auto_ack = py::cast<bool>(v);
+      h->auto_ack = ToFlag(v, "auto_ack");
     } else if (key == "leases_per_client") {
       o.leases_per_client = ToU32(v, "leases_per_client");
     } else if (key == "attach_timeout") {
@@ -175,12 +172,11 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
       attach_forever = !t;
       o.attach_timeout = t ? *t : kLongestAttach;
     } else if (key == "lease_timeout") {
-      o.lease_timeout =
-          v.is_none() ? std::chrono::milliseconds(0) : ToMillis(ToSeconds(v, "lease_timeout"));
+      o.lease_timeout = ToMillis(ToSecondsOrNone(v, "lease_timeout").value_or(0));
     } else if (key == "coordinator") {
-      o.coordinator = v.is_none() ? "" : py::cast<std::string>(v);
+      o.coordinator = v.is_none() ? "" : ToText(v, "coordinator");
     } else if (key == "host_id") {
-      o.host_id = v.is_none() ? "" : py::cast<std::string>(v);
+      o.host_id = v.is_none() ? "" : ToText(v, "host_id");
     } else if (key == "global_ttl") {
       o.global_ttl = ToMillis(ToSeconds(v, "global_ttl"));
     } else if (key == "global_block_size") {
@@ -206,7 +202,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs, bool 
     open_args[py::str(key)] = v;
   }
   if (!format.is_none()) {
-    h->format = ParseFormat(py::str(format), record_bytes);
+    h->format = ParseFormat(ToText(format, "format"), record_bytes);
     o.format = h->format->Tag();
   } else if (!record_bytes.is_none()) {
     Raise(g_exc.invalid_argument, "record_bytes needs format='fixed'");
@@ -446,8 +442,9 @@ void DefineQueueFunctions(py::module_& m) {
       "recovered). Raises NotFoundError, CorruptError, PermissionDeniedError.");
   m.def(
       "remove_queue",
-      [](const py::object& queue_name, bool force) {
+      [](const py::object& queue_name, const py::object& force_arg) {
         std::string name = ToQueueName(queue_name);
+        bool force = ToFlag(force_arg, "force");
         py::gil_scoped_release nogil;
         tc::RemoveQueue(name, force);
       },

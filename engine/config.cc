@@ -56,13 +56,14 @@ uint64_t QueueConfig::Fingerprint() const {
   return h;
 }
 
-void ValidateQueueName(const std::string& name) {
+void ValidateQueueName(const std::string& name, const char* what) {
   if (name.empty())
-    throw Error(ErrorKind::kInvalidArgument, "queue name is empty; pass name='something'");
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + " is empty; pass name='something'");
   if (name.size() > kMaxNameLength)
-    throw Error(ErrorKind::kInvalidArgument, "queue name is " + std::to_string(name.size()) +
-                                                 " characters long; the limit is " +
-                                                 std::to_string(kMaxNameLength));
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + " is " + std::to_string(name.size()) +
+                    " characters long; the limit is " + std::to_string(kMaxNameLength));
   for (size_t i = 0; i < name.size(); ++i) {
     char c = name[i];
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -76,11 +77,13 @@ void ValidateQueueName(const std::string& name) {
                  : lead >= 0xc2 && lead <= 0xdf ? 2
                                                 : 1;
     throw Error(ErrorKind::kInvalidArgument,
-                "queue name " + Quote(name) + " contains '" + Printable(name.substr(i, len)) +
+                std::string(what) + " " + Quote(name) + " contains '" +
+                    Printable(name.substr(i, len)) +
                     "'; use only ASCII letters, digits, '.', '_' and '-'");
   }
   if (name == "." || name == "..")
-    throw Error(ErrorKind::kInvalidArgument, "queue name " + Quote(name) + " is reserved");
+    throw Error(ErrorKind::kInvalidArgument,
+                std::string(what) + " " + Quote(name) + " is reserved");
 }
 
 std::vector<WorkQueue::Item> SliceFiles(const std::vector<uint64_t>& sizes, uint64_t num_slices) {
@@ -180,6 +183,17 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
                                                  "': format tag longer than " +
                                                  std::to_string(kFormatTagBytes - 1) + " bytes");
+  for (char c : options.format) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': format tag " +
+                                                   Quote(options.format) +
+                                                   " contains a control character; use the tag "
+                                                   "RecordFormat::Tag() gives");
+  }
+  if (options.prefix.find('\0') != std::string::npos)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': prefix " +
+                                                 Quote(options.prefix) +
+                                                 " contains a NUL byte; no path has one");
 
   QueueConfig config;
   config.num_epochs = options.num_epochs;

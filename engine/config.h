@@ -57,8 +57,10 @@ struct QueueConfig {
 // Throws tailcut::Error naming the bad option or file.
 QueueConfig ResolveConfig(const WorkQueueOptions& options);
 
-// Throws kInvalidArgument unless name is 1..200 characters of [A-Za-z0-9._-].
-void ValidateQueueName(const std::string& name);
+// Throws kInvalidArgument unless name is 1..200 characters of [A-Za-z0-9._-];
+// the message calls it `what` ("queue name", "batch ring name") and shows it
+// through Printable.
+void ValidateQueueName(const std::string& name, const char* what = "queue name");
 
 // Items of files with the given sizes: one per file, or about num_slices
 // spread by size with at least one per file and no empty slice of a

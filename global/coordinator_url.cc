@@ -3,13 +3,16 @@
 #include <cstdlib>
 #include <string>
 
+#include "tailcut/error.h"
 #include "tailcut/global_tier.h"
 
 namespace tailcut {
 namespace {
 
+// `shown` goes through Printable: a NUL would end the message (and the C
+// strings hiredis gets) early, a newline would forge a line of a log.
 [[noreturn]] void BadUrl(std::string_view shown, const std::string& what) {
-  throw Error(ErrorKind::kInvalidArgument, "tailcut: coordinator URL '" + std::string(shown) +
+  throw Error(ErrorKind::kInvalidArgument, "tailcut: coordinator URL '" + Printable(shown) +
                                                "': " + what +
                                                "; expected redis://[user[:password]@]HOST:PORT/DB");
 }
@@ -36,6 +39,12 @@ CoordinatorAddress ParseCoordinatorUrl(std::string_view url) {
   std::string shown(url);
   if (size_t at = shown.rfind('@'); at != std::string::npos) {
     shown = std::string(kScheme) + "***@" + shown.substr(at + 1);
+  }
+  for (char c : url) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      BadUrl(shown, "it contains the control character '" + Printable(std::string_view(&c, 1)) +
+                        "'; remove it");
+    }
   }
   if (url.substr(0, kScheme.size()) != kScheme) BadUrl(shown, "it must start with redis://");
   std::string_view rest = url.substr(kScheme.size());

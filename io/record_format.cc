@@ -387,7 +387,7 @@ RecordFormat RecordFormat::Parse(std::string_view name, uint64_t record_bytes) {
     format.record_bytes = record_bytes;
     return format;
   }
-  throw Error(ErrorKind::kInvalidArgument, "unknown record format '" + std::string(name) +
+  throw Error(ErrorKind::kInvalidArgument, "unknown record format '" + Printable(name) +
                                                "' (expected fixed, lines, tfrecord or file)");
 }
 

@@ -446,7 +446,7 @@ BatchRing::~BatchRing() {
 }
 
 std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole role) {
-  detail::ValidateQueueName(o.name);
+  detail::ValidateQueueName(o.name, "batch ring name");
   auto invalid = [&](const std::string& what) {
     return Error(ErrorKind::kInvalidArgument, "batch ring '" + o.name + "': " + what);
   };
@@ -693,7 +693,7 @@ uint64_t BatchRing::slot_bytes() const noexcept { return impl_->core.geometry().
 uint32_t BatchRing::num_slots() const noexcept { return impl_->core.geometry().num_slots; }
 
 BatchRingStats InspectBatchRing(const std::string& name) {
-  detail::ValidateQueueName(name);
+  detail::ValidateQueueName(name, "batch ring name");
   auto seg = detail::RingSegment::OpenExisting(name, sizeof(detail::RingHeader),
                                                std::chrono::milliseconds(0));
   auto& h = *reinterpret_cast<detail::RingHeader*>(seg->base());
@@ -707,7 +707,7 @@ BatchRingStats InspectBatchRing(const std::string& name) {
 }
 
 bool RemoveBatchRing(const std::string& name) {
-  detail::ValidateQueueName(name);
+  detail::ValidateQueueName(name, "batch ring name");
   if (::shm_unlink(detail::RingSegment::ObjectName(name).c_str()) == 0) return true;
   if (errno == ENOENT) return false;
   throw Error(ErrorKind::kIo, "batch ring '" + name + "': cannot remove " +
@@ -715,7 +715,7 @@ bool RemoveBatchRing(const std::string& name) {
 }
 
 std::string BatchRingSegmentPath(const std::string& name) {
-  detail::ValidateQueueName(name);
+  detail::ValidateQueueName(name, "batch ring name");
   return detail::RingSegment::PathOf(name);
 }
 

@@ -399,6 +399,40 @@ TEST_F(ResolveConfigTest, NameErrorsSayWhatIsWrong) {
   }
 }
 
+// A NUL in a user string is refused and shown escaped: C strings (and so
+// messages and system calls) would end at it.
+TEST_F(ResolveConfigTest, NulInNamesPrefixesAndPathsIsRefusedAndShownEscaped) {
+  using namespace std::string_literals;
+  const std::string a = dir_.File("a", 100);
+  auto o = Options({a});
+  o.name = "job\0x"s;
+  EXPECT_EQ(ErrorOf(o, ErrorKind::kInvalidArgument),
+            "queue name 'job\\x00x' contains '\\x00'; use only ASCII letters, digits, '.', '_' "
+            "and '-'");
+  o = Options({"a"});
+  o.prefix = dir_.path() + "/\0"s;
+  EXPECT_EQ(ErrorOf(o, ErrorKind::kInvalidArgument),
+            "queue 'config_test': prefix '" + dir_.path() +
+                "/\\x00' contains a NUL byte; no path has one");
+  o = Options({a + "\0.bak"s});
+  EXPECT_EQ(ErrorOf(o, ErrorKind::kInvalidArgument),
+            "queue 'config_test': work file '" + a +
+                "\\x00.bak' (works[0]) contains a NUL byte; no file has such a name");
+  o = Options({a});
+  o.format = "lines\0"s;
+  EXPECT_EQ(ErrorOf(o, ErrorKind::kInvalidArgument),
+            "queue 'config_test': format tag 'lines\\x00' contains a control character; use the "
+            "tag RecordFormat::Tag() gives");
+  try {
+    ValidateQueueName("ring\nname", "batch ring name");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "batch ring name 'ring\\x0aname' contains '\\x0a'; use only ASCII letters, "
+                 "digits, '.', '_' and '-'");
+  }
+}
+
 // ============================================================ fingerprint
 
 class FingerprintTest : public ResolveConfigTest {

@@ -65,6 +65,31 @@ TEST(CoordinatorUrlTest, BadUrlsNameThePartAndNeverThePassword) {
   EXPECT_THROW(ParseCoordinatorUrl("redis://:1/0"), Error);
 }
 
+// A NUL once cut the URL: hiredis connected to the host name before it.
+TEST(CoordinatorUrlTest, ControlCharactersAreRefusedAndShownEscaped) {
+  using namespace std::string_literals;
+  try {
+    ParseCoordinatorUrl("redis://h\0st.example:6379/0"s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_STREQ(e.what(),
+                 "tailcut: coordinator URL 'redis://h\\x00st.example:6379/0': it contains the "
+                 "control character '\\x00'; remove it; expected "
+                 "redis://[user[:password]@]HOST:PORT/DB");
+  }
+  for (std::string url :
+       {"redis://h:6379/0\n"s, "redis://h\t:1/0"s, "\x7fredis://h:1/0"s, "redis://u:p\0w@h:1/0"s}) {
+    try {
+      ParseCoordinatorUrl(url);
+      ADD_FAILURE() << Printable(url);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("control character"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("p\\x00w"), std::string::npos) << "password shown";
+    }
+  }
+}
+
 TEST(CoordinatorUrlTest, EnvironmentGivesUrlAndPassword) {
   setenv("TAILCUT_COORDINATOR", "redis://carol@h:6379/1", 1);
   setenv("TAILCUT_REDIS_PASSWORD", "from-env", 1);

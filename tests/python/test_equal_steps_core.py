@@ -53,7 +53,7 @@ def test_agree_step_refuses_bad_arguments(tmp_path, qname):
     with tailcut.WorkQueue([fixed_file(tmp_path / "a.bin", 10)], name=qname) as q:
         with pytest.raises(tailcut.InvalidArgumentError, match="not below ranks"):
             q.agree_step(2, 2, 0, True)
-        with pytest.raises(tailcut.InvalidArgumentError, match="ranks must be at least 1"):
+        with pytest.raises(tailcut.InvalidArgumentError, match="ranks must be an int >= 1, got 0"):
             q.agree_step(0, 0, 0, True)
         assert q.agree_step(0, 1, 5, True) == "all_have_batch"
         with pytest.raises(tailcut.InvalidArgumentError, match="Steps must grow"):

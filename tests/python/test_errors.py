@@ -51,11 +51,13 @@ def test_every_error_class_is_a_tailcut_error_and_its_builtin(cls, builtin):
 
 def test_arguments_of_the_wrong_type_are_type_errors_naming_the_argument(files, qname):
     cases = [
-        (dict(num_epochs="2"), "num_epochs must be an int, not str"),
-        (dict(num_slices=True), "num_slices must be an int, not bool"),
-        (dict(attach_timeout="soon"), "attach_timeout must be a number of seconds or None"),
-        (dict(restore_state=5), "restore_state must be bytes, not int"),
-        (dict(on_notice=5), "on_notice must be callable or None"),
+        (dict(num_epochs="2"), "num_epochs must be an int >= 0, got '2' (str)"),
+        (dict(num_slices=True), "num_slices must be an int >= 0 or None, got True (bool)"),
+        (dict(attach_timeout="soon"), "attach_timeout must be a number of seconds >= 0, or None "
+                                      "(or float('inf')) to wait without a limit, got 'soon' "
+                                      "(str)"),
+        (dict(restore_state=5), "restore_state must be bytes, got 5 (int)"),
+        (dict(on_notice=5), "on_notice must be callable or None, got 5 (int)"),
         (dict(bogus=1), "WorkQueue() got an unexpected keyword argument 'bogus'"),
     ]
     for kwargs, message in cases:
@@ -66,19 +68,20 @@ def test_arguments_of_the_wrong_type_are_type_errors_naming_the_argument(files, 
 
 def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
     cases = [
-        (dict(num_epochs=-1), "num_epochs must be a non-negative int, got -1"),
+        (dict(num_epochs=-1), "num_epochs must be an int >= 0, got -1 (int)"),
         (dict(num_clients=0), f"queue '{qname}': num_clients is 0; it must be at least 1"),
         (dict(num_slices=0),
          f"queue '{qname}': num_slices is 0; pass None (one item per file) or >= 1"),
         (dict(max_clients=0), f"queue '{qname}': max_clients must be 1..4096"),
         (dict(attach_timeout=-1), "attach_timeout must be a number of seconds >= 0, or None (or "
-                                  "float('inf')) to wait without a limit; got -1"),
+                                  "float('inf')) to wait without a limit, got -1 (int)"),
         (dict(attach_timeout=float("nan")), "attach_timeout must be a number of seconds >= 0, or "
-                                            "None (or float('inf')) to wait without a limit; got nan"),
+                                            "None (or float('inf')) to wait without a limit, "
+                                            "got nan (float)"),
         (dict(attach_timeout=8 * 86400),
          f"queue '{qname}': attach_timeout is 691200000 ms; it must be 0..604800000 ms (7 days)"),
         (dict(lease_timeout=float("nan")),
-         "lease_timeout must be a finite number of seconds >= 0, got nan"),
+         "lease_timeout must be a number of seconds >= 0 or None, got nan (float)"),
         (dict(restore_state={"seed": 1}),
          "restore_state: a dict must be what state_dict() returned (no 'state' key)"),
         (dict(format="csv"),
@@ -100,7 +103,8 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
 def test_counts_kept_in_32_bits_are_refused_above_2_to_the_32(files, qname, notices):
     for key in ("num_clients", "max_clients", "leases_per_client"):
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact(f"{key} must be below 2**32, got 4294967296")):
+                           match=exact(f"{key} must be an int in [0, 4294967295], "
+                                       f"got 4294967296 (int)")):
             tailcut.WorkQueue(files, name=qname, on_notice=notices.append, **{key: 2**32})
 
 
@@ -108,19 +112,21 @@ def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, shuffle=False, on_notice=notices.append) as q:
         with pytest.raises(tailcut.InvalidArgumentError,
                            match=exact("timeout must be a number of seconds >= 0, or None (or "
-                                       "float('inf')) to wait without a deadline; got -1")):
+                                       "float('inf')) to wait without a limit, got -1 (int)")):
             q.take(timeout=-1)
-        with pytest.raises(TypeError, match=exact("timeout must be a number of seconds or None")):
+        with pytest.raises(TypeError, match=exact(
+                "timeout must be a number of seconds >= 0, or None (or float('inf')) to wait "
+                "without a limit, got '1' (str)")):
             q.take(timeout="1")
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact("capacity must be at least 1, got 0")):
+                           match=exact("capacity must be an int >= 1, got 0 (int)")):
             q.input_producer(capacity=0)
         with pytest.raises(tailcut.InvalidArgumentError,
                            match=exact("item_at: epoch or position out of range")):
             q.item_at(1, 0)
         item = q.take()
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact("offset must be a non-negative int, got -1")):
+                           match=exact("offset must be an int >= 0, got -1 (int)")):
             item.progress(-1)
         for past_end in (item.end + 500, 10**15, 2**64 - 1):
             with pytest.raises(tailcut.InvalidArgumentError, match=exact(
@@ -141,12 +147,12 @@ def test_bad_arguments_to_take_items_and_producers(files, qname, notices):
 def test_bad_reader_options_name_the_option_and_the_fix(files, qname, notices):
     with tailcut.WorkQueue(files, name=qname, format="lines", on_notice=notices.append) as q:
         cases = [
-            (dict(buffer_budget_bytes=0), "buffer_budget_bytes must be at least 1, got 0"),
+            (dict(buffer_budget_bytes=0), "buffer_budget_bytes must be an int >= 1, got 0 (int)"),
             (dict(chunk_bytes=2 << 30), "reader: chunk_bytes (2147483648) must be at most 1 GiB"),
             (dict(buffer_budget_bytes=8192, chunk_bytes=4096),
              "reader: buffer_budget_bytes (8192) must hold at least 3 chunks of chunk_bytes "
              "(4096); raise the budget or lower chunk_bytes"),
-            (dict(max_record_bytes=0), "max_record_bytes must be at least 1, got 0"),
+            (dict(max_record_bytes=0), "max_record_bytes must be an int >= 1, got 0 (int)"),
             (dict(backend="spdk"), "backend 'spdk' is not 'uring', 'pread' or None"),
             (dict(format="tfrecord"),
              f"queue '{qname}' was opened with format 'lines', not 'tfrecord': every process "
@@ -157,10 +163,10 @@ def test_bad_reader_options_name_the_option_and_the_fix(files, qname, notices):
             with pytest.raises(tailcut.InvalidArgumentError, match=exact(message)):
                 q.records(**kwargs)
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact("batch_size must be at least 1, got 0")):
+                           match=exact("batch_size must be an int >= 1, got 0 (int)")):
             q.batches(0)
         with pytest.raises(tailcut.InvalidArgumentError,
-                           match=exact("max_records must be at least 1, got 0")):
+                           match=exact("max_records must be an int >= 1, got 0 (int)")):
             q.batches(1).read(0)
         with pytest.raises(TypeError,
                            match=exact("batches() got an unexpected keyword argument 'bogus'")):

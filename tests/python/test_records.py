@@ -265,7 +265,7 @@ def test_bad_reader_options_are_invalid_argument(tmp_path, qname, notices):
             q.records(buffer_budget_bytes=4096, chunk_bytes=4096)
         with pytest.raises(tailcut.InvalidArgumentError, match="backend 'spdk'"):
             q.records(backend="spdk")
-        with pytest.raises(tailcut.InvalidArgumentError, match="batch_size must be at least 1"):
+        with pytest.raises(tailcut.InvalidArgumentError, match="batch_size must be an int >= 1"):
             q.batches(0)
 
 
@@ -393,9 +393,10 @@ def test_interleave_needs_leases_and_memory_and_says_which(tmp_path, qname, noti
                            match=r"buffer_budget_bytes \(65536\) is shared by 4 Readers, 16384 "
                                  r"bytes each, less than the 3 chunks of chunk_bytes \(8192\)"):
             q.records(interleave=4, buffer_budget_bytes=65536, chunk_bytes=8192)
-        for bad, text in [(dict(interleave=0), "interleave must be at least 1, got 0"),
+        for bad, text in [(dict(interleave=0), "interleave must be an int >= 1, got 0 \\(int\\)"),
                           (dict(interleave=65), "interleave must be 1 to 64, got 65"),
-                          (dict(shuffle_buffer=-1), "shuffle_buffer must be a non-negative int"),
+                          (dict(shuffle_buffer=-1),
+                           "shuffle_buffer must be an int >= 0, got -1 \\(int\\)"),
                           (dict(shuffle_buffer=2**24 + 1),
                            "shuffle_buffer must be at most 2\\*\\*24 records")]:
             with pytest.raises(tailcut.InvalidArgumentError, match=text):

@@ -174,7 +174,8 @@ def test_a_shuffling_dataset_opens_its_queue_with_leases_for_the_items_its_buffe
 def test_queue_dataset_refuses_bad_arguments_by_name(tmp_path, qname):
     works = [write_records(tmp_path / "a.bin", range(100))]
     fixed = dict(format="fixed", record_bytes=RECORD_BYTES)
-    with pytest.raises(ValueError, match=r"^batch_size must be None or an int >= 1, got 0$"):
+    with pytest.raises(ValueError,
+                       match=r"^batch_size must be an int >= 1 or None, got 0 \(int\)$"):
         tt.QueueDataset(works, 0, name=qname, **fixed)
     with pytest.raises(TypeError,
                        match=r"^reader_options may not set 'max_epoch': QueueDataset sets it$"):
@@ -182,9 +183,9 @@ def test_queue_dataset_refuses_bad_arguments_by_name(tmp_path, qname):
     with pytest.raises(tailcut.InvalidArgumentError,
                        match=rf"^queue '{qname}': num_epochs is 0; it must be at least 1$"):
         tt.QueueDataset(works, 10, name=qname, num_epochs=0, **fixed)
-    with pytest.raises(ValueError, match=r"^shuffle_buffer must be an int >= 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^shuffle_buffer must be an int >= 0, got -1 \(int\)$"):
         tt.QueueDataset(works, 10, name=qname, shuffle_buffer=-1, **fixed)
-    with pytest.raises(ValueError, match=r"^interleave must be an int >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^interleave must be an int >= 1, got 0 \(int\)$"):
         tt.QueueDataset(works, 10, name=qname, interleave=0, **fixed)
     with pytest.raises(TypeError,
                        match=r"^reader_options may not set 'interleave': QueueDataset sets it$"):
@@ -207,7 +208,8 @@ def test_equal_steps_refuses_bad_arguments_by_name(tmp_path, qname):
         with pytest.raises(ValueError, match=r"^rank 2 is not in \[0, world_size=2\)$"):
             tt.EqualSteps(ds, rank=2, world_size=2)
         with pytest.raises(ValueError,
-                           match=r"^timeout must be a number of seconds > 0 or None, got 0$"):
+                           match=r"^timeout must be a number of seconds > 0 or None, "
+                                 r"got 0 \(int\)$"):
             tt.EqualSteps(ds, rank=0, world_size=1, timeout=0)
         steps = tt.EqualSteps(ds, rank=0, world_size=1)
         with pytest.raises(ValueError, match=r"^epoch must be an int in \[0, 2\*\*30\), got -1$"):

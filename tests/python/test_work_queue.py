@@ -270,7 +270,8 @@ def test_options_errors_and_unknown_keywords(files, qname, notices, tmp_path):
     assert isinstance(e.value, ValueError)
     with pytest.raises(tailcut.InvalidArgumentError, match="contains '/'"):
         tailcut.WorkQueue(files, name="a/b")
-    with pytest.raises(tailcut.InvalidArgumentError, match="num_slices must be a non-negative int"):
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match="num_slices must be an int >= 0 or None, got -1"):
         tailcut.WorkQueue(files, name=qname, num_slices=-1)
     missing = str(tmp_path / "missing.txt")
     with pytest.raises(tailcut.NotFoundError) as e:

@@ -36,13 +36,13 @@ import argparse
 import base64
 import importlib
 import importlib.util
+import inspect
 import json
 import multiprocessing
 import os
 import pickle
 import re
 import signal
-import stat
 import struct
 import sys
 import threading
@@ -53,7 +53,7 @@ import weakref
 import numpy as np
 
 import tailcut
-from tailcut import _core
+from tailcut import _args, _core, _pool_spec
 
 __all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
@@ -395,6 +395,10 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
     transform default to its own (see PooledLoader). The loader leaves early,
     after publishing and acking what it holds, on SIGTERM (when run in the
     main thread), when stop() returns true, or when the job closes the ring."""
+    _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+    _args.seconds("poll", poll)
+    for key, fn in (("collate_fn", collate_fn), ("transform", transform), ("stop", stop)):
+        _args.callable_or_none(key, fn)
     recipe = _recipe_for(dataset, batch_size, collate_fn, transform)
     ring = _core.BatchRing(ring_name, slot_bytes, num_slots, "loader", max_clients=max_clients)
     try:
@@ -409,6 +413,11 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
 
 def start_loaders(dataset, ring_name, num_workers, **kwargs):
     """Starts num_workers loader processes (forked) running run_loader; returns them."""
+    num_workers = _args.count("num_workers", num_workers)
+    # What the loaders would refuse, refused here, not in each child.
+    inspect.signature(run_loader).bind(dataset, ring_name, **kwargs)
+    for key in set(kwargs) & {"slot_bytes", "num_slots", "max_clients", "batch_size"}:
+        _args.count(key, kwargs[key], minimum=1, allow_none=key == "batch_size")
     ctx = multiprocessing.get_context("fork")
     procs = []
     for _ in range(num_workers):
@@ -433,15 +442,14 @@ def _env_int(name, default):
 
 # ---- The pool's description, for loaders that join from elsewhere ------------------------------
 
-_SPEC_VERSION = 1
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def pool_spec_path(ring_name):
     """Where a pool's description lives while its job runs:
     /dev/shm/tailcut-pool.<euid>.<ring name>.json, beside the ring's segment
     (every process that can open the ring sees the same /dev/shm)."""
-    if not isinstance(ring_name, str) or not _NAME_RE.match(ring_name):
+    if not isinstance(ring_name, str) or not _NAME_RE.fullmatch(ring_name):
         raise tailcut.InvalidArgumentError(
             f"batch ring name {ring_name!r}: use only A-Z a-z 0-9 . _ -")
     return f"/dev/shm/tailcut-pool.{os.geteuid()}.{ring_name}.json"
@@ -472,7 +480,7 @@ def _write_spec(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, po
     if args.get("prefix") is not None:
         args["prefix"] = os.fsdecode(args["prefix"])
     spec = dict(
-        version=_SPEC_VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
+        version=_pool_spec.VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
         max_clients=max_clients, poll=poll, queue=args, format=queue.format,
         batch_size=recipe.batch_size, tensors=recipe.tensors,
         callables={k: _callable_ref(getattr(recipe, k))
@@ -496,29 +504,11 @@ def _write_spec(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, po
 
 def read_pool_spec(ring_name):
     """The description of the pool of ring `ring_name` (a dict), written by
-    the job's PooledLoader. Raises NotFoundError when there is none, and
-    PermissionDeniedError unless the file is this user's and private to it
-    (it may name code to run)."""
-    path = pool_spec_path(ring_name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise tailcut.NotFoundError(
-            f"no pool description for ring '{ring_name}' ({path}): is the job running, and has "
-            f"its local rank 0 started iterating its PooledLoader (it writes the file then)? "
-            f"`python3 -m tailcut.pool --list` lists the pools of this host") from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
-            raise tailcut.PermissionDeniedError(
-                f"pool description {path} is not a private file of user {os.geteuid()} "
-                f"(owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): refusing to use it")
-        spec = json.load(f)
-    if spec.get("version") != _SPEC_VERSION:
-        raise tailcut.ConfigMismatchError(
-            f"pool description {path} has version {spec.get('version')!r}; this tailcut reads "
-            f"version {_SPEC_VERSION} (use the same tailcut as the job)")
-    return spec
+    the job's PooledLoader, every field checked (tailcut/_pool_spec.py).
+    Raises NotFoundError when there is none, PermissionDeniedError unless the
+    file is this user's and private to it (it may name code to run),
+    CorruptError when it is not a pool description."""
+    return _pool_spec.read(pool_spec_path(ring_name), ring_name)
 
 
 def _remove_spec(ring_name, writer_pid):
@@ -581,24 +571,29 @@ class PooledLoader:
                  name=None, timeout=1800.0, carry_over=False, on_leftover=None):
         self.dataset = dataset
         self.queue = dataset.queue
-        self.num_workers = int(num_workers)
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers!r}")
+        self.num_workers = _args.count("num_workers", num_workers)
+        _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+        for key, fn in (("collate_fn", collate_fn), ("transform", transform),
+                        ("on_leftover", on_leftover)):
+            _args.callable_or_none(key, fn)
         self._recipe = _recipe_for(dataset, batch_size, collate_fn, transform)
         self.batch_size = self._recipe.batch_size
         self.collate_fn, self.transform = collate_fn, transform
-        self.slot_bytes, self.num_slots = int(slot_bytes), int(num_slots)
-        self.rank = _env_int("RANK", 0) if rank is None else int(rank)
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
-        self.local_rank = (_env_int("LOCAL_RANK", self.rank) if local_rank is None
-                           else int(local_rank))
+        self.slot_bytes = _args.count("slot_bytes", slot_bytes, minimum=1)
+        self.num_slots = _args.count("num_slots", num_slots, minimum=1)
+        rank = _args.count("rank", rank, allow_none=True)
+        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
+        local_rank = _args.count("local_rank", local_rank, allow_none=True)
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.local_rank = _env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
         self.local_world_size = _env_int("LOCAL_WORLD_SIZE", self.world_size)
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(f"local rank {self.local_rank} is not in "
                              f"[0, {self.local_world_size})")
         self.name = name or f"{self.queue.name}.pool"
-        self.timeout = timeout
-        self.carry_over = bool(carry_over)
+        self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
+        self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = on_leftover
         # Pinned for CUDA only where this process already chose its device
         # (torch.cuda.set_device, or any CUDA work): registering first would
@@ -996,7 +991,12 @@ def main(argv=None):
                          record_transform=_job_callable(spec, "record_transform",
                                                         args.record_transform),
                          tensors=spec["tensors"])
-        os.chdir(spec["cwd"])
+        try:
+            os.chdir(spec["cwd"])
+        except OSError as e:
+            raise _CliError(f"the job's working directory {spec['cwd']!r} (from "
+                            f"{pool_spec_path(args.ring)}): {e.strerror}; run this where it "
+                            f"exists (the same host and mounts as the job)") from None
         queue = tailcut.WorkQueue(**spec["queue"])
         ring = _core.BatchRing(args.ring, spec["slot_bytes"], spec["num_slots"], "loader",
                                max_clients=spec["max_clients"])

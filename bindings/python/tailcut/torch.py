@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
+from tailcut import _args
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
 
@@ -460,18 +461,14 @@ class QueueDataset(IterableDataset):
             # (docs/pytorch.md, "Record-level shuffle").
             queue_options.setdefault("leases_per_client", SHUFFLE_LEASES)
         self._queue_args = dict(works=list(works), **queue_options)
-        if batch_size is not None and (isinstance(batch_size, bool)
-                                       or not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"batch_size must be None or an int >= 1, got {batch_size!r}")
-        self.batch_size = batch_size
-        self.transform = transform
-        self.copy = bool(copy)
-        self.drop_last = bool(drop_last)
-        for arg, value, low in (("shuffle_buffer", shuffle_buffer, 0), ("interleave", interleave, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{arg} must be an int >= {low}, got {value!r}")
-        self.shuffle_buffer = shuffle_buffer
-        self.interleave = interleave
+        self.batch_size = _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+        self.transform = _args.callable_or_none("transform", transform)
+        self.copy = _args.flag("copy", copy)
+        self.drop_last = _args.flag("drop_last", drop_last)
+        self.shuffle_buffer = _args.count("shuffle_buffer", shuffle_buffer)
+        self.interleave = _args.count("interleave", interleave, minimum=1)
+        if resume is not None:
+            _args.flag("resume", resume)
         self._epoch_records = None  # records_per_epoch(), once
         self.reader_options = dict(reader_options or {})
         for key in ("max_epoch", "short_at_end", "copy", "drop_last", "batch_size",
@@ -755,15 +752,16 @@ class EqualSteps:
                 raise TypeError("EqualSteps needs queue= unless the loader reads a QueueDataset")
             queue = dataset.queue
         self.queue = queue
-        self.rank = _env_int("LOCAL_RANK", 0) if rank is None else int(rank)
-        self.world_size = _env_int("LOCAL_WORLD_SIZE", 1) if world_size is None else int(world_size)
+        rank = _args.count("rank", rank, allow_none=True)
+        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
+        self.rank = _env_int("LOCAL_RANK", 0) if rank is None else rank
+        self.world_size = _env_int("LOCAL_WORLD_SIZE", 1) if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
-        self.carry_over = bool(carry_over)
-        self.timeout = timeout
-        self.on_leftover = on_leftover
+        self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
+        self.carry_over = _args.flag("carry_over", carry_over)
+        self.on_leftover = _args.callable_or_none("on_leftover", on_leftover)
+        _args.callable_or_none("count", count)
         self._count = count or _count_records
         self._group = group
         dist = torch.distributed
