@@ -9,8 +9,7 @@ namespace tailcut {
 namespace {
 
 [[noreturn]] void BadUrl(std::string_view shown, const std::string& what) {
-  throw Error(ErrorKind::kInvalidArgument, "tailcut: coordinator URL '" + std::string(shown) +
-                                               "': " + what +
+  throw Error(ErrorKind::kInvalidArgument, "coordinator URL '" + std::string(shown) + "': " + what +
                                                "; expected redis://[user[:password]@]HOST:PORT/DB");
 }
 
@@ -75,7 +74,7 @@ CoordinatorAddress CoordinatorFromEnvironment(std::string_view url) {
     const char* env = std::getenv("TAILCUT_COORDINATOR");
     if (env == nullptr || *env == '\0') {
       throw Error(ErrorKind::kInvalidArgument,
-                  "tailcut: no coordinator: set TAILCUT_COORDINATOR to "
+                  "no coordinator: set TAILCUT_COORDINATOR to "
                   "redis://HOST:PORT/DB or pass the URL");
     }
     chosen = env;

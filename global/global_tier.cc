@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
-#include <iostream>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -21,6 +21,18 @@ namespace {
 
 constexpr std::string_view kStateMagic = "tailcut-global-state 1";
 
+// Every notice of the tier goes to options.on_notice, or to stderr with the
+// one "tailcut: " prefix every tailcut notice has (the lines themselves carry
+// none, so a sink that adds it, like WorkQueue's, does not double it).
+GlobalTierOptions WithNoticeSink(GlobalTierOptions options) {
+  if (!options.on_notice) {
+    options.on_notice = [](const std::string& line) {
+      std::fprintf(stderr, "tailcut: %s\n", line.c_str());
+    };
+  }
+  return options;
+}
+
 std::string DefaultHostId() {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
@@ -32,8 +44,7 @@ void CheckJobName(const std::string& name) {
   for (char c : name) ok = ok && c > ' ' && c != '{' && c != '}' && c != 0x7f;
   if (!ok) {
     throw Error(ErrorKind::kInvalidArgument,
-                "tailcut: global job name '" + name +
-                    "' must be 1..200 bytes without whitespace or braces");
+                "global job name '" + name + "' must be 1..200 bytes without whitespace or braces");
   }
 }
 
@@ -60,7 +71,7 @@ struct SavedState {
 SavedState ParseState(const std::string& state) {
   auto corrupt = [](const std::string& what) {
     return Error(ErrorKind::kCorrupt,
-                 "tailcut: global restore_state is not a state from "
+                 "global restore_state is not a state from "
                  "GlobalTier::SaveState (" +
                      what + ")");
   };
@@ -92,7 +103,7 @@ SavedState ParseState(const std::string& state) {
 class GlobalTier::Impl {
  public:
   Impl(GlobalTierOptions options, CoordinatorAddress address)
-      : options_(std::move(options)),
+      : options_(WithNoticeSink(std::move(options))),
         keys_(detail::JobKeys(options_.job.name)),
         redis_(std::move(address), options_.command_timeout, options_.retry_for,
                options_.on_notice) {}
@@ -133,7 +144,7 @@ class GlobalTier::Impl {
     }
     // The job's seed: ours if we created it or chose it, else the job's.
     options_.job.seed = std::stoull(std::string(Text(reply->element[1])));
-    Notice(std::string("tailcut: global job '") + job.name + "' " +
+    Notice(std::string("global job '") + job.name + "' " +
            (outcome == "created" ? "created" : "joined") + " on " + redis_.address().Display() +
            " as host " + options_.host_id);
   }
@@ -201,7 +212,7 @@ class GlobalTier::Impl {
     redis_.Connect();
     Reply reply = redis_.Run({"EXISTS", keys_[0]});
     if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
-      throw Error(ErrorKind::kNotFound, "tailcut: no job '" + options_.job.name + "' on " +
+      throw Error(ErrorKind::kNotFound, "no job '" + options_.job.name + "' on " +
                                             redis_.address().Display() +
                                             " (never created, or its keys were deleted)");
   }
@@ -276,21 +287,15 @@ class GlobalTier::Impl {
   const GlobalTierOptions& options() const noexcept { return options_; }
 
  private:
-  void Notice(const std::string& line) {
-    if (options_.on_notice) {
-      options_.on_notice(line);
-    } else {
-      std::cerr << line << "\n";
-    }
-  }
+  void Notice(const std::string& line) { options_.on_notice(line); }
 
   // Throws kConfigMismatch naming the field unless `have` == `want`.
   void CheckField(const std::string& field, const std::string& have, const std::string& want,
                   const std::string& where) const {
     if (have == want) return;
     throw Error(ErrorKind::kConfigMismatch,
-                "tailcut: global job '" + options_.job.name + "': " + field + " is " + have +
-                    " in " + where + " but " + want +
+                "global job '" + options_.job.name + "': " + field + " is " + have + " in " +
+                    where + " but " + want +
                     " on this host: every host must use the same configuration (or another job "
                     "name)");
   }
@@ -304,7 +309,7 @@ class GlobalTier::Impl {
 std::unique_ptr<GlobalTier> GlobalTier::Open(GlobalTierOptions options) {
   CheckJobName(options.job.name);
   if (options.job.num_items == 0 || options.job.num_epochs == 0 || options.job.block_size == 0) {
-    throw Error(ErrorKind::kInvalidArgument, "tailcut: global job '" + options.job.name +
+    throw Error(ErrorKind::kInvalidArgument, "global job '" + options.job.name +
                                                  "': num_items, num_epochs and block_size must be "
                                                  "at least 1");
   }

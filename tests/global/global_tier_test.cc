@@ -57,7 +57,7 @@ TEST(CoordinatorUrlTest, BadUrlsNameThePartAndNeverThePassword) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_STREQ(e.what(),
-                 "tailcut: coordinator URL 'redis://***@h:notaport/0': the port is not a number "
+                 "coordinator URL 'redis://***@h:notaport/0': the port is not a number "
                  "in 1..65535; expected redis://[user[:password]@]HOST:PORT/DB");
   }
   EXPECT_THROW(ParseCoordinatorUrl("http://h:1/0"), Error);
@@ -240,7 +240,7 @@ TEST(GlobalTierTest, ARestoredStateHandsOutOnlyTicketsNotDone) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
     EXPECT_STREQ(e.what(),
-                 "tailcut: global job 'job-other': block_size is 4 in the saved state but 8 on "
+                 "global job 'job-other': block_size is 4 in the saved state but 8 on "
                  "this host: every host must use the same configuration (or another job name)");
   }
   other.restore_state = "garbage";
@@ -259,8 +259,7 @@ TEST(GlobalTierErrorTest, AnotherConfigurationFromAnotherHostNamesTheField) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: global job 'job': files_fingerprint is files-v1 in the job on " +
-                  redis.url() +
+              "global job 'job': files_fingerprint is files-v1 in the job on " + redis.url() +
                   " but files-v2 on this host: every host must use the same configuration (or "
                   "another job name)");
   }
@@ -285,7 +284,7 @@ TEST(GlobalTierErrorTest, AWrongPasswordIsNamedWithoutThePassword) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kPermission);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: Redis at redis://" + host_port +
+              "Redis at redis://" + host_port +
                   "/0 refused user 'default' (WRONGPASS invalid username-password pair or user "
                   "is disabled.): set the right password in TAILCUT_REDIS_PASSWORD or the URL");
     EXPECT_EQ(std::string(e.what()).find("wrong-one"), std::string::npos);
@@ -297,7 +296,7 @@ TEST(GlobalTierErrorTest, AWrongPasswordIsNamedWithoutThePassword) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kPermission);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: Redis at redis://" + host_port +
+              "Redis at redis://" + host_port +
                   "/0 refused user 'default' (NOAUTH Authentication required.): set the right "
                   "password in TAILCUT_REDIS_PASSWORD or the URL");
   }
@@ -339,7 +338,7 @@ TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: cannot reach Redis at redis://u@127.0.0.1:" + std::to_string(port) +
+              "cannot reach Redis at redis://u@127.0.0.1:" + std::to_string(port) +
                   "/3 for 500 ms (Connection refused): start redis-server there or point "
                   "TAILCUT_COORDINATOR at one that runs");
   }
@@ -347,7 +346,7 @@ TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
   EXPECT_GE(took, milliseconds(300));
   EXPECT_LT(took, milliseconds(1500));
   ASSERT_EQ(notices.size(), 1u);
-  EXPECT_EQ(notices[0], "tailcut: Redis at redis://u@127.0.0.1:" + std::to_string(port) +
+  EXPECT_EQ(notices[0], "Redis at redis://u@127.0.0.1:" + std::to_string(port) +
                             "/3: Connection refused; reconnecting for up to 500 ms");
 }
 
@@ -366,7 +365,7 @@ TEST(GlobalTierErrorTest, AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack) 
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: cannot reach Redis at " + redis.url() +
+              "cannot reach Redis at " + redis.url() +
                   " for 800 ms (Resource temporarily unavailable): start redis-server there or "
                   "point TAILCUT_COORDINATOR at one that runs");
   }

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -119,6 +120,20 @@ def test_a_checkpoint_of_the_job_restores_into_the_rest_of_it(redis_url, data, q
             with item:
                 rest.append(item.index)
     assert sorted(first + rest) == list(range(40)), "every item once, before or after the save"
+
+
+def test_notices_of_the_tier_say_tailcut_once(redis_url, data, qname):
+    paths, _ = data
+    program = ("import sys, tailcut\n"
+               "q = tailcut.WorkQueue(sys.argv[2:], name=sys.argv[1], format='lines',\n"
+               "                      coordinator=%r, host_id='h1')\n"
+               "q.close()\n" % redis_url)
+    run = subprocess.run([sys.executable, "-c", program, qname, *paths], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines()[0] == (
+        f"tailcut: global job '{qname}' created on {redis_url} as host h1")
+    assert "tailcut: tailcut:" not in run.stderr
 
 
 def _cli():

@@ -23,7 +23,8 @@
 //    unreachable), kCorrupt (a state or key that fails validation). Claim,
 //    Renew, Ack, Stats and SaveState return refusals as statuses and throw
 //    kIo only when Redis stays unreachable for Options::retry_for. No message
-//    ever contains the password.
+//    ever contains the password, and none starts with "tailcut: " (the
+//    notice sink, or whoever prints an error, adds it).
 //
 // Invariants (kept by the scripts in global/scripts.cc, see docs/global.md)
 //  1. The cursor only grows; a ticket below it was handed out in exactly one
@@ -97,7 +98,8 @@ struct GlobalTierOptions {
   // A state from GlobalTier::SaveState(): the process that creates the job
   // starts from it; others joining the job ignore it.
   std::string restore_state;
-  // One-line notices (reconnecting, job created or joined). Default: stderr.
+  // One-line notices (reconnecting, job created or joined), without a
+  // "tailcut: " prefix. Default: stderr, as "tailcut: " + line.
   std::function<void(const std::string&)> on_notice;
 };
 
