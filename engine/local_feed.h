@@ -18,6 +18,9 @@
 //  * Ordering: Grant sets skip bits, then raises the limit (release; TakeOnce
 //    acquires it). Bits given back below the cursor are seq_cst on both sides
 //    (see Segment::IsSkipped), then sweeps_pending is bumped (acq_rel).
+//  * The feed's state (Counters::fed_end): 0 feeding, 1 the end (End),
+//    run tag << 16 | kFedLost | reason: the job is lost (Lose). Only the
+//    feeder writes it.
 #ifndef TAILCUT_ENGINE_LOCAL_FEED_H_
 #define TAILCUT_ENGINE_LOCAL_FEED_H_
 
@@ -37,6 +40,9 @@ struct FedBlockInfo {
   uint64_t last = 0;
   uint64_t generation = 0;  // the tier's fencing token
 };
+
+// Counters::fed_end of a lost job: this bit, or'ed with the reason.
+inline constexpr uint32_t kFedLost = 0x100;
 
 class TAILCUT_EXPORT LocalFeed {
  public:
@@ -73,6 +79,17 @@ class TAILCUT_EXPORT LocalFeed {
   // Take returns kEnd here once the local leases are settled.
   void End() noexcept;
   bool ended() const noexcept;
+  // The job's state in the tier is lost for good; `reason` (1..255) is the
+  // feeder's code for what was lost (Feeder::LossMessage words it). From now
+  // on Take returns kJobLost in every process of the host, and takers asleep
+  // are woken. The first reason stays.
+  void Lose(uint32_t reason) noexcept;
+  // 0, or the reason Lose recorded for this process's run.
+  uint32_t lost() const noexcept;
+  // This process's run of the job (a tag of the tier's run id, 1..0xffff),
+  // set by its feeder before its first Take. A loss recorded under another
+  // tag (a segment kept from a run before, resumed) is not this run's loss.
+  void SetRun(uint32_t tag) noexcept { run_tag_ = tag; }
   // The feeder's sleep between rounds: returns after timeout_ns, or once a
   // taker ran dry (or WakeFeeder was called) since DemandSeq() returned seq.
   uint32_t DemandSeq() const noexcept;
@@ -91,6 +108,7 @@ class TAILCUT_EXPORT LocalFeed {
 
   Segment* seg_;
   QueueCore* core_;
+  uint32_t run_tag_ = 0;
 };
 
 }  // namespace tailcut::detail

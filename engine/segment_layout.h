@@ -252,7 +252,8 @@ struct alignas(kCacheLine) Counters {
   SharedAtomic<uint32_t> keep_reasons;
   // A fed queue: 1 once its feeder learnt that every ticket of the job is
   // done on every host (LocalFeed::End). Release store there, acquire in
-  // AllDone: the skip bits set before it are seen.
+  // AllDone: the skip bits set before it are seen. kFedLost | reason once
+  // the tier lost the job (LocalFeed::Lose: seq_cst, see there).
   SharedAtomic<uint32_t> fed_end;
   // A fed queue: futex word the leading feeder sleeps on between rounds;
   // bumped (seq_cst) by a taker that found nothing to take, so that the

@@ -62,6 +62,7 @@ class WorkQueue::Impl {
                        std::chrono::steady_clock::time_point deadline) noexcept;
   std::string SaveState() const;
   QueueStats Stats() const { return core_->Stats(options_.name); }
+  std::string JobLossMessage() const { return closed_ || !feeder_ ? "" : feeder_->LossMessage(); }
   void Close() noexcept;
 
   const std::string& name() const { return options_.name; }
@@ -857,6 +858,8 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
   uint64_t wait_start = 0;
   bool noticed = false;
   for (;;) {
+    // A fed queue whose job the tier lost hands out nothing more (local_feed.h).
+    if (config_.fed && feed_->lost() != 0) return TakeStatus::kJobLost;
     bool limit = false;
     if (TakeOnce(out, &limit)) break;
     if (limit) return TakeStatus::kLimit;
@@ -886,10 +889,12 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     // Re-check after announcing ourselves (pairs with WakeWaiters).
     // seq_cst, both: in the same total order as waiters; orphan_seq pairs
     // with MarkOrphan's bump, sweeps_pending with the increments in
-    // RecoverLease, AllDone (queue_core.cc) and ClaimOrphan.
+    // RecoverLease, AllDone (queue_core.cc) and ClaimOrphan, the fed
+    // state with LocalFeed::Lose.
     bool changed = c.orphan_seq.load(std::memory_order_seq_cst) !=
                        no_orphans_at_seq_.load(std::memory_order_relaxed) ||
-                   core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
+                   core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0 ||
+                   (config_.fed && feed_->lost() != 0);
     if (!changed) {
       auto left = deadline - std::chrono::steady_clock::now();
       uint64_t slice = wait_slice_ns_;
@@ -1226,6 +1231,7 @@ StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bo
 }
 std::string WorkQueue::SaveState() const { return impl_->SaveState(); }
 QueueStats WorkQueue::Stats() const { return impl_->Stats(); }
+std::string WorkQueue::JobLossMessage() const { return impl_->JobLossMessage(); }
 void WorkQueue::Close() noexcept { impl_->Close(); }
 const std::string& WorkQueue::name() const noexcept { return impl_->name(); }
 uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.size(); }

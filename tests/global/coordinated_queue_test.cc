@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <thread>
 
@@ -74,6 +75,10 @@ WorkQueueOptions Options(const Job& job, const std::string& host, int processes)
   return o;
 }
 
+// Exit status of a process whose take answered kJobLost; it wrote
+// JobLossMessage() to its log + ".lost".
+constexpr int kExitJobLost = 5;
+
 // One process of a host: takes until the end, logs (epoch * items + index)
 // of every item it acked. Returns its exit status.
 int RunProcess(const Job& job, const std::string& host, int processes, const std::string& log) {
@@ -89,6 +94,11 @@ int RunProcess(const Job& job, const std::string& host, int processes, const std
   for (;;) {
     TakeStatus st = q->Take(&item, Clock::now() + std::chrono::seconds(60));
     if (st == TakeStatus::kEnd) break;
+    if (st == TakeStatus::kJobLost) {
+      std::ofstream(log + ".lost") << q->JobLossMessage();
+      q->Close();
+      return kExitJobLost;
+    }
     if (st != TakeStatus::kOk) {
       fprintf(stderr, "%s: take returned %d\n", host.c_str(), static_cast<int>(st));
       return 3;
@@ -349,6 +359,62 @@ TEST_F(CoordinatedQueueTest, RedisCrashingAndRestartingMidEpochKeepsExactlyOnce)
   std::map<uint64_t, int> counts = Counts(hosts);
   EXPECT_EQ(counts.size(), total) << "missing, e.g.: " << Missing(counts, total);
   for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << "item key " << key;
+}
+
+// Redis restarted without persistence mid-job: the job's keys are gone. Every
+// process of every host must learn it from its take (not wait forever, not
+// hear that other processes hold items), with the message; the hosts' queues
+// go, and a host that opens the job afterwards is refused as well.
+TEST_F(CoordinatedQueueTest, RedisRestartedWithoutItsDataMakesEveryProcessSayTheJobIsLost) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis({"--appendonly", "no"});
+  job_.url = redis.url();
+  job_.name = UniqueJob("lost");
+  job_.ttl = milliseconds(1500);
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b"}) hosts.push_back(StartHost(job_, id, 2, dir_.path()));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts(hosts).size() < total / 4 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before Redis restarted";
+  redis.Kill();
+  std::this_thread::sleep_for(milliseconds(300));
+  redis.Start();  // empty: no append-only file, no snapshot
+  const auto restarted = Clock::now();
+  for (const Host& h : hosts)
+    for (int code : Wait(h)) EXPECT_EQ(code, kExitJobLost) << "host " << h.id;
+  const auto took = Clock::now() - restarted;
+  std::printf("every process learnt of the loss within %lld ms of Redis restarting\n",
+              static_cast<long long>(std::chrono::duration_cast<milliseconds>(took).count()));
+  // The bound: the leading feeder asks Redis at least every global_ttl / 3
+  // (renewals) and at once when its takers run dry; then every take sees it.
+  EXPECT_LT(took, job_.ttl * 4) << "every process learnt of the loss only after "
+                                << std::chrono::duration_cast<milliseconds>(took).count() << " ms";
+  const std::string message =
+      "the coordinator " + redis.url() + " lost job '" + job_.name +
+      "' (its keys are gone: Redis restarted without persistence, or they were deleted); "
+      "restart the job from a checkpoint (restore_state), and enable appendonly on that Redis; "
+      "to start it over from the beginning instead, delete the key tailcut:{" +
+      job_.name + "}:lost there";
+  for (const Host& h : hosts)
+    for (const std::string& log : h.logs) {
+      std::ifstream in(log + ".lost");
+      std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(said, message) << log;
+    }
+  for (const Host& h : hosts)
+    EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + "." + h.id))) << h.id;
+  // A host that joins after the loss is refused before it creates anything.
+  try {
+    WorkQueue::Open(Options(job_, "c", 1));
+    FAIL() << "host c opened the lost job as a new one";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + ".c")));
 }
 
 TEST_F(CoordinatedQueueTest, HostsWithAnotherConfigurationAreRefusedNamingTheField) {

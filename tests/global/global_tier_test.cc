@@ -27,6 +27,13 @@ GlobalTierOptions Options(const std::string& url, const std::string& host, uint6
   return options;
 }
 
+// Runs redis-cli against the test's server, e.g. "FLUSHALL".
+void RedisCli(const RedisServer& redis, const std::string& args) {
+  std::string command =
+      "redis-cli -p " + std::to_string(redis.port()) + " " + args + " > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+}
+
 std::vector<uint64_t> Range(uint64_t first, uint64_t last) {
   std::vector<uint64_t> v;
   for (uint64_t t = first; t < last; ++t) v.push_back(t);
@@ -373,6 +380,138 @@ TEST(GlobalTierErrorTest, AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack) 
   kill(redis.pid(), SIGCONT);
   GlobalBlock block;
   EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+}
+
+// Losing the job's state: every call of a host that joined it says so, and
+// names what was lost; Redis merely unreachable is not a loss (see
+// AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack above).
+TEST(GlobalTierLossTest, AJobWhoseKeysAreGoneIsLostForEveryHostAndForHostsOpeningItLater) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto a = GlobalTier::Open(Options(redis.url(), "a"));
+  auto b = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock block;
+  ASSERT_EQ(a->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+  std::vector<uint64_t> first = {0};
+  ASSERT_EQ(a->Ack(block, first), GlobalAckStatus::kOk);
+  const std::string state = a->SaveState();
+  RedisCli(redis, "FLUSHALL");  // what a restart without persistence leaves
+  const std::string message =
+      "the coordinator " + redis.url() +
+      " lost job 'job' (its keys are gone: Redis restarted without persistence, or they were "
+      "deleted); restart the job from a checkpoint (restore_state), and enable appendonly on "
+      "that Redis; to start it over from the beginning instead, delete the key "
+      "tailcut:{job}:lost there";
+  EXPECT_EQ(a->loss(), GlobalLoss::kNone);
+  EXPECT_EQ(a->Renew(block, milliseconds(60000)), GlobalAckStatus::kLost);
+  EXPECT_EQ(a->loss(), GlobalLoss::kGone);
+  EXPECT_EQ(a->Ack(block, block.tickets), GlobalAckStatus::kLost);
+  EXPECT_EQ(a->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+  EXPECT_EQ(GlobalLossMessage(a->loss(), "job", redis.url()), message);
+  try {
+    a->SaveState();
+    FAIL() << "saved the state of a lost job";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+  // A host that joined before and asks only now.
+  EXPECT_EQ(b->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+  EXPECT_EQ(b->loss(), GlobalLoss::kGone);
+  // A host that opens the job after the loss is refused, not handed a new
+  // job from its first ticket.
+  try {
+    GlobalTier::Open(Options(redis.url(), "c"));
+    FAIL() << "a host opened a lost job as a new one";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+  // Restarting from the checkpoint creates it again: a new run.
+  GlobalTierOptions restart = Options(redis.url(), "c");
+  restart.restore_state = state;
+  auto c = GlobalTier::Open(restart);
+  EXPECT_NE(c->run_id(), a->run_id());
+  EXPECT_EQ(c->Stats().done, 1u);
+  // The hosts of the run before stay fenced out of the new run.
+  GlobalAckStatus late = a->Ack(block, first);
+  EXPECT_EQ(late, GlobalAckStatus::kLost);
+}
+
+TEST(GlobalTierLossTest, AJobCreatedAgainUnderItsNameRefusesTheHostsOfTheRunBefore) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto old_run = GlobalTier::Open(Options(redis.url(), "a"));
+  GlobalBlock held;
+  ASSERT_EQ(old_run->Claim(milliseconds(60000), &held), GlobalClaimStatus::kOk);
+  // The job's keys deleted while host a was paused, and the job started
+  // over under the same name: its first block has generation 1 again.
+  RedisCli(redis,
+           "DEL tailcut:{job}:config tailcut:{job}:cursor tailcut:{job}:gen "
+           "tailcut:{job}:deadline tailcut:{job}:owner tailcut:{job}:left");
+  auto new_run = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock fresh;
+  ASSERT_EQ(new_run->Claim(milliseconds(60000), &fresh), GlobalClaimStatus::kOk);
+  ASSERT_EQ(fresh.first, held.first);
+  ASSERT_EQ(fresh.generation, held.generation);
+  // Host a comes back: its ack must not mark tickets of the new run done.
+  EXPECT_EQ(old_run->Ack(held, held.tickets), GlobalAckStatus::kLost);
+  EXPECT_EQ(old_run->loss(), GlobalLoss::kReplaced);
+  EXPECT_EQ(new_run->Stats().done, 0u);
+  EXPECT_EQ(GlobalLossMessage(GlobalLoss::kReplaced, "job", redis.url()),
+            "job 'job' on the coordinator " + redis.url() +
+                " is another run now (its keys were deleted and the job created again, e.g. "
+                "restarted from a checkpoint under the same name): this process belongs to the "
+                "run before and must stop");
+}
+
+TEST(GlobalTierLossTest, AJobMissingOnlyItsCursorDoneMarksGenerationsOrOpenBlocksIsLost) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto tier_for = [&](const std::string& name) {
+    GlobalTierOptions options = Options(redis.url(), "a");
+    options.job.name = name;
+    return GlobalTier::Open(options);
+  };
+  GlobalBlock block;
+  std::vector<uint64_t> one = {0};
+  {
+    auto tier = tier_for("cursor");
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{cursor}:cursor");
+    EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kCursor);
+  }
+  {
+    auto tier = tier_for("done");
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    ASSERT_EQ(tier->Ack(block, one), GlobalAckStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{done}:done");
+    EXPECT_EQ(tier->Renew(block, milliseconds(60000)), GlobalAckStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kDoneMarks);
+  }
+  {
+    auto tier = tier_for("gen");
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{gen}:gen");
+    EXPECT_EQ(tier->Renew(block, milliseconds(60000)), GlobalAckStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kGenerations);
+  }
+  {
+    // Every block handed out, then the set of open blocks deleted: nothing
+    // can finish the job.
+    auto tier = tier_for("blocks");
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{blocks}:deadline");
+    EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kOpenBlocks);
+  }
+  EXPECT_EQ(GlobalLossMessage(GlobalLoss::kCursor, "cursor", redis.url()),
+            "the coordinator " + redis.url() +
+                " lost part of job 'cursor' (its cursor key is gone: deleted, or evicted under "
+                "maxmemory); restart the job from a checkpoint (restore_state), and set "
+                "maxmemory-policy noeviction on that Redis");
 }
 
 }  // namespace

@@ -122,6 +122,77 @@ def test_a_checkpoint_of_the_job_restores_into_the_rest_of_it(redis_url, data, q
     assert sorted(first + rest) == list(range(40)), "every item once, before or after the save"
 
 
+def _lost_message(url, name):
+    return (f"the coordinator {url} lost job '{name}' (its keys are gone: Redis restarted "
+            "without persistence, or they were deleted); restart the job from a checkpoint "
+            "(restore_state), and enable appendonly on that Redis; to start it over from the "
+            f"beginning instead, delete the key tailcut:{{{name}}}:lost there")
+
+
+def _use_until_lost(paths, name, host, url, records, out, opened):
+    """Takes (or reads records) with no timeout until the job ends or is lost."""
+    q = tailcut.WorkQueue(paths, num_epochs=20, num_slices=40, num_clients=2, name=name,
+                          format="lines", coordinator=url, host_id=host, global_ttl=3,
+                          global_block_size=2, on_notice=lambda line: None)
+    opened.wait(60)
+    try:
+        if records:
+            for _ in q.records():
+                time.sleep(0.0005)
+        else:
+            while (item := q.take()) is not None:
+                with item:
+                    time.sleep(0.02)
+        out.put((host, "ended", time.monotonic()))
+    except tailcut.CorruptError as e:
+        out.put((host, str(e), time.monotonic()))
+    finally:
+        q.close()
+
+
+def test_a_flushed_redis_makes_every_process_raise_that_the_job_is_lost(redis_url, data, qname):
+    paths, _ = data
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    opened = ctx.Barrier(5)
+    # Host a takes items, host b reads records (the Reader's path).
+    procs = [ctx.Process(target=_use_until_lost,
+                         args=(paths, qname, host, redis_url, host == "b", out, opened))
+             for host in ("a", "a", "b", "b")]
+    for p in procs:
+        p.start()
+    try:
+        opened.wait(60)
+        time.sleep(1.0)
+        port = redis_url.rsplit(":", 1)[1].split("/")[0]
+        subprocess.run(["redis-cli", "-p", port, "FLUSHALL"], check=True, capture_output=True)
+        flushed = time.monotonic()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    expected = _lost_message(redis_url, qname)
+    for host, said, when in results:
+        assert said == expected, host
+        # The bound: the host's feeder asks Redis at least every global_ttl / 3
+        # (renewals), at once when its takers run dry.
+        assert when - flushed < 3 * 3, f"host {host} learnt of the loss {when - flushed:.1f} s late"
+    for host in ("a", "b"):
+        assert not os.path.exists(tailcut.segment_path(f"{qname}.{host}"))
+    # A host opening the job afterwards is refused with the same words.
+    with pytest.raises(tailcut.CorruptError) as raised:
+        tailcut.WorkQueue(paths, num_epochs=20, num_slices=40, name=qname, format="lines",
+                          coordinator=redis_url, host_id="c", global_block_size=2,
+                          on_notice=lambda line: None)
+    assert str(raised.value) == expected
+    assert not os.path.exists(tailcut.segment_path(f"{qname}.c"))
+
+
 def test_notices_of_the_tier_say_tailcut_once(redis_url, data, qname):
     paths, _ = data
     program = ("import sys, tailcut\n"
