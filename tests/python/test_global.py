@@ -129,16 +129,22 @@ def _lost_message(url, name):
             f"beginning instead, delete the key tailcut:{{{name}}}:lost there")
 
 
-def _use_until_lost(paths, name, host, url, records, out, opened):
-    """Takes (or reads records) with no timeout until the job ends or is lost."""
+def _use_until_lost(paths, name, host, url, how, out, opened):
+    """Takes items (`how`: take, producer) or reads records, with no timeout, until the job
+    ends or is lost."""
     q = tailcut.WorkQueue(paths, num_epochs=20, num_slices=40, num_clients=2, name=name,
                           format="lines", coordinator=url, host_id=host, global_ttl=3,
                           global_block_size=2, on_notice=lambda line: None)
     opened.wait(60)
     try:
-        if records:
+        if how == "records":
             for _ in q.records():
                 time.sleep(0.0005)
+        elif how == "producer":
+            producer = q.input_producer()
+            while (item := producer.get()) is not None:
+                with item:
+                    time.sleep(0.02)
         else:
             while (item := q.take()) is not None:
                 with item:
@@ -155,10 +161,11 @@ def test_a_flushed_redis_makes_every_process_raise_that_the_job_is_lost(redis_ur
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     opened = ctx.Barrier(5)
-    # Host a takes items, host b reads records (the Reader's path).
+    # Host a takes items (take(), input_producer()), host b reads records (the Reader's path).
     procs = [ctx.Process(target=_use_until_lost,
-                         args=(paths, qname, host, redis_url, host == "b", out, opened))
-             for host in ("a", "a", "b", "b")]
+                         args=(paths, qname, host, redis_url, how, out, opened))
+             for host, how in (("a", "take"), ("a", "producer"), ("b", "records"),
+                               ("b", "records"))]
     for p in procs:
         p.start()
     try:
