@@ -57,6 +57,7 @@ struct Job {
   std::vector<std::string> works;
   milliseconds ttl{1500};
   milliseconds work_per_item{2};
+  std::string restore_state;  // a GlobalTier::SaveState() to create the job from
 };
 
 WorkQueueOptions Options(const Job& job, const std::string& host, int processes) {
@@ -71,6 +72,7 @@ WorkQueueOptions Options(const Job& job, const std::string& host, int processes)
   o.host_id = host;
   o.global_ttl = job.ttl;
   o.global_block_size = 4;
+  o.restore_state = job.restore_state;
   o.on_notice = [](const std::string&) {};
   return o;
 }
@@ -175,6 +177,46 @@ GlobalStats JobStats(const Job& job) {
   o.job.name = job.name;
   o.on_notice = [](const std::string&) {};
   return GlobalTier::Inspect(o);
+}
+
+// Runs redis-cli with `args` against the test's server; returns its output.
+std::string RedisCli(int port, const std::string& args) {
+  std::string command = "redis-cli -p " + std::to_string(port) + " " + args;
+  std::string out;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
+    pclose(pipe);
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// The job's state now (GlobalTier::SaveState), from a tier that joins it
+// with the configuration Redis holds and claims nothing.
+std::string SaveJobState(const Job& job, int port) {
+  const std::string config = "HGET tailcut:{" + job.name + "}:config ";
+  GlobalTierOptions o;
+  o.coordinator = job.url;
+  o.host_id = "checkpoint";
+  o.job.name = job.name;
+  o.job.num_items = std::stoull(RedisCli(port, config + "items"));
+  o.job.num_epochs = std::stoull(RedisCli(port, config + "epochs"));
+  o.job.block_size = std::stoull(RedisCli(port, config + "block"));
+  o.job.files_fingerprint = RedisCli(port, config + "files");
+  o.job.seed_explicit = false;
+  o.on_notice = [](const std::string&) {};
+  return GlobalTier::Open(o)->SaveState();
+}
+
+// Every process of `hosts` stopped on kJobLost and wrote `message`.
+void ExpectEveryProcessSaid(const std::vector<Host>& hosts, const std::string& message) {
+  for (const Host& h : hosts)
+    for (const std::string& log : h.logs) {
+      std::ifstream in(log + ".lost");
+      std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(said, message) << log;
+    }
 }
 
 // Stops every process of `host` (SIGSTOP) at a moment when it holds a block
@@ -398,12 +440,7 @@ TEST_F(CoordinatedQueueTest, RedisRestartedWithoutItsDataMakesEveryProcessSayThe
       "restart the job from a checkpoint (restore_state), and enable appendonly on that Redis; "
       "to start it over from the beginning instead, delete the key tailcut:{" +
       job_.name + "}:lost there";
-  for (const Host& h : hosts)
-    for (const std::string& log : h.logs) {
-      std::ifstream in(log + ".lost");
-      std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      EXPECT_EQ(said, message) << log;
-    }
+  ExpectEveryProcessSaid(hosts, message);
   for (const Host& h : hosts)
     EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + "." + h.id))) << h.id;
   // A host that joins after the loss is refused before it creates anything.
@@ -415,6 +452,85 @@ TEST_F(CoordinatedQueueTest, RedisRestartedWithoutItsDataMakesEveryProcessSayThe
     EXPECT_EQ(std::string(e.what()), message);
   }
   EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + ".c")));
+}
+
+// One key of the job deleted mid-job (by hand, or evicted under maxmemory):
+// the done marks. Every process must stop, saying which part was lost.
+TEST_F(CoordinatedQueueTest, TheDoneMarksDeletedMidJobMakeEveryProcessSayPartOfTheJobIsLost) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("part");
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b"}) hosts.push_back(StartHost(job_, id, 2, dir_.path()));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts(hosts).size() < total / 4 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the deletion";
+  RedisCli(redis.port(), "DEL tailcut:{" + job_.name + "}:done");
+  for (const Host& h : hosts)
+    for (int code : Wait(h)) EXPECT_EQ(code, kExitJobLost) << "host " << h.id;
+  ExpectEveryProcessSaid(hosts, "the coordinator " + redis.url() + " lost part of job '" +
+                                    job_.name +
+                                    "' (its done marks are gone: deleted, or evicted under "
+                                    "maxmemory); restart the job from a checkpoint "
+                                    "(restore_state), and set maxmemory-policy noeviction on "
+                                    "that Redis");
+  for (const Host& h : hosts)
+    EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + "." + h.id))) << h.id;
+}
+
+// The job restarted from a checkpoint under the same name (its keys deleted
+// first) while a host of the run before was paused: when that host comes
+// back it must stop, not feed its old queue from the new run.
+TEST_F(CoordinatedQueueTest, AHostOfTheRunBeforeARestartUnderTheSameNameStopsWhenItComesBack) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("rerun");
+  job_.ttl = milliseconds(1500);
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  Host old_run = StartHost(job_, "a", 2, dir_.path());
+  // Should an assertion end the test while host a is stopped: kill it.
+  struct KillUnlessWaited {
+    std::vector<pid_t> pids;
+    ~KillUnlessWaited() {
+      for (pid_t pid : pids) kill(pid, SIGKILL);
+      for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+    }
+  } guard{old_run.pids};
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({old_run}).size() < 30 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(StopWhileHoldingABlock(job_, old_run)) << "host a never held a block";
+  ASSERT_LT(Counts({old_run}).size(), total * 2 / 3) << "the job ended before the pause";
+  // The checkpoint, taken as any process of the job could (SaveState), then
+  // every key of the job deleted, then the new run from the checkpoint.
+  job_.restore_state = SaveJobState(job_, redis.port());
+  RedisCli(redis.port(), "--scan --pattern 'tailcut:{" + job_.name + "}:*' | xargs redis-cli -p " +
+                             std::to_string(redis.port()) + " del");
+  Host new_run = StartHost(job_, "b", 2, dir_.path());
+  for (int code : Wait(new_run)) EXPECT_EQ(code, 0) << "host b";
+  EXPECT_EQ(JobStats(job_).done, total);
+  // Host a comes back: it stops with the message, whatever it held.
+  for (pid_t pid : old_run.pids) kill(pid, SIGCONT);
+  guard.pids.clear();
+  for (int code : Wait(old_run)) EXPECT_EQ(code, kExitJobLost) << "host a";
+  const std::string message = "job '" + job_.name + "' on the coordinator " + redis.url() +
+                              " is another run now (its keys were deleted and the job created "
+                              "again, e.g. restarted from a checkpoint under the same name): this "
+                              "process belongs to the run before and must stop";
+  ExpectEveryProcessSaid({old_run}, message);
+  // Nothing lost across the two runs, nothing twice in the new one, and the
+  // new run's done marks are its own: Redis counts each ticket once.
+  std::map<uint64_t, int> all = Counts({old_run, new_run});
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : Counts({new_run})) EXPECT_EQ(n, 1) << "key " << key;
+  EXPECT_EQ(JobStats(job_).done, total);
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + ".a")));
 }
 
 TEST_F(CoordinatedQueueTest, HostsWithAnotherConfigurationAreRefusedNamingTheField) {
