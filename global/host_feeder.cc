@@ -224,7 +224,8 @@ class HostFeeder final : public Feeder {
   void Lose() {
     lost_ = true;
     feed_->Lose(static_cast<uint32_t>(tier_->loss()));
-    Notice(LossMessage());
+    std::string message = LossMessage();  // "" if the job had ended here first
+    if (!message.empty()) Notice(message);
   }
 
   void Feed(bool stopping) {
