@@ -215,10 +215,11 @@ bool LocalFeed::ended() const noexcept {
 void LocalFeed::Lose(uint32_t reason) noexcept {
   SharedAtomic<uint32_t>& state = seg_->counters().fed_end;
   const uint32_t lost_state = (run_tag_ & 0xffff) << 16 | kFedLost | (reason & 0xff);
-  // seq_cst: pairs with the seq_cst load in lost(), which a taker makes after announcing itself
-  // in waiters (WorkQueue::Impl::Take): either it sees the loss, or WakeWaiters below sees it
-  // waiting. A job that ended (1) stays ended, and this run's first reason stays; a loss of a
-  // run before (a kept segment) is overwritten.
+  // seq_cst: pairs with the seq_cst load in lost(), which every round of a taker's loop makes
+  // (WorkQueue::Impl::Take); WakeWaiters below wakes those asleep, and one that went to sleep
+  // just before it looks again within its futex slice (50 ms). A job that ended (1) stays
+  // ended, and this run's first reason stays; a loss of a run before (a kept segment) is
+  // overwritten.
   uint32_t seen = state.load(std::memory_order_seq_cst);
   while (seen != 1 && !((seen & kFedLost) != 0 && seen >> 16 == (run_tag_ & 0xffff)) &&
          !state.compare_exchange_weak(seen, lost_state, std::memory_order_seq_cst)) {

@@ -82,7 +82,7 @@ class TAILCUT_EXPORT LocalFeed {
   // The job's state in the tier is lost for good; `reason` (1..255) is the
   // feeder's code for what was lost (Feeder::LossMessage words it). From now
   // on Take returns kJobLost in every process of the host, and takers asleep
-  // are woken. The first reason stays.
+  // are woken (at the latest after their futex slice). The first reason stays.
   void Lose(uint32_t reason) noexcept;
   // 0, or the reason Lose recorded for this process's run.
   uint32_t lost() const noexcept;

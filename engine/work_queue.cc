@@ -858,8 +858,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
   uint64_t wait_start = 0;
   bool noticed = false;
   for (;;) {
-    // A fed queue whose job the tier lost hands out nothing more (local_feed.h).
-    if (config_.fed && feed_->lost() != 0) return TakeStatus::kJobLost;
+    if (config_.fed && feed_->lost() != 0) return TakeStatus::kJobLost;  // see local_feed.h
     bool limit = false;
     if (TakeOnce(out, &limit)) break;
     if (limit) return TakeStatus::kLimit;
@@ -889,12 +888,10 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     // Re-check after announcing ourselves (pairs with WakeWaiters).
     // seq_cst, both: in the same total order as waiters; orphan_seq pairs
     // with MarkOrphan's bump, sweeps_pending with the increments in
-    // RecoverLease, AllDone (queue_core.cc) and ClaimOrphan, the fed
-    // state with LocalFeed::Lose.
+    // RecoverLease, AllDone (queue_core.cc) and ClaimOrphan.
     bool changed = c.orphan_seq.load(std::memory_order_seq_cst) !=
                        no_orphans_at_seq_.load(std::memory_order_relaxed) ||
-                   core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0 ||
-                   (config_.fed && feed_->lost() != 0);
+                   core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
     if (!changed) {
       auto left = deadline - std::chrono::steady_clock::now();
       uint64_t slice = wait_slice_ns_;
