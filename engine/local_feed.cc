@@ -1,6 +1,7 @@
 #include "engine/local_feed.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 
@@ -213,25 +214,27 @@ bool LocalFeed::ended() const noexcept {
 }
 
 void LocalFeed::Lose(uint32_t reason) noexcept {
-  SharedAtomic<uint32_t>& state = seg_->counters().fed_end;
-  const uint32_t lost_state = (run_tag_ & 0xffff) << 16 | kFedLost | (reason & 0xff);
+  uint32_t expected = 0;
   // seq_cst: pairs with the seq_cst load in lost(), which every round of a taker's loop makes
   // (WorkQueue::Impl::Take); WakeWaiters below wakes those asleep, and one that went to sleep
-  // just before it looks again within its futex slice (50 ms). A job that ended (1) stays
-  // ended, and this run's first reason stays; a loss of a run before (a kept segment) is
-  // overwritten.
-  uint32_t seen = state.load(std::memory_order_seq_cst);
-  while (seen != 1 && !((seen & kFedLost) != 0 && seen >> 16 == (run_tag_ & 0xffff)) &&
-         !state.compare_exchange_weak(seen, lost_state, std::memory_order_seq_cst)) {
-  }
+  // just before it looks again within its futex slice (50 ms). A CAS from 0: a job that ended
+  // (1) stays ended, and the first reason stays.
+  seg_->counters().fed_end.compare_exchange_strong(expected, kFedLost | (reason & 0xff),
+                                                   std::memory_order_seq_cst);
   core_->WakeWaiters();
+}
+
+bool LocalFeed::BindRun(uint64_t run) noexcept {
+  std::atomic_ref<uint64_t> bound(seg_->header().restore_hash);
+  uint64_t expected = 0;
+  // seq_cst: processes of a host starting at once agree on one run.
+  return bound.compare_exchange_strong(expected, run, std::memory_order_seq_cst) || expected == run;
 }
 
 uint32_t LocalFeed::lost() const noexcept {
   // seq_cst: pairs with Lose's CAS.
   uint32_t state = seg_->counters().fed_end.load(std::memory_order_seq_cst);
-  if ((state & kFedLost) == 0 || state >> 16 != (run_tag_ & 0xffff)) return 0;
-  return state & 0xff;
+  return (state & kFedLost) != 0 ? state & 0xff : 0;
 }
 
 uint32_t LocalFeed::DemandSeq() const noexcept {

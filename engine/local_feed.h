@@ -19,8 +19,9 @@
 //    acquires it). Bits given back below the cursor are seq_cst on both sides
 //    (see Segment::IsSkipped), then sweeps_pending is bumped (acq_rel).
 //  * The feed's state (Counters::fed_end): 0 feeding, 1 the end (End),
-//    run tag << 16 | kFedLost | reason: the job is lost (Lose). Only the
-//    feeder writes it.
+//    kFedLost | reason: the job is lost (Lose). Only the feeder writes it.
+//    The queue belongs to one run of the tier's job (BindRun), so a loss
+//    recorded in it is the loss of every process that uses it.
 #ifndef TAILCUT_ENGINE_LOCAL_FEED_H_
 #define TAILCUT_ENGINE_LOCAL_FEED_H_
 
@@ -84,12 +85,15 @@ class TAILCUT_EXPORT LocalFeed {
   // on Take returns kJobLost in every process of the host, and takers asleep
   // are woken (at the latest after their futex slice). The first reason stays.
   void Lose(uint32_t reason) noexcept;
-  // 0, or the reason Lose recorded for this process's run.
+  // 0, or the reason Lose recorded.
   uint32_t lost() const noexcept;
-  // This process's run of the job (a tag of the tier's run id, 1..0xffff),
-  // set by its feeder before its first Take. A loss recorded under another
-  // tag (a segment kept from a run before, resumed) is not this run's loss.
-  void SetRun(uint32_t tag) noexcept { run_tag_ = tag; }
+  // Binds the host's queue to this process's run of the job (`run`: a hash
+  // of the tier's run id, not 0), before the first Take: the first process
+  // records it. False if the queue was fed by another run (a segment kept
+  // after a crash and resumed, or processes of that run still here): its
+  // done and skipped tickets are not this run's, and using them would skip
+  // items this run never read.
+  bool BindRun(uint64_t run) noexcept;
   // The feeder's sleep between rounds: returns after timeout_ns, or once a
   // taker ran dry (or WakeFeeder was called) since DemandSeq() returned seq.
   uint32_t DemandSeq() const noexcept;
@@ -108,7 +112,6 @@ class TAILCUT_EXPORT LocalFeed {
 
   Segment* seg_;
   QueueCore* core_;
-  uint32_t run_tag_ = 0;
 };
 
 }  // namespace tailcut::detail

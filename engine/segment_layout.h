@@ -199,7 +199,9 @@ struct alignas(kCacheLine) Header {
   uint32_t fed;
   uint64_t path_bytes;
   char format[kFormatTagBytes];
-  uint64_t restore_hash;  // hash of the checkpoint it started from, or 0
+  // Hash of the checkpoint it started from, or 0. A fed queue: of the run of
+  // the tier's job that feeds it (LocalFeed::BindRun, atomic_ref CAS from 0).
+  uint64_t restore_hash;
   // The queue's lease timeout (0: never), set by its creator, or by the
   // process that resumes it when all others are gone; every process uses it.
   uint64_t lease_timeout_ms;

@@ -43,9 +43,9 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
-// The run's tag in the host's queue (LocalFeed::SetRun): 1..0xffff.
-uint32_t RunTag(const std::string& run_id) {
-  return static_cast<uint32_t>(std::hash<std::string>{}(run_id) % 0xffff) + 1;
+// The run in the host's queue (LocalFeed::BindRun): never 0.
+uint64_t RunHash(const std::string& run_id) {
+  return static_cast<uint64_t>(std::hash<std::string>{}(run_id)) | 1;
 }
 
 class HostFeeder final : public Feeder {
@@ -91,7 +91,14 @@ class HostFeeder final : public Feeder {
 
   void Start(LocalFeed* feed) override {
     feed_ = feed;
-    feed_->SetRun(RunTag(tier_->run_id()));
+    if (!feed_->BindRun(RunHash(tier_->run_id())))
+      throw Error(ErrorKind::kConfigMismatch,
+                  "queue '" + tier_->job().name + "." + tier_->host_id() +
+                      "' was fed by another run of job '" + tier_->job().name + "' on " +
+                      tier_->coordinator() +
+                      " (the job was created again since): its done items are not this run's. "
+                      "Stop the processes of the run before; once none is left, open the queue "
+                      "again and it starts afresh");
     thread_ = std::thread([this] { Run(); });
   }
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "global/redis_server.h"
@@ -58,6 +59,7 @@ struct Job {
   milliseconds ttl{1500};
   milliseconds work_per_item{2};
   std::string restore_state;  // a GlobalTier::SaveState() to create the job from
+  std::optional<uint64_t> seed;
 };
 
 WorkQueueOptions Options(const Job& job, const std::string& host, int processes) {
@@ -73,6 +75,7 @@ WorkQueueOptions Options(const Job& job, const std::string& host, int processes)
   o.global_ttl = job.ttl;
   o.global_block_size = 4;
   o.restore_state = job.restore_state;
+  o.seed = job.seed;
   o.on_notice = [](const std::string&) {};
   return o;
 }
@@ -531,6 +534,51 @@ TEST_F(CoordinatedQueueTest, AHostOfTheRunBeforeARestartUnderTheSameNameStopsWhe
   for (const auto& [key, n] : Counts({new_run})) EXPECT_EQ(n, 1) << "key " << key;
   EXPECT_EQ(JobStats(job_).done, total);
   EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + ".a")));
+}
+
+// A host's queue kept after a crash (every process SIGKILLed) holds the done
+// items of that run. If the job is then created again (keys deleted, same
+// seed), a process of the new run must not resume that queue: it would skip
+// the items done there and ack them to the new run unread (measured before:
+// 687 of 720 items read, Redis counting 720 done).
+TEST_F(CoordinatedQueueTest, AQueueKeptFromAnotherRunOfTheJobIsNotResumed) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("kept");
+  job_.seed = 7;  // the new run's order is the old one's: the queue's configuration matches
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  Host old_run = StartHost(job_, "a", 1, dir_.path());
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({old_run}).size() < 30 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  kill(old_run.pids[0], SIGKILL);
+  Wait(old_run);
+  ASSERT_TRUE(std::filesystem::exists(SegmentPath(job_.name + ".a"))) << "not kept";
+  RedisCli(redis.port(), "--scan --pattern 'tailcut:{" + job_.name + "}:*' | xargs redis-cli -p " +
+                             std::to_string(redis.port()) + " del");
+  try {
+    WorkQueue::Open(Options(job_, "a", 1));
+    FAIL() << "a process of the new run resumed the old run's queue";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
+    EXPECT_EQ(std::string(e.what()),
+              "queue '" + job_.name + ".a' was fed by another run of job '" + job_.name + "' on " +
+                  redis.url() +
+                  " (the job was created again since): its done items are not this run's. Stop "
+                  "the processes of the run before; once none is left, open the queue again and "
+                  "it starts afresh");
+  }
+  // No process of the old run is left: the refused open removed its queue,
+  // and the new run reads every item of its own, once.
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(job_.name + ".a")));
+  Host new_run = StartHost(job_, "a", 1, dir_.path(), "-new");
+  for (int code : Wait(new_run)) EXPECT_EQ(code, 0) << "host a, new run";
+  std::map<uint64_t, int> counts = Counts({new_run});
+  EXPECT_EQ(counts.size(), total) << "missing, e.g.: " << Missing(counts, total);
+  for (const auto& [key, n] : counts) EXPECT_EQ(n, 1) << "key " << key;
+  EXPECT_EQ(JobStats(job_).done, total);
 }
 
 TEST_F(CoordinatedQueueTest, HostsWithAnotherConfigurationAreRefusedNamingTheField) {
