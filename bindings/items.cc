@@ -29,6 +29,8 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
       return taken->item;
     case tc::TakeStatus::kLimit:
       RaiseLeaseLimit(h);
+    case tc::TakeStatus::kJobLost:
+      Raise(g_exc.corrupt, h.queue->JobLossMessage());
     case tc::TakeStatus::kEnd:
     case tc::TakeStatus::kEmpty:
       break;
@@ -174,7 +176,9 @@ void DefineTake(QueueClass& queue) {
           "Takes the next WorkItem. Returns None once every item of every epoch is done. At the "
           "end of the data it waits while other processes still hold open items (they come back "
           "if those die); with `timeout` (seconds) it raises Empty instead of waiting longer. "
-          "Raises InvalidArgumentError while this process holds leases_per_client open items. "
+          "Raises InvalidArgumentError while this process holds leases_per_client open items, "
+          "and CorruptError in every process of a host once the coordinator lost the job "
+          "(queues with a coordinator; docs/global.md). "
           "Releases the GIL while it waits. With WorkQueue(..., auto_ack=True) it first acks the "
           "item the previous take() returned, if that is still open (PAI code never acks).")
       .def(

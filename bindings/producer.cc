@@ -78,7 +78,7 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
     if (::getpid() != pid_) h_->CheckPid();
     if (h_->auto_ack) AckPrevious(h_->last_taken);
     Wait wait = Wait::FromTimeout(timeout, "timeout");
-    enum class Got { kItem, kEnd, kStopped, kLimit };
+    enum class Got { kItem, kEnd, kStopped, kLimit, kJobLost };
     tc::WorkItem item;
     uint64_t me;
     {
@@ -89,8 +89,11 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
     cv_.notify_all();  // a thread waiting at the lease limit tries again now
     std::optional<Got> got = InSlices(wait, [&](Clock::time_point end) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, end,
-                     [&] { return !buffer_.empty() || end_ || stop_ || limit_after_ >= me; });
+      cv_.wait_until(lock, end, [&] {
+        return !buffer_.empty() || end_ || stop_ || limit_after_ >= me || job_lost_;
+      });
+      // Nothing more can complete the job: say so rather than hand out what is buffered.
+      if (job_lost_) return std::optional<Got>(Got::kJobLost);
       if (!buffer_.empty()) {
         item = buffer_.front();
         buffer_.pop_front();
@@ -111,6 +114,7 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
     // every lease held by items handed out and not acked: only the consumer
     // can free one, and it is waiting here.
     if (*got == Got::kLimit) RaiseLeaseLimit(*h_);
+    if (*got == Got::kJobLost) Raise(g_exc.corrupt, h_->queue->JobLossMessage());
     auto got_item = std::make_shared<PyWorkItem>(h_, item);
     if (h_->auto_ack) h_->last_taken = got_item;
     return py::cast(got_item);
@@ -173,6 +177,10 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
           end_ = true;
           cv_.notify_all();
           return;
+        case tc::TakeStatus::kJobLost:
+          job_lost_ = true;
+          cv_.notify_all();
+          return;
         case tc::TakeStatus::kLimit:
           // The consumer holds every lease. A get() waiting for this take
           // raises (it cannot ack while it waits); others, or the next get()
@@ -196,6 +204,7 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
   std::condition_variable cv_;
   std::deque<tc::WorkItem> buffer_;
   bool end_ = false, stop_ = false;
+  bool job_lost_ = false;  // the coordinator lost the job (TakeStatus::kJobLost)
   // get() calls so far; a get() numbered n raises the lease-limit error once
   // a take begun after it (limit_after_ >= n) met the limit. Under mu_.
   uint64_t gets_ = 0;

@@ -46,6 +46,10 @@ class Feeder {
   virtual void Stop() noexcept = 0;
   // The job's state in the tier, for a checkpoint (WorkQueue::SaveState).
   virtual std::string SaveState() = 0;
+  // When the feed says the job is lost (LocalFeed::lost(), recorded by this
+  // host's leading feeder, in any process): what was lost and what to do.
+  // "" otherwise. Any process of the host words it the same.
+  virtual std::string LossMessage() const = 0;
 };
 
 // Resolves options.coordinator (or TAILCUT_COORDINATOR; empty: none) and, if

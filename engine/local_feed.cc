@@ -1,6 +1,7 @@
 #include "engine/local_feed.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 
@@ -210,6 +211,30 @@ void LocalFeed::End() noexcept {
 bool LocalFeed::ended() const noexcept {
   // acquire: pairs with End's release store.
   return seg_->counters().fed_end.load(std::memory_order_acquire) == 1;
+}
+
+void LocalFeed::Lose(uint32_t reason) noexcept {
+  uint32_t expected = 0;
+  // seq_cst: pairs with the seq_cst load in lost(), which every round of a taker's loop makes
+  // (WorkQueue::Impl::Take); WakeWaiters below wakes those asleep, and one that went to sleep
+  // just before it looks again within its futex slice (50 ms). A CAS from 0: a job that ended
+  // (1) stays ended, and the first reason stays.
+  seg_->counters().fed_end.compare_exchange_strong(expected, kFedLost | (reason & 0xff),
+                                                   std::memory_order_seq_cst);
+  core_->WakeWaiters();
+}
+
+bool LocalFeed::BindRun(uint64_t run) noexcept {
+  std::atomic_ref<uint64_t> bound(seg_->header().restore_hash);
+  uint64_t expected = 0;
+  // seq_cst: processes of a host starting at once agree on one run.
+  return bound.compare_exchange_strong(expected, run, std::memory_order_seq_cst) || expected == run;
+}
+
+uint32_t LocalFeed::lost() const noexcept {
+  // seq_cst: pairs with Lose's CAS.
+  uint32_t state = seg_->counters().fed_end.load(std::memory_order_seq_cst);
+  return (state & kFedLost) != 0 ? state & 0xff : 0;
 }
 
 uint32_t LocalFeed::DemandSeq() const noexcept {

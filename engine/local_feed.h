@@ -18,6 +18,10 @@
 //  * Ordering: Grant sets skip bits, then raises the limit (release; TakeOnce
 //    acquires it). Bits given back below the cursor are seq_cst on both sides
 //    (see Segment::IsSkipped), then sweeps_pending is bumped (acq_rel).
+//  * The feed's state (Counters::fed_end): 0 feeding, 1 the end (End),
+//    kFedLost | reason: the job is lost (Lose). Only the feeder writes it.
+//    The queue belongs to one run of the tier's job (BindRun), so a loss
+//    recorded in it is the loss of every process that uses it.
 #ifndef TAILCUT_ENGINE_LOCAL_FEED_H_
 #define TAILCUT_ENGINE_LOCAL_FEED_H_
 
@@ -37,6 +41,9 @@ struct FedBlockInfo {
   uint64_t last = 0;
   uint64_t generation = 0;  // the tier's fencing token
 };
+
+// Counters::fed_end of a lost job: this bit, or'ed with the reason.
+inline constexpr uint32_t kFedLost = 0x100;
 
 class TAILCUT_EXPORT LocalFeed {
  public:
@@ -73,6 +80,20 @@ class TAILCUT_EXPORT LocalFeed {
   // Take returns kEnd here once the local leases are settled.
   void End() noexcept;
   bool ended() const noexcept;
+  // The job's state in the tier is lost for good; `reason` (1..255) is the
+  // feeder's code for what was lost (Feeder::LossMessage words it). From now
+  // on Take returns kJobLost in every process of the host, and takers asleep
+  // are woken (at the latest after their futex slice). The first reason stays.
+  void Lose(uint32_t reason) noexcept;
+  // 0, or the reason Lose recorded.
+  uint32_t lost() const noexcept;
+  // Binds the host's queue to this process's run of the job (`run`: a hash
+  // of the tier's run id, not 0), before the first Take: the first process
+  // records it. False if the queue was fed by another run (a segment kept
+  // after a crash and resumed, or processes of that run still here): its
+  // done and skipped tickets are not this run's, and using them would skip
+  // items this run never read.
+  bool BindRun(uint64_t run) noexcept;
   // The feeder's sleep between rounds: returns after timeout_ns, or once a
   // taker ran dry (or WakeFeeder was called) since DemandSeq() returned seq.
   uint32_t DemandSeq() const noexcept;

@@ -199,7 +199,9 @@ struct alignas(kCacheLine) Header {
   uint32_t fed;
   uint64_t path_bytes;
   char format[kFormatTagBytes];
-  uint64_t restore_hash;  // hash of the checkpoint it started from, or 0
+  // Hash of the checkpoint it started from, or 0. A fed queue: of the run of
+  // the tier's job that feeds it (LocalFeed::BindRun, atomic_ref CAS from 0).
+  uint64_t restore_hash;
   // The queue's lease timeout (0: never), set by its creator, or by the
   // process that resumes it when all others are gone; every process uses it.
   uint64_t lease_timeout_ms;
@@ -252,7 +254,8 @@ struct alignas(kCacheLine) Counters {
   SharedAtomic<uint32_t> keep_reasons;
   // A fed queue: 1 once its feeder learnt that every ticket of the job is
   // done on every host (LocalFeed::End). Release store there, acquire in
-  // AllDone: the skip bits set before it are seen.
+  // AllDone: the skip bits set before it are seen. kFedLost | reason once
+  // the tier lost the job (LocalFeed::Lose: seq_cst, see there).
   SharedAtomic<uint32_t> fed_end;
   // A fed queue: futex word the leading feeder sleeps on between rounds;
   // bumped (seq_cst) by a taker that found nothing to take, so that the

@@ -62,6 +62,7 @@ class WorkQueue::Impl {
                        std::chrono::steady_clock::time_point deadline) noexcept;
   std::string SaveState() const;
   QueueStats Stats() const { return core_->Stats(options_.name); }
+  std::string JobLossMessage() const { return closed_ || !feeder_ ? "" : feeder_->LossMessage(); }
   void Close() noexcept;
 
   const std::string& name() const { return options_.name; }
@@ -857,6 +858,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
   uint64_t wait_start = 0;
   bool noticed = false;
   for (;;) {
+    if (config_.fed && feed_->lost() != 0) return TakeStatus::kJobLost;  // see local_feed.h
     bool limit = false;
     if (TakeOnce(out, &limit)) break;
     if (limit) return TakeStatus::kLimit;
@@ -1226,6 +1228,7 @@ StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bo
 }
 std::string WorkQueue::SaveState() const { return impl_->SaveState(); }
 QueueStats WorkQueue::Stats() const { return impl_->Stats(); }
+std::string WorkQueue::JobLossMessage() const { return impl_->JobLossMessage(); }
 void WorkQueue::Close() noexcept { impl_->Close(); }
 const std::string& WorkQueue::name() const noexcept { return impl_->name(); }
 uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.size(); }

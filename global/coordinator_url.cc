@@ -12,8 +12,7 @@ namespace {
 // `shown` goes through Printable: a NUL would end the message (and the C
 // strings hiredis gets) early, a newline would forge a line of a log.
 [[noreturn]] void BadUrl(std::string_view shown, const std::string& what) {
-  throw Error(ErrorKind::kInvalidArgument, "tailcut: coordinator URL '" + Printable(shown) +
-                                               "': " + what +
+  throw Error(ErrorKind::kInvalidArgument, "coordinator URL '" + Printable(shown) + "': " + what +
                                                "; expected redis://[user[:password]@]HOST:PORT/DB");
 }
 
@@ -84,7 +83,7 @@ CoordinatorAddress CoordinatorFromEnvironment(std::string_view url) {
     const char* env = std::getenv("TAILCUT_COORDINATOR");
     if (env == nullptr || *env == '\0') {
       throw Error(ErrorKind::kInvalidArgument,
-                  "tailcut: no coordinator: set TAILCUT_COORDINATOR to "
+                  "no coordinator: set TAILCUT_COORDINATOR to "
                   "redis://HOST:PORT/DB or pass the URL");
     }
     chosen = env;

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <charconv>
-#include <iostream>
+#include <chrono>
+#include <cstdio>
 #include <map>
 #include <mutex>
+#include <random>
 #include <utility>
 
 #include "global/redis_connection.h"
@@ -21,6 +23,45 @@ namespace {
 
 constexpr std::string_view kStateMagic = "tailcut-global-state 1";
 
+// Every notice of the tier goes to options.on_notice, or to stderr with the
+// one "tailcut: " prefix every tailcut notice has (the lines themselves carry
+// none, so a sink that adds it, like WorkQueue's, does not double it).
+GlobalTierOptions WithNoticeSink(GlobalTierOptions options) {
+  if (!options.on_notice) {
+    options.on_notice = [](const std::string& line) {
+      std::fprintf(stderr, "tailcut: %s\n", line.c_str());
+    };
+  }
+  return options;
+}
+
+// A new run's id: unique enough that a job created again under its name
+// never gets the id of the run before.
+std::string NewRunId() {
+  std::random_device device;
+  uint64_t id = (uint64_t{device()} << 32 | device()) ^
+                static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(id));
+  return text;
+}
+
+// The loss a script answered with {'lost', what}; kNone for any other reply.
+GlobalLoss LossOf(const redisReply* reply) {
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+      reply->element[0]->type != REDIS_REPLY_STRING ||
+      std::string_view(reply->element[0]->str, reply->element[0]->len) != "lost")
+    return GlobalLoss::kNone;
+  static const std::map<std::string_view, GlobalLoss> kWhat = {
+      {"gone", GlobalLoss::kGone},       {"replaced", GlobalLoss::kReplaced},
+      {"cursor", GlobalLoss::kCursor},   {"done", GlobalLoss::kDoneMarks},
+      {"gen", GlobalLoss::kGenerations}, {"blocks", GlobalLoss::kOpenBlocks}};
+  if (reply->elements < 2 || reply->element[1]->type != REDIS_REPLY_STRING)
+    return GlobalLoss::kGone;
+  auto it = kWhat.find(std::string_view(reply->element[1]->str, reply->element[1]->len));
+  return it == kWhat.end() ? GlobalLoss::kGone : it->second;
+}
+
 std::string DefaultHostId() {
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
@@ -32,8 +73,7 @@ void CheckJobName(const std::string& name) {
   for (char c : name) ok = ok && c > ' ' && c != '{' && c != '}' && c != 0x7f;
   if (!ok) {
     throw Error(ErrorKind::kInvalidArgument,
-                "tailcut: global job name '" + name +
-                    "' must be 1..200 bytes without whitespace or braces");
+                "global job name '" + name + "' must be 1..200 bytes without whitespace or braces");
   }
 }
 
@@ -60,7 +100,7 @@ struct SavedState {
 SavedState ParseState(const std::string& state) {
   auto corrupt = [](const std::string& what) {
     return Error(ErrorKind::kCorrupt,
-                 "tailcut: global restore_state is not a state from "
+                 "global restore_state is not a state from "
                  "GlobalTier::SaveState (" +
                      what + ")");
   };
@@ -92,16 +132,20 @@ SavedState ParseState(const std::string& state) {
 class GlobalTier::Impl {
  public:
   Impl(GlobalTierOptions options, CoordinatorAddress address)
-      : options_(std::move(options)),
+      : options_(WithNoticeSink(std::move(options))),
         keys_(detail::JobKeys(options_.job.name)),
         redis_(std::move(address), options_.command_timeout, options_.retry_for,
                options_.on_notice) {}
 
   void CreateOrJoin() {
     const GlobalJob& job = options_.job;
-    std::vector<std::string> args = {std::to_string(job.num_items),  std::to_string(job.num_epochs),
-                                     std::to_string(job.block_size), std::to_string(job.seed),
-                                     job.files_fingerprint,          job.seed_explicit ? "1" : "0"};
+    std::vector<std::string> args = {std::to_string(job.num_items),
+                                     std::to_string(job.num_epochs),
+                                     std::to_string(job.block_size),
+                                     std::to_string(job.seed),
+                                     job.files_fingerprint,
+                                     job.seed_explicit ? "1" : "0",
+                                     NewRunId()};
     if (!options_.restore_state.empty()) {
       SavedState saved = ParseState(options_.restore_state);
       CheckField("num_items", std::to_string(saved.items), args[0], "the saved state");
@@ -119,6 +163,10 @@ class GlobalTier::Impl {
     redis_.Connect();
     Reply reply = redis_.RunScript(detail::kCreateScript, keys_, args);
     std::string_view outcome = Text(reply->element[0]);
+    if (outcome == "lost") {
+      throw Error(ErrorKind::kCorrupt,
+                  GlobalLossMessage(GlobalLoss::kGone, job.name, redis_.address().Display()));
+    }
     if (outcome == "mismatch") {
       static const std::map<std::string_view, size_t> kIndex = {
           {"items", 0}, {"epochs", 1}, {"block", 2}, {"seed", 3}, {"files", 4}};
@@ -133,7 +181,8 @@ class GlobalTier::Impl {
     }
     // The job's seed: ours if we created it or chose it, else the job's.
     options_.job.seed = std::stoull(std::string(Text(reply->element[1])));
-    Notice(std::string("tailcut: global job '") + job.name + "' " +
+    run_ = std::string(Text(reply->element[2]));
+    Notice(std::string("global job '") + job.name + "' " +
            (outcome == "created" ? "created" : "joined") + " on " + redis_.address().Display() +
            " as host " + options_.host_id);
   }
@@ -141,8 +190,10 @@ class GlobalTier::Impl {
   GlobalClaimStatus Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
                           std::chrono::milliseconds* retry_after) {
     std::lock_guard lock(mu_);
+    if (loss_ != GlobalLoss::kNone) return GlobalClaimStatus::kLost;
     Reply reply = redis_.RunScript(detail::kClaimScript, keys_,
-                                   {options_.host_id, std::to_string(ttl.count())});
+                                   {run_, options_.host_id, std::to_string(ttl.count())});
+    if (Lost(reply.get())) return GlobalClaimStatus::kLost;
     std::string_view kind = Text(reply->element[0]);
     if (kind == "end") return GlobalClaimStatus::kEnd;
     if (kind == "wait") {
@@ -170,10 +221,12 @@ class GlobalTier::Impl {
 
   GlobalAckStatus Renew(const GlobalBlock& block, std::chrono::milliseconds ttl) {
     std::lock_guard lock(mu_);
+    if (loss_ != GlobalLoss::kNone) return GlobalAckStatus::kLost;
     Reply reply = redis_.RunScript(detail::kRenewScript, keys_,
-                                   {options_.host_id, std::to_string(block.first),
+                                   {run_, options_.host_id, std::to_string(block.first),
                                     std::to_string(block.generation), std::to_string(ttl.count())});
-    std::string_view status = Text(reply.get());
+    if (Lost(reply.get())) return GlobalAckStatus::kLost;
+    std::string_view status = Text(reply->element[0]);
     if (status == "ok") return GlobalAckStatus::kOk;
     if (status == "closed") return GlobalAckStatus::kClosed;
     return GlobalAckStatus::kStale;
@@ -181,11 +234,14 @@ class GlobalTier::Impl {
 
   GlobalAckStatus Ack(const GlobalBlock& block, std::span<const uint64_t> tickets,
                       uint64_t* newly_done) {
-    std::vector<std::string> args = {options_.host_id, std::to_string(block.first),
+    if (newly_done != nullptr) *newly_done = 0;
+    std::lock_guard lock(mu_);
+    if (loss_ != GlobalLoss::kNone) return GlobalAckStatus::kLost;
+    std::vector<std::string> args = {run_, options_.host_id, std::to_string(block.first),
                                      std::to_string(block.generation)};
     for (uint64_t t : tickets) args.push_back(std::to_string(t));
-    std::lock_guard lock(mu_);
     Reply reply = redis_.RunScript(detail::kAckScript, keys_, args);
+    if (Lost(reply.get())) return GlobalAckStatus::kLost;
     std::string_view status = Text(reply->element[0]);
     if (newly_done != nullptr) {
       *newly_done = reply->elements > 1 ? Unsigned(reply->element[1]) : 0;
@@ -201,14 +257,16 @@ class GlobalTier::Impl {
     redis_.Connect();
     Reply reply = redis_.Run({"EXISTS", keys_[0]});
     if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 0)
-      throw Error(ErrorKind::kNotFound, "tailcut: no job '" + options_.job.name + "' on " +
+      throw Error(ErrorKind::kNotFound, "no job '" + options_.job.name + "' on " +
                                             redis_.address().Display() +
                                             " (never created, or its keys were deleted)");
   }
 
   GlobalStats Stats() {
     std::lock_guard lock(mu_);
-    Reply reply = redis_.RunScript(detail::kStatsScript, keys_, {});
+    ThrowIfLost();
+    Reply reply = redis_.RunScript(detail::kStatsScript, keys_, {run_});
+    if (Lost(reply.get())) ThrowIfLost();
     GlobalStats stats;
     stats.job = options_.job.name;
     stats.coordinator = redis_.address().Display();
@@ -257,7 +315,9 @@ class GlobalTier::Impl {
 
   std::string SaveState() {
     std::lock_guard lock(mu_);
-    Reply reply = redis_.RunScript(detail::kSaveScript, keys_, {});
+    ThrowIfLost();
+    Reply reply = redis_.RunScript(detail::kSaveScript, keys_, {run_});
+    if (Lost(reply.get())) ThrowIfLost();
     const GlobalJob& job = options_.job;
     std::string bitmap(Text(reply->element[1]));
     while (!bitmap.empty() && bitmap.back() == '\0') bitmap.pop_back();
@@ -274,14 +334,30 @@ class GlobalTier::Impl {
   }
 
   const GlobalTierOptions& options() const noexcept { return options_; }
+  GlobalLoss loss() const noexcept {
+    std::lock_guard lock(mu_);
+    return loss_;
+  }
+  std::string coordinator() const { return redis_.address().Display(); }
+  const std::string& run_id() const noexcept { return run_; }
 
  private:
-  void Notice(const std::string& line) {
-    if (options_.on_notice) {
-      options_.on_notice(line);
-    } else {
-      std::cerr << line << "\n";
-    }
+  void Notice(const std::string& line) { options_.on_notice(line); }
+
+  // Records the loss a script answered, if any (the first one stays).
+  // REQUIRES: mu_ held.
+  bool Lost(const redisReply* reply) {
+    GlobalLoss loss = LossOf(reply);
+    if (loss == GlobalLoss::kNone) return false;
+    if (loss_ == GlobalLoss::kNone) loss_ = loss;
+    return true;
+  }
+
+  // REQUIRES: mu_ held.
+  void ThrowIfLost() const {
+    if (loss_ != GlobalLoss::kNone)
+      throw Error(ErrorKind::kCorrupt,
+                  GlobalLossMessage(loss_, options_.job.name, redis_.address().Display()));
   }
 
   // Throws kConfigMismatch naming the field unless `have` == `want`.
@@ -289,22 +365,24 @@ class GlobalTier::Impl {
                   const std::string& where) const {
     if (have == want) return;
     throw Error(ErrorKind::kConfigMismatch,
-                "tailcut: global job '" + options_.job.name + "': " + field + " is " + have +
-                    " in " + where + " but " + want +
+                "global job '" + options_.job.name + "': " + field + " is " + have + " in " +
+                    where + " but " + want +
                     " on this host: every host must use the same configuration (or another job "
                     "name)");
   }
 
   GlobalTierOptions options_;
   std::vector<std::string> keys_;
-  std::mutex mu_;  // serializes use of redis_
+  mutable std::mutex mu_;  // serializes use of redis_; guards run_ and loss_
+  std::string run_ = "*";  // the run Open created or joined; '*' (any) for Inspect
+  GlobalLoss loss_ = GlobalLoss::kNone;
   detail::RedisConnection redis_;
 };
 
 std::unique_ptr<GlobalTier> GlobalTier::Open(GlobalTierOptions options) {
   CheckJobName(options.job.name);
   if (options.job.num_items == 0 || options.job.num_epochs == 0 || options.job.block_size == 0) {
-    throw Error(ErrorKind::kInvalidArgument, "tailcut: global job '" + options.job.name +
+    throw Error(ErrorKind::kInvalidArgument, "global job '" + options.job.name +
                                                  "': num_items, num_epochs and block_size must be "
                                                  "at least 1");
   }
@@ -340,6 +418,9 @@ GlobalAckStatus GlobalTier::Ack(const GlobalBlock& block, std::span<const uint64
 }
 GlobalStats GlobalTier::Stats() { return impl_->Stats(); }
 std::string GlobalTier::SaveState() { return impl_->SaveState(); }
+GlobalLoss GlobalTier::loss() const noexcept { return impl_->loss(); }
+std::string GlobalTier::coordinator() const { return impl_->coordinator(); }
+const std::string& GlobalTier::run_id() const noexcept { return impl_->run_id(); }
 const std::string& GlobalTier::host_id() const noexcept { return impl_->options().host_id; }
 const GlobalJob& GlobalTier::job() const noexcept { return impl_->options().job; }
 

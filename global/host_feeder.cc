@@ -3,11 +3,15 @@
 // one thread of it; the one that leads (LocalFeed::TryLead) claims blocks of
 // tickets from the tier, grants them to the host's queue, renews them, acks
 // the tickets the host finished, and drops a block the tier gave to another
-// host meanwhile. See docs/global.md, "One queue per host, fed by the tier".
+// host meanwhile. When the tier answers that the job is lost, it records that
+// in the host's queue (LocalFeed::Lose), where every process's Take sees it,
+// and calls the tier no more. See docs/global.md, "One queue per host, fed by
+// the tier" and "Losing the job's state".
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -37,6 +41,11 @@ std::string Hex(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+// The run in the host's queue (LocalFeed::BindRun): never 0.
+uint64_t RunHash(const std::string& run_id) {
+  return static_cast<uint64_t>(std::hash<std::string>{}(run_id)) | 1;
 }
 
 class HostFeeder final : public Feeder {
@@ -82,6 +91,14 @@ class HostFeeder final : public Feeder {
 
   void Start(LocalFeed* feed) override {
     feed_ = feed;
+    if (!feed_->BindRun(RunHash(tier_->run_id())))
+      throw Error(ErrorKind::kConfigMismatch,
+                  "queue '" + tier_->job().name + "." + tier_->host_id() +
+                      "' was fed by another run of job '" + tier_->job().name + "' on " +
+                      tier_->coordinator() +
+                      " (the job was created again since): its done items are not this run's. "
+                      "Stop the processes of the run before; once none is left, open the queue "
+                      "again and it starts afresh");
     thread_ = std::thread([this] { Run(); });
   }
 
@@ -97,6 +114,16 @@ class HostFeeder final : public Feeder {
   }
 
   std::string SaveState() override { return tier_->SaveState(); }
+
+  std::string LossMessage() const override {
+    uint32_t reason = feed_ == nullptr ? 0 : feed_->lost();
+    if (reason == 0) return "";
+    // Never trust the segment: an unknown reason is worded as the whole job gone.
+    GlobalLoss loss = reason <= static_cast<uint32_t>(GlobalLoss::kOpenBlocks)
+                          ? static_cast<GlobalLoss>(reason)
+                          : GlobalLoss::kGone;
+    return GlobalLossMessage(loss, tier_->job().name, tier_->coordinator());
+  }
 
  private:
   struct Held {
@@ -134,6 +161,12 @@ class HostFeeder final : public Feeder {
         }
         continue;
       }
+      if (lost_) {
+        // Nothing more to do with the tier: wait to resign at Stop.
+        if (SleepUntil(Clock::now() + kFollowPeriod)) continue;
+        feed_->Resign();
+        return;
+      }
       feed_->WaitForDemand(demand_seq_, kFeedPeriod.count() * 1000000ull);
       demand_seq_ = feed_->DemandSeq();
       bool stopping;
@@ -145,11 +178,13 @@ class HostFeeder final : public Feeder {
         Feed(stopping);
         failing_since_ = Clock::time_point{};
       } catch (const Error& e) {
-        // Redis unreachable past retry_for: keep the blocks and try again;
-        // the deadline in the tier decides whether they stay ours.
+        // Redis unreachable past retry_for: not a loss (the job's keys may
+        // all be there once it answers). Keep the blocks and try again; the
+        // deadline in the tier decides whether they stay ours.
         if (failing_since_ == Clock::time_point{}) {
           failing_since_ = Clock::now();
-          Notice(std::string(e.what()) + "; the host's feeder keeps trying");
+          Notice(std::string(e.what()) + "; the feeder of host " + tier_->host_id() +
+                 " keeps trying: its processes finish what they hold, then wait");
         }
       }
       if (stopping) {
@@ -176,6 +211,7 @@ class HostFeeder final : public Feeder {
     next_renew_ = Clock::now();
     next_claim_ = Clock::now();
     demand_seq_ = feed_->DemandSeq();
+    lost_ = feed_->lost() != 0;  // a feeder before us learnt it: no need to ask again
     if (after_death && !blocks.empty())
       Notice("queue '" + tier_->job().name + "': took over feeding host " + tier_->host_id() +
              " with " + std::to_string(blocks.size()) + " blocks from a feeder that died");
@@ -190,6 +226,15 @@ class HostFeeder final : public Feeder {
            " items taken back here; their acks are refused)");
   }
 
+  // The tier answered kLost: every process of the host learns it from the
+  // queue; this one says it once.
+  void Lose() {
+    lost_ = true;
+    feed_->Lose(static_cast<uint32_t>(tier_->loss()));
+    std::string message = LossMessage();  // "" if the job had ended here first
+    if (!message.empty()) Notice(message);
+  }
+
   void Feed(bool stopping) {
     // Acks: tickets finished here since the last round.
     for (auto it = held_.begin(); it != held_.end();) {
@@ -199,6 +244,7 @@ class HostFeeder final : public Feeder {
         if (!h.acked.count(t)) fresh.push_back(t);
       if (!fresh.empty()) {
         GlobalAckStatus st = tier_->Ack(h.block, fresh);
+        if (st == GlobalAckStatus::kLost) return Lose();
         if (st == GlobalAckStatus::kStale) {
           Drop(h, "was taken over by another host after its deadline passed");
           it = held_.erase(it);
@@ -220,6 +266,7 @@ class HostFeeder final : public Feeder {
     if (now >= next_renew_) {
       for (auto it = held_.begin(); it != held_.end();) {
         GlobalAckStatus st = tier_->Renew(it->block, ttl_);
+        if (st == GlobalAckStatus::kLost) return Lose();
         if (st == GlobalAckStatus::kStale) {
           Drop(*it, "was taken over by another host after its deadline passed");
           it = held_.erase(it);
@@ -239,6 +286,7 @@ class HostFeeder final : public Feeder {
       GlobalBlock block;
       milliseconds retry{0};
       GlobalClaimStatus st = tier_->Claim(ttl_, &block, &retry);
+      if (st == GlobalClaimStatus::kLost) return Lose();
       if (st == GlobalClaimStatus::kEnd) {
         feed_->End();
         return;
@@ -278,6 +326,7 @@ class HostFeeder final : public Feeder {
   std::vector<Held> held_;
   Clock::time_point next_renew_, next_claim_, failing_since_;
   uint32_t demand_seq_ = 0;
+  bool lost_ = false;  // the tier lost the job: no more calls to it
 };
 
 }  // namespace

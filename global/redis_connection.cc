@@ -89,11 +89,11 @@ bool RedisConnection::TryConnect(std::string* error) {
       const std::string user = address_.user.empty() ? "default" : address_.user;
       if (command[0] == "AUTH" || StartsWith(reply.get(), "NOAUTH")) {
         throw Error(ErrorKind::kPermission,
-                    "tailcut: Redis at " + address_.Display() + " refused user '" + user + "' (" +
-                        what + "): set the right password in TAILCUT_REDIS_PASSWORD or the URL");
+                    "Redis at " + address_.Display() + " refused user '" + user + "' (" + what +
+                        "): set the right password in TAILCUT_REDIS_PASSWORD or the URL");
       }
-      throw Error(ErrorKind::kIo, "tailcut: Redis at " + address_.Display() + " answered " +
-                                      command[0] + " with '" + what + "'");
+      throw Error(ErrorKind::kIo, "Redis at " + address_.Display() + " answered " + command[0] +
+                                      " with '" + what + "'");
     }
   }
   return true;
@@ -117,13 +117,13 @@ Reply RedisConnection::Run(const std::vector<std::string>& args) {
     }
     if (Clock::now() + backoff > give_up) {
       throw Error(ErrorKind::kIo,
-                  "tailcut: cannot reach Redis at " + address_.Display() + " for " +
+                  "cannot reach Redis at " + address_.Display() + " for " +
                       std::to_string(retry_for_.count()) + " ms (" + error +
                       "): start redis-server there or point TAILCUT_COORDINATOR at one that runs");
     }
     if (attempt == 0 && on_notice_) {
-      on_notice_("tailcut: Redis at " + address_.Display() + ": " + error +
-                 "; reconnecting for up to " + std::to_string(retry_for_.count()) + " ms");
+      on_notice_("Redis at " + address_.Display() + ": " + error + "; reconnecting for up to " +
+                 std::to_string(retry_for_.count()) + " ms");
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds{1000});
@@ -137,7 +137,7 @@ Reply RedisConnection::RunScript(const Script& script, const std::vector<std::st
     Reply loaded = Run({"SCRIPT", "LOAD", script.body});
     if (loaded->type != REDIS_REPLY_STRING) {
       throw Error(ErrorKind::kIo,
-                  "tailcut: Redis at " + address_.Display() + " could not load the " + script.name +
+                  "Redis at " + address_.Display() + " could not load the " + script.name +
                       " script: " + std::string(loaded->str ? loaded->str : "", loaded->len));
     }
     sha.assign(loaded->str, loaded->len);
@@ -154,8 +154,8 @@ Reply RedisConnection::RunScript(const Script& script, const std::vector<std::st
     reply = Run(command);
   }
   if (reply->type == REDIS_REPLY_ERROR) {
-    throw Error(ErrorKind::kCorrupt, "tailcut: the " + std::string(script.name) +
-                                         " script failed on " + address_.Display() + ": " +
+    throw Error(ErrorKind::kCorrupt, "the " + std::string(script.name) + " script failed on " +
+                                         address_.Display() + ": " +
                                          std::string(reply->str, reply->len));
   }
   return reply;

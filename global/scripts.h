@@ -12,15 +12,29 @@ namespace tailcut::detail {
 
 // Every script gets the job's keys in this order (one hash tag, so they share
 // a cluster slot).
-enum JobKey { kConfig, kCursor, kDone, kDeadline, kOwner, kGeneration, kLeft, kHosts, kNumJobKeys };
+enum JobKey {
+  kConfig,
+  kCursor,
+  kDone,
+  kDeadline,
+  kOwner,
+  kGeneration,
+  kLeft,
+  kHosts,
+  kLost,  // the run id of a job lost while hosts ran it (see job() in scripts.cc)
+  kNumJobKeys
+};
 std::vector<std::string> JobKeys(const std::string& job_name);
 
-extern const Script kCreateScript;  // ARGV: items epochs block seed files [cursor bitmap]
-extern const Script kClaimScript;   // ARGV: host ttl_ms
-extern const Script kRenewScript;   // ARGV: host first generation ttl_ms
-extern const Script kAckScript;     // ARGV: host first generation ticket...
-extern const Script kStatsScript;   // ARGV: none
-extern const Script kSaveScript;    // ARGV: none
+// Every script but create takes the run id the caller joined as ARGV[1] and
+// answers {'lost', what} when the job it joined is not there any more.
+// create's ARGV: items epochs block seed files explicit run [cursor bitmap].
+extern const Script kCreateScript;
+extern const Script kClaimScript;  // ARGV: run host ttl_ms
+extern const Script kRenewScript;  // ARGV: run host first generation ttl_ms
+extern const Script kAckScript;    // ARGV: run host first generation ticket...
+extern const Script kStatsScript;  // ARGV: run ('*': any run)
+extern const Script kSaveScript;   // ARGV: run
 
 }  // namespace tailcut::detail
 

@@ -692,6 +692,7 @@ ReadStatus Reader::Impl::Activate() noexcept {
       queue_end_ = ended_ = true;
       return ReadStatus::kEnd;
     }
+    if (status == TakeStatus::kJobLost) return Fail(queue_.JobLossMessage(), ErrorKind::kCorrupt);
     if (status == TakeStatus::kLimit && (options_.wait_at_lease_limit || options_.defer_acks)) {
       // Leases held by items of ours that other processes split (they come
       // free as those processes finish their pieces), or by finished items

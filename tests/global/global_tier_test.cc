@@ -27,6 +27,13 @@ GlobalTierOptions Options(const std::string& url, const std::string& host, uint6
   return options;
 }
 
+// Runs redis-cli against the test's server, e.g. "FLUSHALL".
+void RedisCli(const RedisServer& redis, const std::string& args) {
+  std::string command =
+      "redis-cli -p " + std::to_string(redis.port()) + " " + args + " > /dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+}
+
 std::vector<uint64_t> Range(uint64_t first, uint64_t last) {
   std::vector<uint64_t> v;
   for (uint64_t t = first; t < last; ++t) v.push_back(t);
@@ -57,7 +64,7 @@ TEST(CoordinatorUrlTest, BadUrlsNameThePartAndNeverThePassword) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_STREQ(e.what(),
-                 "tailcut: coordinator URL 'redis://***@h:notaport/0': the port is not a number "
+                 "coordinator URL 'redis://***@h:notaport/0': the port is not a number "
                  "in 1..65535; expected redis://[user[:password]@]HOST:PORT/DB");
   }
   EXPECT_THROW(ParseCoordinatorUrl("http://h:1/0"), Error);
@@ -74,7 +81,7 @@ TEST(CoordinatorUrlTest, ControlCharactersAreRefusedAndShownEscaped) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_STREQ(e.what(),
-                 "tailcut: coordinator URL 'redis://h\\x00st.example:6379/0': it contains the "
+                 "coordinator URL 'redis://h\\x00st.example:6379/0': it contains the "
                  "control character '\\x00'; remove it; expected "
                  "redis://[user[:password]@]HOST:PORT/DB");
   }
@@ -265,7 +272,7 @@ TEST(GlobalTierTest, ARestoredStateHandsOutOnlyTicketsNotDone) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
     EXPECT_STREQ(e.what(),
-                 "tailcut: global job 'job-other': block_size is 4 in the saved state but 8 on "
+                 "global job 'job-other': block_size is 4 in the saved state but 8 on "
                  "this host: every host must use the same configuration (or another job name)");
   }
   other.restore_state = "garbage";
@@ -284,8 +291,7 @@ TEST(GlobalTierErrorTest, AnotherConfigurationFromAnotherHostNamesTheField) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: global job 'job': files_fingerprint is files-v1 in the job on " +
-                  redis.url() +
+              "global job 'job': files_fingerprint is files-v1 in the job on " + redis.url() +
                   " but files-v2 on this host: every host must use the same configuration (or "
                   "another job name)");
   }
@@ -310,7 +316,7 @@ TEST(GlobalTierErrorTest, AWrongPasswordIsNamedWithoutThePassword) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kPermission);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: Redis at redis://" + host_port +
+              "Redis at redis://" + host_port +
                   "/0 refused user 'default' (WRONGPASS invalid username-password pair or user "
                   "is disabled.): set the right password in TAILCUT_REDIS_PASSWORD or the URL");
     EXPECT_EQ(std::string(e.what()).find("wrong-one"), std::string::npos);
@@ -322,7 +328,7 @@ TEST(GlobalTierErrorTest, AWrongPasswordIsNamedWithoutThePassword) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kPermission);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: Redis at redis://" + host_port +
+              "Redis at redis://" + host_port +
                   "/0 refused user 'default' (NOAUTH Authentication required.): set the right "
                   "password in TAILCUT_REDIS_PASSWORD or the URL");
   }
@@ -364,7 +370,7 @@ TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: cannot reach Redis at redis://u@127.0.0.1:" + std::to_string(port) +
+              "cannot reach Redis at redis://u@127.0.0.1:" + std::to_string(port) +
                   "/3 for 500 ms (Connection refused): start redis-server there or point "
                   "TAILCUT_COORDINATOR at one that runs");
   }
@@ -372,7 +378,7 @@ TEST(GlobalTierErrorTest, RedisDownAtStartIsNamedAfterBoundedRetries) {
   EXPECT_GE(took, milliseconds(300));
   EXPECT_LT(took, milliseconds(1500));
   ASSERT_EQ(notices.size(), 1u);
-  EXPECT_EQ(notices[0], "tailcut: Redis at redis://u@127.0.0.1:" + std::to_string(port) +
+  EXPECT_EQ(notices[0], "Redis at redis://u@127.0.0.1:" + std::to_string(port) +
                             "/3: Connection refused; reconnecting for up to 500 ms");
 }
 
@@ -391,7 +397,7 @@ TEST(GlobalTierErrorTest, AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack) 
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
     EXPECT_EQ(std::string(e.what()),
-              "tailcut: cannot reach Redis at " + redis.url() +
+              "cannot reach Redis at " + redis.url() +
                   " for 800 ms (Resource temporarily unavailable): start redis-server there or "
                   "point TAILCUT_COORDINATOR at one that runs");
   }
@@ -399,6 +405,138 @@ TEST(GlobalTierErrorTest, AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack) 
   kill(redis.pid(), SIGCONT);
   GlobalBlock block;
   EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+}
+
+// Losing the job's state: every call of a host that joined it says so, and
+// names what was lost; Redis merely unreachable is not a loss (see
+// AHungRedisTimesOutEveryCommandAndIsUsedAgainWhenBack above).
+TEST(GlobalTierLossTest, AJobWhoseKeysAreGoneIsLostForEveryHostAndForHostsOpeningItLater) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto a = GlobalTier::Open(Options(redis.url(), "a"));
+  auto b = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock block;
+  ASSERT_EQ(a->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+  std::vector<uint64_t> first = {0};
+  ASSERT_EQ(a->Ack(block, first), GlobalAckStatus::kOk);
+  const std::string state = a->SaveState();
+  RedisCli(redis, "FLUSHALL");  // what a restart without persistence leaves
+  const std::string message =
+      "the coordinator " + redis.url() +
+      " lost job 'job' (its keys are gone: Redis restarted without persistence, or they were "
+      "deleted); restart the job from a checkpoint (restore_state), and enable appendonly on "
+      "that Redis; to start it over from the beginning instead, delete the key "
+      "tailcut:{job}:lost there";
+  EXPECT_EQ(a->loss(), GlobalLoss::kNone);
+  EXPECT_EQ(a->Renew(block, milliseconds(60000)), GlobalAckStatus::kLost);
+  EXPECT_EQ(a->loss(), GlobalLoss::kGone);
+  EXPECT_EQ(a->Ack(block, block.tickets), GlobalAckStatus::kLost);
+  EXPECT_EQ(a->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+  EXPECT_EQ(GlobalLossMessage(a->loss(), "job", redis.url()), message);
+  try {
+    a->SaveState();
+    FAIL() << "saved the state of a lost job";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+  // A host that joined before and asks only now.
+  EXPECT_EQ(b->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+  EXPECT_EQ(b->loss(), GlobalLoss::kGone);
+  // A host that opens the job after the loss is refused, not handed a new
+  // job from its first ticket.
+  try {
+    GlobalTier::Open(Options(redis.url(), "c"));
+    FAIL() << "a host opened a lost job as a new one";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+  // Restarting from the checkpoint creates it again: a new run.
+  GlobalTierOptions restart = Options(redis.url(), "c");
+  restart.restore_state = state;
+  auto c = GlobalTier::Open(restart);
+  EXPECT_NE(c->run_id(), a->run_id());
+  EXPECT_EQ(c->Stats().done, 1u);
+  // The hosts of the run before stay fenced out of the new run.
+  GlobalAckStatus late = a->Ack(block, first);
+  EXPECT_EQ(late, GlobalAckStatus::kLost);
+}
+
+TEST(GlobalTierLossTest, AJobCreatedAgainUnderItsNameRefusesTheHostsOfTheRunBefore) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto old_run = GlobalTier::Open(Options(redis.url(), "a"));
+  GlobalBlock held;
+  ASSERT_EQ(old_run->Claim(milliseconds(60000), &held), GlobalClaimStatus::kOk);
+  // The job's keys deleted while host a was paused, and the job started
+  // over under the same name: its first block has generation 1 again.
+  RedisCli(redis,
+           "DEL tailcut:{job}:config tailcut:{job}:cursor tailcut:{job}:gen "
+           "tailcut:{job}:deadline tailcut:{job}:owner tailcut:{job}:left");
+  auto new_run = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock fresh;
+  ASSERT_EQ(new_run->Claim(milliseconds(60000), &fresh), GlobalClaimStatus::kOk);
+  ASSERT_EQ(fresh.first, held.first);
+  ASSERT_EQ(fresh.generation, held.generation);
+  // Host a comes back: its ack must not mark tickets of the new run done.
+  EXPECT_EQ(old_run->Ack(held, held.tickets), GlobalAckStatus::kLost);
+  EXPECT_EQ(old_run->loss(), GlobalLoss::kReplaced);
+  EXPECT_EQ(new_run->Stats().done, 0u);
+  EXPECT_EQ(GlobalLossMessage(GlobalLoss::kReplaced, "job", redis.url()),
+            "job 'job' on the coordinator " + redis.url() +
+                " is another run now (its keys were deleted and the job created again, e.g. "
+                "restarted from a checkpoint under the same name): this process belongs to the "
+                "run before and must stop");
+}
+
+TEST(GlobalTierLossTest, AJobMissingOnlyItsCursorDoneMarksGenerationsOrOpenBlocksIsLost) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto tier_for = [&](const std::string& name) {
+    GlobalTierOptions options = Options(redis.url(), "a");
+    options.job.name = name;
+    return GlobalTier::Open(options);
+  };
+  GlobalBlock block;
+  std::vector<uint64_t> one = {0};
+  {
+    auto tier = tier_for("cursor");
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{cursor}:cursor");
+    EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kCursor);
+  }
+  {
+    auto tier = tier_for("done");
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    ASSERT_EQ(tier->Ack(block, one), GlobalAckStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{done}:done");
+    EXPECT_EQ(tier->Renew(block, milliseconds(60000)), GlobalAckStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kDoneMarks);
+  }
+  {
+    auto tier = tier_for("gen");
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{gen}:gen");
+    EXPECT_EQ(tier->Renew(block, milliseconds(60000)), GlobalAckStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kGenerations);
+  }
+  {
+    // Every block handed out, then the set of open blocks deleted: nothing
+    // can finish the job.
+    auto tier = tier_for("blocks");
+    for (int i = 0; i < 3; ++i)
+      ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    RedisCli(redis, "DEL tailcut:{blocks}:deadline");
+    EXPECT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+    EXPECT_EQ(tier->loss(), GlobalLoss::kOpenBlocks);
+  }
+  EXPECT_EQ(GlobalLossMessage(GlobalLoss::kCursor, "cursor", redis.url()),
+            "the coordinator " + redis.url() +
+                " lost part of job 'cursor' (its cursor key is gone: deleted, or evicted under "
+                "maxmemory); restart the job from a checkpoint (restore_state), and set "
+                "maxmemory-policy noeviction on that Redis");
 }
 
 }  // namespace

@@ -228,7 +228,7 @@ _NUL_CASES = [
     ("WorkQueue coordinator",
      lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1\0.evil:6379/0", name=u),
      tailcut.InvalidArgumentError,
-     "tailcut: coordinator URL 'redis://127.0.0.1\\x00.evil:6379/0': it contains the control "
+     "coordinator URL 'redis://127.0.0.1\\x00.evil:6379/0': it contains the control "
      "character '\\x00'; remove it; expected redis://[user[:password]@]HOST:PORT/DB"),
     ("WorkQueue host_id",
      lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1:1/0", host_id="h\0x",

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -119,6 +120,98 @@ def test_a_checkpoint_of_the_job_restores_into_the_rest_of_it(redis_url, data, q
             with item:
                 rest.append(item.index)
     assert sorted(first + rest) == list(range(40)), "every item once, before or after the save"
+
+
+def _lost_message(url, name):
+    return (f"the coordinator {url} lost job '{name}' (its keys are gone: Redis restarted "
+            "without persistence, or they were deleted); restart the job from a checkpoint "
+            "(restore_state), and enable appendonly on that Redis; to start it over from the "
+            f"beginning instead, delete the key tailcut:{{{name}}}:lost there")
+
+
+def _use_until_lost(paths, name, host, url, how, out, opened):
+    """Takes items (`how`: take, producer) or reads records, with no timeout, until the job
+    ends or is lost."""
+    q = tailcut.WorkQueue(paths, num_epochs=20, num_slices=40, num_clients=2, name=name,
+                          format="lines", coordinator=url, host_id=host, global_ttl=3,
+                          global_block_size=2, on_notice=lambda line: None)
+    opened.wait(60)
+    try:
+        if how == "records":
+            for _ in q.records():
+                time.sleep(0.0005)
+        elif how == "producer":
+            producer = q.input_producer()
+            while (item := producer.get()) is not None:
+                with item:
+                    time.sleep(0.02)
+        else:
+            while (item := q.take()) is not None:
+                with item:
+                    time.sleep(0.02)
+        out.put((host, "ended", time.monotonic()))
+    except tailcut.CorruptError as e:
+        out.put((host, str(e), time.monotonic()))
+    finally:
+        q.close()
+
+
+def test_a_flushed_redis_makes_every_process_raise_that_the_job_is_lost(redis_url, data, qname):
+    paths, _ = data
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    opened = ctx.Barrier(5)
+    # Host a takes items (take(), input_producer()), host b reads records (the Reader's path).
+    procs = [ctx.Process(target=_use_until_lost,
+                         args=(paths, qname, host, redis_url, how, out, opened))
+             for host, how in (("a", "take"), ("a", "producer"), ("b", "records"),
+                               ("b", "records"))]
+    for p in procs:
+        p.start()
+    try:
+        opened.wait(60)
+        time.sleep(1.0)
+        port = redis_url.rsplit(":", 1)[1].split("/")[0]
+        subprocess.run(["redis-cli", "-p", port, "FLUSHALL"], check=True, capture_output=True)
+        flushed = time.monotonic()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    expected = _lost_message(redis_url, qname)
+    for host, said, when in results:
+        assert said == expected, host
+        # The bound: the host's feeder asks Redis at least every global_ttl / 3
+        # (renewals), at once when its takers run dry.
+        assert when - flushed < 3 * 3, f"host {host} learnt of the loss {when - flushed:.1f} s late"
+    for host in ("a", "b"):
+        assert not os.path.exists(tailcut.segment_path(f"{qname}.{host}"))
+    # A host opening the job afterwards is refused with the same words.
+    with pytest.raises(tailcut.CorruptError) as raised:
+        tailcut.WorkQueue(paths, num_epochs=20, num_slices=40, name=qname, format="lines",
+                          coordinator=redis_url, host_id="c", global_block_size=2,
+                          on_notice=lambda line: None)
+    assert str(raised.value) == expected
+    assert not os.path.exists(tailcut.segment_path(f"{qname}.c"))
+
+
+def test_notices_of_the_tier_say_tailcut_once(redis_url, data, qname):
+    paths, _ = data
+    program = ("import sys, tailcut\n"
+               "q = tailcut.WorkQueue(sys.argv[2:], name=sys.argv[1], format='lines',\n"
+               "                      coordinator=%r, host_id='h1')\n"
+               "q.close()\n" % redis_url)
+    run = subprocess.run([sys.executable, "-c", program, qname, *paths], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines()[0] == (
+        f"tailcut: global job '{qname}' created on {redis_url} as host h1")
+    assert "tailcut: tailcut:" not in run.stderr
 
 
 def _cli():

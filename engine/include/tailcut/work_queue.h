@@ -157,6 +157,11 @@ enum class TakeStatus {
   kEnd,    // every item of every epoch is done
   kEmpty,  // nothing to hand out before the deadline; others still hold items
   kLimit,  // this process already holds leases_per_client items: ack or give one back
+  // A queue fed by a coordinator (WorkQueueOptions::coordinator) whose job
+  // the coordinator lost (e.g. Redis restarted without persistence): nothing
+  // can complete it; JobLossMessage() says what and what to do. Every take
+  // in every process of the host answers this from then on.
+  kJobLost,
 };
 
 enum class StepStatus {
@@ -280,6 +285,11 @@ class TAILCUT_EXPORT WorkQueue {
 
   // Counters of the queue and every client. Safe from any thread.
   QueueStats Stats() const;
+
+  // After Take answered kJobLost: what the coordinator lost of the job and
+  // what to do (names the job and the coordinator's URL without password).
+  // "" while the job is not lost. Safe from any thread.
+  std::string JobLossMessage() const;
 
   // Gives back this process's open items, leaves the queue, and removes the
   // segment if this was the last process and the queue is finished.

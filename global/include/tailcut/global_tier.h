@@ -20,10 +20,17 @@
 //    done mark are handed out again.
 //  * Errors: Open throws tailcut::Error: kInvalidArgument (URL, job name),
 //    kPermission (password), kConfigMismatch (names the field), kIo (Redis
-//    unreachable), kCorrupt (a state or key that fails validation). Claim,
-//    Renew, Ack, Stats and SaveState return refusals as statuses and throw
-//    kIo only when Redis stays unreachable for Options::retry_for. No message
-//    ever contains the password.
+//    unreachable), kCorrupt (a state that fails validation, or a job that
+//    was lost while hosts ran it and no restore_state is given). Claim,
+//    Renew and Ack return refusals as statuses and throw kIo only when Redis
+//    stays unreachable for Options::retry_for. No message ever contains the
+//    password, and none starts with "tailcut: " (the notice sink adds it).
+//  * Losing the job: the run Open created or joined has an id in Redis, and
+//    every later call checks, in its script, that the job is still there and
+//    still that run, with its cursor, done marks and generations. If not,
+//    Claim, Renew and Ack answer kLost, Stats and SaveState throw kCorrupt,
+//    and loss() says what was lost; it stays so (no later call asks Redis).
+//    Redis merely unreachable is not a loss: calls throw kIo as above.
 //
 // Invariants (kept by the scripts in global/scripts.cc, see docs/global.md)
 //  1. The cursor only grows; a ticket below it was handed out in exactly one
@@ -95,9 +102,11 @@ struct GlobalTierOptions {
   // it throws kIo naming the URL.
   std::chrono::milliseconds retry_for{15000};
   // A state from GlobalTier::SaveState(): the process that creates the job
-  // starts from it; others joining the job ignore it.
+  // starts from it; others joining the job ignore it. It is also the way to
+  // create again a job that was lost (GlobalLoss::kGone).
   std::string restore_state;
-  // One-line notices (reconnecting, job created or joined). Default: stderr.
+  // One-line notices (reconnecting, job created or joined), without a
+  // "tailcut: " prefix. Default: stderr, as "tailcut: " + line.
   std::function<void(const std::string&)> on_notice;
 };
 
@@ -117,6 +126,7 @@ enum class GlobalClaimStatus {
   kWait,  // nothing to hand out now, but open blocks (maybe this host's) may
           // still come back: call again after *retry_after
   kEnd,   // every ticket of every epoch is done
+  kLost,  // the job's state in Redis is lost: see GlobalTier::loss()
 };
 
 enum class GlobalAckStatus {
@@ -124,7 +134,24 @@ enum class GlobalAckStatus {
   kClosed,   // Renew: every ticket of the block is done; nothing to renew
   kStale,    // the block was re-owned (generation moved): refused, counted
   kInvalid,  // a ticket outside the block
+  kLost,     // the job's state in Redis is lost: see GlobalTier::loss()
 };
+
+// What Redis lost of the job a GlobalTier joined.
+enum class GlobalLoss {
+  kNone,
+  kGone,         // every key (Redis restarted without persistence, or they were deleted)
+  kReplaced,     // the job was created again under its name after this tier joined it
+  kCursor,       // its cursor key
+  kDoneMarks,    // its done bitmap (done count above 0, no bitmap)
+  kGenerations,  // the generation of a block that was claimed
+  kOpenBlocks,   // its open blocks (every block handed out, none open, tickets not done)
+};
+
+// The error text for a loss of job `job` on `coordinator` (Display() form):
+// what was lost and what to do. kNone: "".
+TAILCUT_EXPORT std::string GlobalLossMessage(GlobalLoss loss, std::string_view job,
+                                             std::string_view coordinator);
 
 struct GlobalHostStats {
   std::string host_id;
@@ -173,7 +200,7 @@ class TAILCUT_EXPORT GlobalTier {
 
   // Claims a block for this host; its deadline is now + ttl (Redis time).
   // kWait sets *retry_after (when the soonest open block expires, capped
-  // at 1 s). Throws kIo (unreachable), kCorrupt (job keys gone or damaged).
+  // at 1 s). kLost: see loss(). Throws kIo (unreachable).
   // A Claim whose reply was lost (Redis restarted) leaves a block that
   // nobody holds; it comes back after ttl.
   GlobalClaimStatus Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
@@ -187,14 +214,23 @@ class TAILCUT_EXPORT GlobalTier {
   GlobalAckStatus Ack(const GlobalBlock& block, std::span<const uint64_t> tickets,
                       uint64_t* newly_done = nullptr);
 
+  // Throws kIo (unreachable), kCorrupt (the job is lost: loss()).
   GlobalStats Stats();
   // Cursor and done marks of the job as a compact binary string, for a
   // checkpoint (GlobalTierOptions::restore_state). Open blocks are not in it:
   // after a restore their tickets without done marks are handed out again.
+  // Throws as Stats.
   std::string SaveState();
 
+  // kNone until a call found the job lost; then what was lost, for good.
+  GlobalLoss loss() const noexcept;
   const std::string& host_id() const noexcept;
   const GlobalJob& job() const noexcept;
+  // The coordinator's URL without the password (CoordinatorAddress::Display).
+  std::string coordinator() const;
+  // The id of the run of the job that Open created or joined: a job created
+  // again under the same name is another run.
+  const std::string& run_id() const noexcept;
 
   class Impl;
 
