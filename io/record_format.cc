@@ -113,7 +113,7 @@ class ParserBase : public RecordParser {
 
   ParseStatus Emit(const std::byte* data, size_t size, size_t used, Record* record,
                    size_t* consumed) noexcept {
-    *record = Record{data, size, pos_};
+    *record = Record{data, size, pos_, pos_ + used};
     pos_ += used;
     *consumed += used;
     ++records_;

@@ -62,6 +62,11 @@ struct Record {
   const std::byte* data = nullptr;
   size_t size = 0;
   uint64_t offset = 0;  // file offset where the record starts (its header, for tfrecord)
+  // File offset just past the record (its trailing newline or CRC included):
+  // where the next record starts, so the value to pass to WorkQueue::Commit
+  // once this record is handed on. It may lie past the slice's end (the last
+  // record a slice owns may end in the next one).
+  uint64_t end = 0;
 };
 
 enum class ParseStatus {
