@@ -125,6 +125,9 @@ void ShuffledBatches::Emit(size_t i, size_t want, tc::Batch* out) {
     for (int64_t& o : g.offsets) o -= static_cast<int64_t>(cut);
   }
   out->data = out->storage.data();
+  // Every record the Shuffler handed out is in batches the caller has: a
+  // checkpoint it takes now counts them as used.
+  if (groups_.empty()) shuffler_.ReportUsed();
 }
 
 tc::ReadStatus ShuffledBatches::Drain(size_t want, tc::Batch* out, tc::ReadStatus status) {

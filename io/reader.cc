@@ -116,6 +116,7 @@ struct ItemSlot {
   ErrorKind error_kind = ErrorKind::kIo;
   uint64_t error_at = UINT64_MAX;  // file offset error names (reads may fail out of order)
   uint64_t unreported = 0;         // records handed out since the last Progress
+  uint64_t used = 0;               // defer_acks: what Progress says (ReportUsed)
   bool done = false;               // the parser said kDone
   bool stale = false;              // the queue refused Progress: the item is someone else's
 
@@ -171,8 +172,15 @@ class Reader::Impl {
   size_t items_held() const noexcept { return held_count_; }
   bool defers_acks() const noexcept { return options_.defer_acks; }
   bool TakeFinished(WorkItem* item) noexcept;
-  AckStatus AckFinished(const WorkItem& item) noexcept { return AckItem(item); }
-  AckStatus GiveBackFinished(const WorkItem& item) noexcept { return GiveBackItem(item); }
+  AckStatus AckFinished(const WorkItem& item) noexcept {
+    if (finished_out_ > 0) --finished_out_;
+    return AckItem(item);
+  }
+  AckStatus GiveBackFinished(const WorkItem& item) noexcept {
+    if (finished_out_ > 0) --finished_out_;
+    return GiveBackItem(item);
+  }
+  AckStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
   ReaderStats stats() const noexcept {
     ReaderStats s;
     s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
@@ -267,6 +275,7 @@ class Reader::Impl {
   // defer_acks: finished items, not acked; [finished_taken_, size) not taken yet.
   std::vector<WorkItem> finished_;
   size_t finished_taken_ = 0;
+  size_t finished_out_ = 0;  // taken by the caller (TakeFinished), not acked or given back yet
   std::vector<ReadResult> results_;
   std::set<dev_t> direct_fallback_devices_;
 
@@ -552,6 +561,7 @@ bool Reader::Impl::StartItem(const WorkItem& item) noexcept {
   it.error_kind = ErrorKind::kIo;
   it.error_at = UINT64_MAX;
   it.unreported = 0;
+  it.used = item.begin;
   it.file_size = item.file < file_sizes_.size() ? file_sizes_[item.file] : item.end;
   it.end = item.end;
   it.claimed = item.begin;
@@ -649,7 +659,10 @@ void Reader::Impl::FailItem(ItemSlot& it, uint64_t offset, const char* what,
 
 void Reader::Impl::ReportProgress(ItemSlot& it, uint64_t position) noexcept {
   if (it.stale) return;
-  uint64_t offset = std::clamp(position, it.item.begin, it.item.end);
+  // With defer_acks the records parsed are not yet used (they wait in the
+  // caller's buffer): a checkpoint resumes where the caller says (ReportUsed).
+  uint64_t offset =
+      std::clamp(options_.defer_acks ? it.used : position, it.item.begin, it.item.end);
   if (queue_.Progress(it.item, offset, it.unreported) == AckStatus::kStale) {
     MarkStale(it, " at offset " + std::to_string(offset));
   }
@@ -773,11 +786,25 @@ AckStatus Reader::Impl::GiveBackItem(const WorkItem& item) noexcept {
 bool Reader::Impl::TakeFinished(WorkItem* item) noexcept {
   if (finished_taken_ == finished_.size()) return false;
   *item = finished_[finished_taken_++];
+  ++finished_out_;
   if (finished_taken_ == finished_.size()) {
     finished_.clear();  // keeps the capacity: no allocation in steady state
     finished_taken_ = 0;
   }
   return true;
+}
+
+AckStatus Reader::Impl::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
+  if (!options_.defer_acks) return AckStatus::kInvalid;
+  offset = std::clamp(offset, item.begin, item.end);
+  for (uint32_t i = 0; i < held_count_; ++i) {
+    ItemSlot& it = items_[HeldAt(i)];
+    if (it.item.lease != item.lease || it.item.generation != item.generation) continue;
+    if (it.stale) return AckStatus::kStale;
+    it.used = std::max(it.used, offset);  // what this Reader's own reports say from now on
+    break;
+  }
+  return queue_.Progress(item, offset);
 }
 
 // Drops the front held item: its chunks go back to the pool (reads still in
@@ -1373,6 +1400,9 @@ WorkItem Reader::current_item() const noexcept { return impl_->current_item(); }
 size_t Reader::items_held() const noexcept { return impl_->items_held(); }
 bool Reader::defers_acks() const noexcept { return impl_->defers_acks(); }
 bool Reader::TakeFinished(WorkItem* item) noexcept { return impl_->TakeFinished(item); }
+AckStatus Reader::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
+  return impl_->ReportUsed(item, offset);
+}
 AckStatus Reader::AckFinished(const WorkItem& item) noexcept { return impl_->AckFinished(item); }
 AckStatus Reader::GiveBackFinished(const WorkItem& item) noexcept {
   return impl_->GiveBackFinished(item);

@@ -23,6 +23,10 @@
 //    and the consumer asks for the next (with ReaderOptions::defer_acks, the
 //    caller acks it instead: see TakeFinished); Progress(item, offset, records) is
 //    reported as each chunk is used up, so a checkpoint resumes mid-item.
+//    With defer_acks the records handed out are not used yet (they wait in
+//    the caller's buffer), so the offset reported is only what the caller
+//    said was used (ReportUsed), the item's begin until it does: a
+//    checkpoint never counts as used a record the caller did not use.
 //    Close() (and the destructor) gives back every item not acked, the
 //    current one included (the queue hands a given-back item out again from
 //    its start, so records of it already handed out may be read again).
@@ -217,6 +221,14 @@ class TAILCUT_EXPORT Reader {
   // Gives back an item TakeFinished gave: it is handed out again from its
   // start (or its last WorkQueue::Commit), so its records are read again.
   AckStatus GiveBackFinished(const WorkItem& item) noexcept;
+  // ReaderOptions::defer_acks: every record of `item` (the current one, one
+  // taken ahead, or one TakeFinished gave) that starts before `offset` was
+  // used, so a checkpoint (WorkQueue::SaveState) resumes the item there.
+  // Pass the smallest offset of a record not used yet, or Record::end of the
+  // last one when all were. Offsets below an earlier report are ignored for
+  // the Reader's own items (they only move forward); the offset is clamped
+  // to the item. WorkQueue::Progress's statuses; kInvalid without defer_acks.
+  AckStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
 
   // Waits for reads in flight, gives back every item not acked (the current
   // one too: it is handed out again from its start, and with defer_acks the
