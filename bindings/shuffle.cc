@@ -175,6 +175,7 @@ tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline d
           break;
         }
         case tc::ReadStatus::kEmpty:
+        case tc::ReadStatus::kHoldsFinished:  // a Reader's, which the Shuffler handles
           // The deadline passed at the end of the data: a short batch of
           // what is here, or kEmpty holding nothing.
           if (!holding) {

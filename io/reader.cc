@@ -181,6 +181,10 @@ class Reader::Impl {
     return GiveBackItem(item);
   }
   AckStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
+  // defer_acks: finished items wait for TakeFinished or for the caller's ack.
+  bool HoldsFinished() const noexcept {
+    return finished_taken_ < finished_.size() || finished_out_ > 0;
+  }
   ReaderStats stats() const noexcept {
     ReaderStats s;
     s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
@@ -699,7 +703,16 @@ ReadStatus Reader::Impl::Activate() noexcept {
       continue;
     }
     WorkItem item;
-    TakeStatus status = queue_.Take(&item, deadline_);
+    TakeStatus status;
+    if (HoldsFinished() && std::chrono::steady_clock::now() < deadline_) {
+      // Other processes may be waiting for exactly the finished items our
+      // caller holds, as we would wait for theirs: let it ack them first.
+      status = queue_.TryTake(&item);
+      if (status == TakeStatus::kEmpty || status == TakeStatus::kLimit)
+        return ReadStatus::kHoldsFinished;
+    } else {
+      status = queue_.Take(&item, deadline_);
+    }
     if (status == TakeStatus::kEmpty) return ReadStatus::kEmpty;
     if (status == TakeStatus::kEnd) {
       queue_end_ = ended_ = true;

@@ -282,6 +282,7 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
   // Readers that said kEmpty during this pass: not asked again in it.
   uint64_t empty_now = 0;  // bit i: live_[i] (at most 64 Readers)
   size_t empties = 0;
+  uint64_t released_for = 0;  // bit r: readers_[r] said kHoldsFinished once in this pass
   // Dry Readers sit this pass out while there are records to hand out.
   if (deadline == Deadline::min()) {
     for (size_t i = 0; i < live_.size(); ++i) {
@@ -322,9 +323,19 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
     // A Reader that ended, failed (and gave back what it held) or was
     // closed reads its current item no further.
     if (status == ReadStatus::kEnd || status == ReadStatus::kError) Abandon(r);
+    if (status == ReadStatus::kHoldsFinished && !(released_for & (1ull << r))) {
+      // Only with the buffer empty (else it is not asked to wait): every
+      // record of its finished items was handed out, so ack them, which
+      // other processes at the end of the data may be waiting for, and ask
+      // it again. A second time in this pass it counts as empty.
+      released_for |= 1ull << r;
+      Release();
+      continue;
+    }
     switch (status) {
       case ReadStatus::kOk:
         break;
+      case ReadStatus::kHoldsFinished:
       case ReadStatus::kEmpty:
         empty_now |= 1ull << pick;
         ++empties;

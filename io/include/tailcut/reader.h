@@ -48,7 +48,9 @@
 //    had never stopped: no record is lost or repeated. The wait sleeps on the
 //    queue's futex and wakes as soon as an item comes back or all are done.
 //    The deadline bounds only this wait: reads of the Reader's own items in
-//    flight are always waited for (device time).
+//    flight are always waited for (device time). With defer_acks the Reader
+//    never waits while its caller holds finished items it has not acked
+//    (each process would wait for the others' forever): kHoldsFinished.
 //  * Lease timeout: if the queue reassigned an item this Reader holds (it
 //    looked hung), the Reader stops reading that item at the next claim or
 //    progress report and counts it in stats().stale_items. Records of it
@@ -152,6 +154,13 @@ enum class ReadStatus {
   kError,  // error() says what, where; sticky
   kEmpty,  // nothing yet: the deadline passed while other live processes still
            // hold items (which come back if they die); call again
+  // ReaderOptions::defer_acks only: nothing to read now, and the caller holds
+  // finished items (TakeFinished, or not taken yet) that it has not acked or
+  // given back. The Reader would wait for other processes' items here, and
+  // they may be waiting for these: take them, ack (or give back) those whose
+  // records were used, and call again. Comes only where the call would wait
+  // (a deadline in the future); holding nothing, the Reader waits as usual.
+  kHoldsFinished,
 };
 
 // When a Next* call stops waiting for items that other processes hold.

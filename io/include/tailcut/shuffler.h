@@ -57,7 +57,8 @@
 //    the data, the buffer is drained first; kEmpty comes only when the buffer
 //    is empty and every Reader not at its end said kEmpty. Before it waits
 //    with an empty buffer, Next releases (see Release()): the leases of
-//    finished items may be what the queue waits for.
+//    finished items may be what the queue waits for; a Reader's
+//    kHoldsFinished is answered the same way, and Next never returns it.
 //  * Checkpoints: the queue's state (WorkQueue::SaveState) alone loses no
 //    record. Per item the Shuffler tells its Reader (Reader::ReportUsed)
 //    the offset below which every record was handed out: with ack_on_next
