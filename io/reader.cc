@@ -41,6 +41,7 @@
 
 #include "buffer_arena.h"
 #include "io_backend.h"
+#include "tailcut/work_file.h"
 
 namespace tailcut {
 
@@ -447,73 +448,33 @@ void Reader::Impl::Open() {
 bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
   std::string path(it.item.path);
   const char* p = path.c_str();
+  const FileIdentity& then = queue_.files()[it.item.file];
   it.direct = options_.direct;
   it.align = 1;
-  // O_NONBLOCK: a FIFO put in the file's place must not block open();
-  // cleared below once the file is known to be the queue's regular file.
-  int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | (it.direct ? O_DIRECT : 0));
-  if (fd < 0 && it.direct && errno == EINVAL) {
+  WorkFile file = OpenWorkFile(path, &then, it.direct ? O_DIRECT : 0);
+  if (file.fd < 0 && it.direct && file.open_errno == EINVAL) {
     struct stat st {};
     if (stat(p, &st) == 0 && direct_fallback_devices_.insert(st.st_dev).second) {
       Notice("tailcut reader: O_DIRECT is not supported for '" + path +
              "' (open: Invalid argument); reading files on its filesystem buffered");
     }
     it.direct = false;
-    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    file = OpenWorkFile(path, &then);
   }
-  if (fd < 0) {
-    int err = errno;
-    // The queue checked every file when it was created: say what changed since.
-    SetText(&it.error, "file '%s': cannot open: %s%s", p, strerror(err),
-            err == ENOENT   ? " (removed after the queue was created? restore it or recreate "
-                              "the queue)"
-            : err == EACCES ? " (made unreadable after the queue was created? fix its "
-                              "permissions)"
-                            : "");
-    it.error_kind = ErrorKindOfErrno(err);
+  if (file.fd < 0) {
+    it.error = std::move(file.error);
+    it.error_kind = file.kind;
     return false;
   }
-  it.fd = fd;
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    SetText(&it.error, "file '%s': cannot stat: %s", p, strerror(errno));
-    return false;
-  }
-  if (!S_ISREG(st.st_mode)) {  // e.g. a FIFO renamed over it
-    it.error_kind = ErrorKind::kInvalidArgument;
-    SetText(&it.error,
-            "file '%s' changed since the queue was created: it is no longer a regular file; "
-            "recreate the queue or restore the file",
-            Printable(path).c_str());
-    return false;
-  }
-  if (static_cast<uint64_t>(st.st_size) < it.file_size) {
-    it.error_kind = ErrorKind::kIo;  // the file changed under the queue, like a short read
-    SetText(&it.error,
-            "file '%s' at offset %" PRIu64 ": the file is %" PRIu64 " bytes, %" PRIu64
-            " when the queue was created (truncated? restore it or recreate the queue)",
-            p, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_size), it.file_size);
-    return false;
-  }
-  // The very file the queue was made of, not another put in its place. Its
-  // mtime may move: bytes appended are not read, and a file restored in
-  // place after an error is read again (docs/reliability.md).
-  const FileIdentity& then = queue_.files()[it.item.file];
-  const FileIdentity now = IdentityOf(st);
-  if (now.inode != then.inode || now.device != then.device) {
-    it.error_kind = ErrorKind::kConfigMismatch;
-    SetText(&it.error,
-            "file '%s' changed since the queue was created: %s; recreate the queue or restore the "
-            "file",
-            Printable(path).c_str(), DescribeFileChange(then, now).c_str());
-    return false;
-  }
+  it.fd = file.fd;
+  const struct stat& st = file.st;
   if (it.direct) {
     // Direct-I/O alignment: statx(STATX_DIOALIGN) where the kernel has it
     // (6.1+); else 4 KiB, a multiple of every common logical block size.
     uint64_t align = kPage;
     struct statx sx {};
-    if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    if (statx(it.fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+        (sx.stx_mask & STATX_DIOALIGN)) {
       align = std::max<uint64_t>({sx.stx_dio_offset_align, sx.stx_dio_mem_align, 1});
       if (sx.stx_dio_offset_align == 0) align = 0;  // no direct I/O on this file
     }
@@ -524,24 +485,19 @@ bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
                            : "' (alignment " + std::to_string(align) + ")") +
                "; reading files on its filesystem buffered");
       }
-      int buffered = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-      struct stat again {};
-      if (buffered < 0 || fstat(buffered, &again) != 0 || again.st_ino != st.st_ino ||
-          again.st_dev != st.st_dev) {
-        SetText(&it.error, "file '%s': cannot open again: %s", p,
-                buffered < 0 ? strerror(errno) : "it changed since the first open");
-        if (buffered >= 0) close(buffered);
+      WorkFile buffered = OpenWorkFile(path, &then);
+      if (buffered.fd < 0) {
+        it.error = std::move(buffered.error);
+        it.error_kind = buffered.kind;
         return false;
       }
-      close(fd);
-      it.fd = buffered;
+      close(it.fd);
+      it.fd = buffered.fd;
       it.direct = false;
     } else {
       it.align = align;
     }
   }
-  // io_uring would answer -EAGAIN rather than wait on a non-blocking file.
-  fcntl(it.fd, F_SETFL, fcntl(it.fd, F_GETFL) & ~O_NONBLOCK);
   if (!it.direct) posix_fadvise(it.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   return true;
 }
