@@ -163,6 +163,25 @@ class Reader::Impl {
   // How long the Next* call under way may wait for other processes' items;
   // set at each call (a member, so the per-record loop does not carry it).
   void set_deadline(Deadline deadline) noexcept { deadline_ = deadline; }
+  // A Next* call begins: false if another is under way in another thread
+  // (the contract says one thread at a time), which then fails the Reader as
+  // it ends. Relaxed: the flag only detects overlap and orders nothing; the
+  // caller's own synchronisation hands a Reader from thread to thread.
+  bool Enter() noexcept {
+    if (!in_use_.exchange(true, std::memory_order_relaxed)) return true;
+    overlapped_.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  ReadStatus Leave(ReadStatus status) noexcept {
+    if (overlapped_.load(std::memory_order_relaxed)) {
+      status = Fail(
+          "reader: NextRecord/NextBatch/NextChunk called from two threads at once; a Reader is "
+          "used by one thread at a time: open one per thread",
+          ErrorKind::kInvalidArgument);
+    }
+    in_use_.store(false, std::memory_order_relaxed);
+    return status;
+  }
   void Close() noexcept;
 
   const std::string& error() const noexcept { return error_; }
@@ -317,6 +336,8 @@ class Reader::Impl {
   Deadline deadline_ = Deadline::max();  // of the Next* call under way
   std::string error_;
   Stats stats_;
+  std::atomic<bool> in_use_{false};      // a Next* call is under way (Enter/Leave)
+  std::atomic<bool> overlapped_{false};  // two were: the Reader fails
 };
 
 void Reader::Impl::Open() {
@@ -352,6 +373,13 @@ void Reader::Impl::Open() {
   uint32_t slots = options_.prefetch_items + 3;  // current + prefetched + retiring
   items_.resize(slots);
   if (options_.mode == ReadMode::kRecords) {
+    if (!options_.format.FitsTag(queue_.format())) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "reader: queue '" + queue_.name() + "' was made with format '" + queue_.format() +
+                      "', not '" + options_.format.Tag() +
+                      "': every process must read a queue's items the same way; open the Reader "
+                      "with the queue's format");
+    }
     for (ItemSlot& it : items_) it.parser = RecordParser::Create(options_.format);
     carry_ = std::make_unique<CarryBuffer>(
         AlignUp(options_.format.max_record_bytes + 2 * kCarryStep, kPage));
@@ -1351,16 +1379,20 @@ Reader::~Reader() = default;
 
 ReadStatus Reader::NextRecord(Record* out, Deadline deadline) noexcept {
   size_t n = 0;
-  impl_->set_deadline(deadline);
-  return impl_->Produce(out, 1, &n);
+  return NextBatch(out, 1, &n, deadline);
 }
 ReadStatus Reader::NextBatch(Record* out, size_t max, size_t* n, Deadline deadline) noexcept {
+  *n = 0;
+  if (!impl_->Enter()) return ReadStatus::kError;
   impl_->set_deadline(deadline);
-  return impl_->Produce(out, max, n);
+  ReadStatus status = impl_->Leave(impl_->Produce(out, max, n));
+  if (status != ReadStatus::kOk) *n = 0;
+  return status;
 }
 ReadStatus Reader::NextChunk(ChunkView* out, Deadline deadline) noexcept {
+  if (!impl_->Enter()) return ReadStatus::kError;
   impl_->set_deadline(deadline);
-  return impl_->ProduceChunk(out);
+  return impl_->Leave(impl_->ProduceChunk(out));
 }
 void Reader::Close() noexcept { impl_->Close(); }
 const std::string& Reader::error() const noexcept { return impl_->error(); }

@@ -401,6 +401,15 @@ std::string RecordFormat::Tag() const {
   return tag;
 }
 
+bool RecordFormat::FitsTag(std::string_view tag) const {
+  const std::string_view name = tag.substr(0, tag.find(':'));
+  bool known = false;
+  for (const auto& [n, k] : detail::kFormatNames) known |= n == name;
+  if (!known) return true;
+  if (tag == "fixed") return kind == RecordFormatKind::kFixed;
+  return tag == Tag();
+}
+
 std::unique_ptr<RecordParser> RecordParser::Create(const RecordFormat& format) {
   switch (format.kind) {
     case RecordFormatKind::kFixed:

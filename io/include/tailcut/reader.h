@@ -14,6 +14,10 @@
 // Contract
 //  * Threads: a Reader is used by one thread at a time (it may move between
 //    threads, not be shared by them). stats() may be read from any thread.
+//    Two Next* calls that overlap are detected (one relaxed atomic exchange
+//    per call): the second returns kError at once, touching nothing, and the
+//    first ends with the sticky kError ("called from two threads at once"),
+//    the Reader's items given back, so records are never handed out wrong.
 //  * Fork: a Reader belongs to the process that opened it; a forked child must
 //    open its own (the buffers are not even mapped in the child).
 //  * Ownership: the WorkQueue is not owned and must outlive the Reader. The
@@ -195,7 +199,9 @@ struct ReaderStats {
 class TAILCUT_EXPORT Reader {
  public:
   // Sets up the arena, the I/O backend and the parsers; takes no item yet.
-  // Throws tailcut::Error: kInvalidArgument for bad options (naming the field),
+  // Throws tailcut::Error: kInvalidArgument for bad options (naming the field)
+  // or a format the queue's format tag does not allow (RecordFormat::FitsTag;
+  // ReadMode::kRecords only), naming both,
   // kNoSpace when the arena cannot be mapped, kIo when a forced io_uring
   // cannot be set up.
   static std::unique_ptr<Reader> Open(WorkQueue& queue, ReaderOptions options);

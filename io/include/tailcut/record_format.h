@@ -54,6 +54,11 @@ struct TAILCUT_EXPORT RecordFormat {
   static RecordFormat Parse(std::string_view name, uint64_t record_bytes = 0);
   // A stable tag for queue fingerprints, e.g. "fixed:128", "tfrecord".
   std::string Tag() const;
+  // Whether a queue's format tag (WorkQueueOptions::format) allows reading
+  // it in this format: an empty tag, or one that names no format (a tag of
+  // the user's own), allows any; "fixed" any fixed size; any other tag of a
+  // format must be this Tag().
+  bool FitsTag(std::string_view tag) const;
 };
 
 // One record: a view into the window last passed to Next. Valid until the
