@@ -402,12 +402,18 @@ std::string RecordFormat::Tag() const {
 }
 
 bool RecordFormat::FitsTag(std::string_view tag) const {
-  const std::string_view name = tag.substr(0, tag.find(':'));
-  bool known = false;
-  for (const auto& [n, k] : detail::kFormatNames) known |= n == name;
-  if (!known) return true;
-  if (tag == "fixed") return kind == RecordFormatKind::kFixed;
-  return tag == Tag();
+  const size_t colon = tag.find(':');
+  const std::string_view name = tag.substr(0, colon);
+  for (const auto& [n, k] : detail::kFormatNames) {
+    if (n != name) continue;
+    if (k != kind) return false;
+    // "fixed:<n>" names the record size; what follows a tfrecord tag (its
+    // max_record_bytes) is the reader's to choose, as in Python.
+    if (k == RecordFormatKind::kFixed && colon != std::string_view::npos)
+      return tag.substr(colon + 1) == std::to_string(record_bytes);
+    return true;
+  }
+  return true;  // no format's name: a tag of the user's own
 }
 
 std::unique_ptr<RecordParser> RecordParser::Create(const RecordFormat& format) {

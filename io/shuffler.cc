@@ -14,6 +14,10 @@
 //     items_[i].buffered counts the slots in [0, count_) whose item is i.
 //  4. reading_[r] is the entry of the item readers_[r] hands out records
 //     of; an entry neither finished nor abandoned is some reading_[r].
+//  5. items_[i].pending holds, in read order, the records of item i from
+//     its first one not handed out on (a slot's seq indexes it from
+//     first_seq); so every record of it before handed_to was handed out,
+//     and reported <= handed_to is what its Reader last told the queue.
 #include "tailcut/shuffler.h"
 
 #include <algorithm>

@@ -74,7 +74,8 @@ TEST_F(ReaderMisuseTest, AFormatTheQueuesTagDoesNotAllowIsRefusedNamingBoth) {
       {"fixed:8", RecordFormat::Parse("fixed", 16), false},
       {"fixed:8", RecordFormat::Parse("lines"), false},
       {"fixed", RecordFormat::Parse("lines"), false},
-      {"tfrecord:max=4096", RecordFormat::Parse("tfrecord"), false},
+      {"tfrecord:max=4096", RecordFormat::Parse("tfrecord"), true},  // the reader's limit
+      {"tfrecord", RecordFormat::Parse("file"), false},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("tag '" + c.tag + "', format " + c.format.Tag());

@@ -56,8 +56,9 @@ struct TAILCUT_EXPORT RecordFormat {
   std::string Tag() const;
   // Whether a queue's format tag (WorkQueueOptions::format) allows reading
   // it in this format: an empty tag, or one that names no format (a tag of
-  // the user's own), allows any; "fixed" any fixed size; any other tag of a
-  // format must be this Tag().
+  // the user's own), allows any; otherwise the kinds must match, and
+  // "fixed:<n>" the record size ("fixed" alone allows any). max_record_bytes
+  // is not compared.
   bool FitsTag(std::string_view tag) const;
 };
 
