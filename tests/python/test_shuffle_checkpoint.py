@@ -73,3 +73,30 @@ def test_a_mid_epoch_checkpoint_under_record_shuffle_loses_no_record(ids_files, 
     # to 14,487 measured (3 to 5 items of 3,125), so 12 items' worth is plenty.
     repeated = len(before) + len(after) - n
     assert 0 <= repeated <= 12 * n // 64, repeated
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_queue_dataset_checkpointed_mid_epoch_loses_no_record(ids_files, qname, seed):
+    """The same through tailcut.torch.QueueDataset with its default shuffle, in
+    the trainer's process (no DataLoader workers): the batches it yielded are
+    used, the queue's state is taken between two of them."""
+    pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
+    import tailcut.torch as tt
+
+    def ids_of(batch):
+        return batch.numpy().view(np.int64).ravel().tolist()
+
+    opts = dict(format="fixed", record_bytes=8, num_slices=64, seed=seed)
+    n = N_FILES * PER_FILE
+    before = []
+    with tt.QueueDataset(ids_files, 256, name=f"{qname}-a", **opts) as ds:
+        for batch in ds:
+            before.extend(ids_of(batch))
+            if len(before) >= 50_000 * seed:
+                state = ds.queue.state_dict()
+                break
+    with tt.QueueDataset(ids_files, 256, name=f"{qname}-b", restore_state=state, **opts) as ds:
+        after = [i for batch in ds for i in ids_of(batch)]
+    lost = set(range(n)) - set(before) - set(after)
+    assert not lost, f"{len(lost)} of {n} records lost"
+    assert 0 <= len(before) + len(after) - n <= 12 * n // 64
