@@ -152,6 +152,7 @@ struct RecordIterator : IteratorBase {
   py::object exporter;  // a RecordBuffer, reused for every record
   py::object last_view;
   uint64_t last_offset = 0;
+  uint64_t last_end = 0;
 
   void ReleaseLast() {
     if (!last_view) return;
@@ -192,6 +193,7 @@ struct RecordIterator : IteratorBase {
     buf.ptr = record.data;
     buf.size = record.size;
     last_offset = record.offset;
+    last_end = record.end;
     PyObject* view = PyMemoryView_FromObject(exporter.ptr());
     if (view == nullptr) throw py::error_already_set();
     last_view = py::reinterpret_borrow<py::object>(view);
@@ -343,7 +345,11 @@ void DefineReaders(py::module_& m) {
   rec_cls.def("__next__", &RecordIterator::Next)
       .def_property_readonly(
           "offset", [](const RecordIterator& it) { return it.last_offset; },
-          "File offset where the last record starts (its header, for tfrecord).");
+          "File offset where the last record starts (its header, for tfrecord).")
+      .def_property_readonly(
+          "end", [](const RecordIterator& it) { return it.last_end; },
+          "File offset just past the last record (its newline or CRC included): where the next "
+          "record of its file starts, the offset to commit once it is handed on.");
 
   py::class_<BatchIterator, std::shared_ptr<BatchIterator>> batch_cls(
       m, "BatchIterator",

@@ -125,6 +125,9 @@ void ShuffledBatches::Emit(size_t i, size_t want, tc::Batch* out) {
     for (int64_t& o : g.offsets) o -= static_cast<int64_t>(cut);
   }
   out->data = out->storage.data();
+  // Every record the Shuffler handed out is in batches the caller has: a
+  // checkpoint it takes now counts them as used.
+  if (groups_.empty()) shuffler_.ReportUsed();
 }
 
 tc::ReadStatus ShuffledBatches::Drain(size_t want, tc::Batch* out, tc::ReadStatus status) {
@@ -172,6 +175,7 @@ tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline d
           break;
         }
         case tc::ReadStatus::kEmpty:
+        case tc::ReadStatus::kHoldsFinished:  // a Reader's, which the Shuffler handles
           // The deadline passed at the end of the data: a short batch of
           // what is here, or kEmpty holding nothing.
           if (!holding) {

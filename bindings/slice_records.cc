@@ -5,6 +5,10 @@
 // the records that start in [begin, end), TFRecord resynchronisation and both
 // CRCs included.
 //
+// The file is opened as the Reader opens it (tailcut/work_file.h): a FIFO or
+// another non-regular file in its place is refused at once, and, given the
+// WorkItem, so is another file renamed over it or the file truncated.
+//
 // Control path: it allocates, makes system calls and raises rich errors
 // (tailcut::Error becomes the exception of its kind; a parse error is a
 // CorruptError naming the file and the offset). The GIL is released while it
@@ -21,12 +25,15 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "conversions.h"
 #include "errors.h"
+#include "items.h"
 #include "tailcut/record_format.h"
+#include "tailcut/work_file.h"
 
 namespace tailcut::python {
 namespace {
@@ -62,14 +69,15 @@ struct Parsed {
   std::string error;           // the parser's kError text
 };
 
-// REQUIRES: the GIL is not held (it reads the file).
-Parsed ReadSlice(const std::string& path, const tc::RecordFormat& format, uint64_t begin,
-                 uint64_t end) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) ThrowIo(path, "open", errno);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) ThrowIo(path, "fstat", errno);
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+// `expected`: the queue's identity of the file, or null (then its size now
+// is its size). REQUIRES: the GIL is not held (it reads the file).
+Parsed ReadSlice(const std::string& path, const tc::FileIdentity* expected,
+                 const tc::RecordFormat& format, uint64_t begin, uint64_t end) {
+  tc::WorkFile file = tc::OpenWorkFile(path, expected);
+  if (file.fd < 0) throw tc::Error(file.kind, file.error);
+  Fd fd(file.fd);
+  // Bytes appended since the queue was created belong to no item (as for the Reader).
+  const uint64_t file_size = expected ? expected->size : static_cast<uint64_t>(file.st.st_size);
   std::unique_ptr<tc::RecordParser> parser = tc::RecordParser::Create(format);
   uint64_t pos = parser->Begin(path, file_size, begin, end);
 
@@ -135,8 +143,22 @@ void DefineSliceRecords(py::module_& m) {
   m.def(
       "slice_records",
       [](py::object path, uint64_t begin, uint64_t end, const std::string& format,
-         py::object record_bytes, uint64_t max_record_bytes, bool with_ends) -> py::object {
+         py::object record_bytes, uint64_t max_record_bytes, bool with_ends,
+         py::object item) -> py::object {
         std::string p = ToPath(path);
+        std::optional<tc::FileIdentity> expected;
+        if (!item.is_none()) {
+          if (!py::isinstance<PyWorkItem>(item))
+            throw py::type_error("slice_records: item must be a WorkItem, not " +
+                                 std::string(py::str(item.get_type().attr("__name__"))));
+          const PyWorkItem& w = item.cast<const PyWorkItem&>();
+          if (w.path != p)
+            Raise(g_exc.invalid_argument,
+                  "slice_records: path '" + p + "' is not the item's ('" + w.path + "')");
+          Use use(*w.h);
+          const auto& files = w.h->queue->files();
+          if (w.item.file < files.size()) expected = files[w.item.file];
+        }
         tc::RecordFormat f = ParseFormat(format, record_bytes);
         if (max_record_bytes == 0)
           Raise(g_exc.invalid_argument, "max_record_bytes must be at least 1");
@@ -147,7 +169,7 @@ void DefineSliceRecords(py::module_& m) {
         Parsed parsed;
         {
           py::gil_scoped_release nogil;
-          parsed = ReadSlice(p, f, begin, end);
+          parsed = ReadSlice(p, expected ? &*expected : nullptr, f, begin, end);
         }
         if (!parsed.error.empty()) Raise(g_exc.corrupt, parsed.error);
         py::list out;
@@ -157,13 +179,17 @@ void DefineSliceRecords(py::module_& m) {
       },
       py::arg("path"), py::arg("begin"), py::arg("end"), py::arg("format"),
       py::arg("record_bytes") = py::none(), py::arg("max_record_bytes") = 64ull << 20,
-      py::arg("with_ends") = false,
+      py::arg("with_ends") = false, py::arg("item") = py::none(),
       "The records that start in [begin, end) of the file `path`, as a list of bytes, parsed "
       "as the reader parses them: format 'lines' (a trailing '\\r' stripped), 'tfrecord' (both "
       "CRCs checked; a slice starting mid-file resynchronises), 'fixed' (with record_bytes) or "
       "'file'. A malformed record raises CorruptError naming the file and the offset. With "
       "with_ends=True, (records, ends): ends[i] is the file offset just past record i, where "
-      "a reader of the rest starts (WorkItem.commit).");
+      "a reader of the rest starts (WorkItem.commit). The file is opened as the queue's reader "
+      "opens it: anything but a regular file (a FIFO put in its place) raises "
+      "InvalidArgumentError at once; with item= (the WorkItem the slice belongs to) another "
+      "file renamed over it raises ConfigMismatchError and a truncated one IoError, naming the "
+      "file and the change, and bytes appended since the queue was created are not read.");
 }
 
 }  // namespace tailcut::python

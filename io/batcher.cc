@@ -96,7 +96,8 @@ ReadStatus Batcher::Fill(Batch* out, size_t want, Deadline deadline) {
       const bool have = out->count > 0;
       Deadline until = have && options_.short_at_end ? Deadline::min() : deadline;
       ReadStatus status = reader_.NextBatch(records_.data(), want - out->count, &n, until);
-      if (status == ReadStatus::kEmpty || status == ReadStatus::kError) {
+      if (status == ReadStatus::kEmpty || status == ReadStatus::kHoldsFinished ||
+          status == ReadStatus::kError) {
         // A short batch first; the Reader's error is sticky and comes next call.
         return have ? ReadStatus::kOk : status;
       }

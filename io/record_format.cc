@@ -113,7 +113,7 @@ class ParserBase : public RecordParser {
 
   ParseStatus Emit(const std::byte* data, size_t size, size_t used, Record* record,
                    size_t* consumed) noexcept {
-    *record = Record{data, size, pos_};
+    *record = Record{data, size, pos_, pos_ + used};
     pos_ += used;
     *consumed += used;
     ++records_;
@@ -399,6 +399,21 @@ std::string RecordFormat::Tag() const {
   if (kind == RecordFormatKind::kTfrecord && max_record_bytes != RecordFormat{}.max_record_bytes)
     tag += ":max=" + std::to_string(max_record_bytes);
   return tag;
+}
+
+bool RecordFormat::FitsTag(std::string_view tag) const {
+  const size_t colon = tag.find(':');
+  const std::string_view name = tag.substr(0, colon);
+  for (const auto& [n, k] : detail::kFormatNames) {
+    if (n != name) continue;
+    if (k != kind) return false;
+    // "fixed:<n>" names the record size; what follows a tfrecord tag (its
+    // max_record_bytes) is the reader's to choose, as in Python.
+    if (k == RecordFormatKind::kFixed && colon != std::string_view::npos)
+      return tag.substr(colon + 1) == std::to_string(record_bytes);
+    return true;
+  }
+  return true;  // no format's name: a tag of the user's own
 }
 
 std::unique_ptr<RecordParser> RecordParser::Create(const RecordFormat& format) {

@@ -14,6 +14,10 @@
 //     items_[i].buffered counts the slots in [0, count_) whose item is i.
 //  4. reading_[r] is the entry of the item readers_[r] hands out records
 //     of; an entry neither finished nor abandoned is some reading_[r].
+//  5. items_[i].pending holds, in read order, the records of item i from
+//     its first one not handed out on (a slot's seq indexes it from
+//     first_seq); so every record of it before handed_to was handed out,
+//     and reported <= handed_to is what its Reader last told the queue.
 #include "tailcut/shuffler.h"
 
 #include <algorithm>
@@ -24,9 +28,13 @@ namespace tailcut {
 
 namespace {
 
-// Version 2 stores each record's epoch; version 1 states (no epochs) are
-// still read, their records taken as epoch 0.
-constexpr char kMagic[8] = {'t', 'c', 's', 'h', 'u', 'f', '2', '\0'};
+// Version 3 is the RNG state alone: the queue's state resumes every item
+// below its first record not handed out, so buffered records are read again.
+// Versions 1 and 2 carried the buffered records (their queue states counted
+// finished items as read to the end): still restored, version 1's records
+// taken as epoch 0.
+constexpr char kMagic[8] = {'t', 'c', 's', 'h', 'u', 'f', '3', '\0'};
+constexpr char kMagicV2[8] = {'t', 'c', 's', 'h', 'u', 'f', '2', '\0'};
 constexpr char kMagicV1[8] = {'t', 'c', 's', 'h', 'u', 'f', '1', '\0'};
 
 void PutU64(std::string* out, uint64_t v) {
@@ -74,12 +82,13 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
                                             "; pass the string SaveState() returned, unchanged");
     };
     if (state.size() < sizeof kMagic) throw corrupt("not a Shuffler state (bad magic)");
+    const bool v3 = std::memcmp(state.data(), kMagic, sizeof kMagic) == 0;
     const bool v1 = std::memcmp(state.data(), kMagicV1, sizeof kMagicV1) == 0;
-    if (!v1 && std::memcmp(state.data(), kMagic, sizeof kMagic) != 0)
+    if (!v3 && !v1 && std::memcmp(state.data(), kMagicV2, sizeof kMagicV2) != 0)
       throw corrupt("not a Shuffler state (bad magic)");
     state.remove_prefix(sizeof kMagic);
     uint64_t count = 0;
-    if (!GetU64(&state, &rng_) || !GetU64(&state, &count)) throw corrupt("truncated");
+    if (!GetU64(&state, &rng_) || (!v3 && !GetU64(&state, &count))) throw corrupt("truncated");
     for (uint64_t i = 0; i < count; ++i) {
       Slot slot;
       uint64_t size = 0;
@@ -104,13 +113,6 @@ Shuffler::~Shuffler() { Close(); }
 std::string Shuffler::SaveState() const {
   std::string out(kMagic, sizeof kMagic);
   PutU64(&out, rng_);
-  PutU64(&out, count_);
-  for (size_t i = 0; i < count_; ++i) {
-    PutU64(&out, slots_[i].offset);
-    PutU64(&out, slots_[i].epoch);
-    PutU64(&out, slots_[i].bytes.size());
-    out.append(reinterpret_cast<const char*>(slots_[i].bytes.data()), slots_[i].bytes.size());
-  }
   return out;
 }
 
@@ -148,16 +150,46 @@ void Shuffler::Take(uint32_t r, const Record& record, uint64_t epoch) {
       done_.reserve(items_.size() + readers_.size());
       i = static_cast<uint32_t>(items_.size() - 1);
     }
-    items_[i] = Tracked{item, r, 0, false, false, true};
+    Tracked& t = items_[i];
+    t.item = item;
+    t.reader = r;
+    t.buffered = 0;
+    t.finished = t.abandoned = false;
+    t.used = true;
+    t.pending.clear();
+    t.first_seq = 0;
+    t.read_to = t.handed_to = t.reported = item.begin;
     reading_[r] = i;
   }
+  Tracked& t = items_[reading_[r]];
   Slot& slot = slots_[count_];
   slot.bytes.assign(record.data, record.data + record.size);
+  t.pending.push_back(Pending{record.offset, false});  // the last call that may throw
   slot.offset = record.offset;
+  slot.end = record.end;
   slot.epoch = epoch;
+  slot.seq = t.first_seq + t.pending.size() - 1;
   slot.item = reading_[r];
-  ++items_[reading_[r]].buffered;
+  t.read_to = record.end;
+  ++t.buffered;
   ++count_;
+}
+
+void Shuffler::MarkHanded(const Slot& slot) noexcept {
+  Tracked& t = items_[slot.item];
+  t.pending[slot.seq - t.first_seq].handed = true;  // in pending: only handed ones leave it
+  while (!t.pending.empty() && t.pending.front().handed) {
+    t.pending.pop_front();
+    ++t.first_seq;
+  }
+  t.handed_to = t.pending.empty() ? t.read_to : t.pending.front().offset;
+}
+
+void Shuffler::ReportHanded(uint32_t i) noexcept {
+  Tracked& t = items_[i];
+  if (!t.used || t.abandoned || t.handed_to <= t.reported) return;
+  t.reported = t.handed_to;
+  readers_[t.reader]->ReportUsed(t.item, t.handed_to);
 }
 
 void Shuffler::CollectFinished(uint32_t r) {
@@ -202,7 +234,13 @@ void Shuffler::Drop(uint32_t i) noexcept {
   free_items_.push_back(i);  // capacity reserved in Take
 }
 
+void Shuffler::ReportUsed() noexcept {
+  for (uint32_t i = 0; i < items_.size(); ++i) ReportHanded(i);
+}
+
 void Shuffler::Release() noexcept {
+  // With ack_on_next, Next reported each record as it handed it out.
+  if (!options_.ack_on_next) ReportUsed();
   if (done_.empty()) return;
   for (const Done& d : done_) readers_[d.reader]->AckFinished(d.item);
   done_.clear();
@@ -248,6 +286,7 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
   // Readers that said kEmpty during this pass: not asked again in it.
   uint64_t empty_now = 0;  // bit i: live_[i] (at most 64 Readers)
   size_t empties = 0;
+  uint64_t released_for = 0;  // bit r: readers_[r] said kHoldsFinished once in this pass
   // Dry Readers sit this pass out while there are records to hand out.
   if (deadline == Deadline::min()) {
     for (size_t i = 0; i < live_.size(); ++i) {
@@ -288,9 +327,19 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
     // A Reader that ended, failed (and gave back what it held) or was
     // closed reads its current item no further.
     if (status == ReadStatus::kEnd || status == ReadStatus::kError) Abandon(r);
+    if (status == ReadStatus::kHoldsFinished && !(released_for & (1ull << r))) {
+      // Only with the buffer empty (else it is not asked to wait): every
+      // record of its finished items was handed out, so ack them, which
+      // other processes at the end of the data may be waiting for, and ask
+      // it again. A second time in this pass it counts as empty.
+      released_for |= 1ull << r;
+      Release();
+      continue;
+    }
     switch (status) {
       case ReadStatus::kOk:
         break;
+      case ReadStatus::kHoldsFinished:
       case ReadStatus::kEmpty:
         empty_now |= 1ull << pick;
         ++empties;
@@ -332,7 +381,11 @@ ReadStatus Shuffler::Next(Record* out, Deadline deadline) noexcept {
   std::swap(slots_[i], slots_[count_]);  // moves two vectors: no copy of the bytes
   const Slot& slot = slots_[count_];
   if (slot.item != kNone) {
+    MarkHanded(slot);
     --items_[slot.item].buffered;
+    // A record handed out counts as used for a checkpoint (the caller saves
+    // one between calls); for a crash only once it asks for the next.
+    if (options_.ack_on_next) ReportHanded(slot.item);
     Drop(slot.item);
   }
   if (dry_ != 0 && --dry_countdown_ == 0) dry_ = 0;

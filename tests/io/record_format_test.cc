@@ -67,7 +67,8 @@ void RunSlice(RecordParser& parser, const TestFile& file, uint64_t begin, uint64
   uint64_t next = parser.Begin(file.path, bytes.size(), begin, end);
   ASSERT_LE(next, begin);
   run->split = end;
-  std::string window;  // bytes [parser.position(), next)
+  uint64_t last_end = 0;  // Record::end of the record yielded last
+  std::string window;     // bytes [parser.position(), next)
   auto extend = [&] {
     size_t n = std::min<uint64_t>(1 + rng() % max_window, bytes.size() - next);
     window.append(bytes, next, n);
@@ -100,6 +101,12 @@ void RunSlice(RecordParser& parser, const TestFile& file, uint64_t begin, uint64
         }
         EXPECT_GE(record.offset, begin);
         EXPECT_TRUE(record.offset < parser.end() || bytes.empty()) << record.offset;
+        // Record::end is where the next record starts: the parser's position
+        // after it, and (within a slice) the next record's offset.
+        EXPECT_EQ(record.end, parser.position()) << record.offset;
+        EXPECT_TRUE(record.end > record.offset || bytes.empty()) << record.offset;
+        if (!run->records.empty()) EXPECT_EQ(record.offset, last_end);
+        last_end = record.end;
         run->records.push_back(
             {record.offset, std::string(reinterpret_cast<const char*>(record.data), record.size)});
         EXPECT_EQ(parser.records(), run->records.size());

@@ -403,3 +403,23 @@ def test_interleave_needs_leases_and_memory_and_says_which(tmp_path, qname, noti
                 q.records(**bad)
         with pytest.raises(TypeError, match="shuffle_seed must be an int"):
             q.records(shuffle_buffer=4, shuffle_seed="x")
+
+
+@pytest.mark.parametrize("fmt", ["lines", "tfrecord", "fixed"])
+def test_record_end_is_where_the_next_record_of_its_file_starts(tmp_path, qname, notices, fmt):
+    make = {"lines": make_lines, "tfrecord": make_tfrecords, "fixed": make_fixed}[fmt]
+    files, expected = make(tmp_path)
+    framing = {"lines": 1, "tfrecord": 16, "fixed": 0}[fmt]
+    extra = dict(record_bytes=24) if fmt == "fixed" else {}
+    with tailcut.WorkQueue(files, name=qname, num_slices=7, shuffle=False, format=fmt,
+                           on_notice=notices.append, **extra) as q:
+        it = q.records(**SMALL_READER)
+        spans = collections.defaultdict(list)  # path -> [(offset, end)]
+        for record in it:
+            assert it.end - it.offset == len(record) + framing
+            spans[it.item["path"]].append((it.offset, it.end))
+    assert len(spans) == len(files)
+    for path, s in spans.items():
+        s.sort()
+        assert s[0][0] == 0 and s[-1][1] == os.path.getsize(path), path
+        assert all(a[1] == b[0] for a, b in zip(s, s[1:])), path

@@ -146,15 +146,16 @@ def _cuda_initialized():
         return False
 
 
-def item_records(path, begin, end, fmt, with_ends=False):
+def item_records(path, begin, end, fmt, with_ends=False, item=None):
     """The records that start in [begin, end) of `path`, as bytes, for a
     queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord' or
     'file'. Parsed as the queue's reader parses them (tailcut.slice_records):
     lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked.
-    with_ends=True: (records, ends), ends[i] the file offset just past record i."""
+    with_ends=True: (records, ends), ends[i] the file offset just past record i.
+    item: the WorkItem of the slice, to check the file is still the queue's."""
     name, _, size = (fmt or "lines").partition(":")
     return _core.slice_records(path, begin, end, name, int(size) if size else None,
-                               with_ends=with_ends)
+                               with_ends=with_ends, item=item)
 
 
 def default_collate(records, fmt):
@@ -364,7 +365,8 @@ def _load(queue, ring, recipe, leave, poll):
                 gate.try_end()
                 continue
             epoch = item.epoch
-            records, ends = item_records(item.path, item.begin, item.end, fmt, with_ends=True)
+            records, ends = item_records(item.path, item.begin, item.end, fmt, with_ends=True,
+                                          item=item)
             for record, end in zip(records, ends):
                 pending.append(record)
                 if len(pending) == recipe.batch_size:

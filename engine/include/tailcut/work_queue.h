@@ -297,6 +297,9 @@ class TAILCUT_EXPORT WorkQueue {
   void Close() noexcept;
 
   const std::string& name() const noexcept;
+  // WorkQueueOptions::format as the queue was made with it ("" when none);
+  // a Reader refuses to read the queue in another format.
+  const std::string& format() const noexcept;
   uint64_t num_items() const noexcept;
   uint64_t num_epochs() const noexcept;
   uint64_t seed() const noexcept;

@@ -14,6 +14,10 @@
 // Contract
 //  * Threads: a Reader is used by one thread at a time (it may move between
 //    threads, not be shared by them). stats() may be read from any thread.
+//    Two Next* calls that overlap are detected (one relaxed atomic exchange
+//    per call): the second returns kError at once, touching nothing, and the
+//    first ends with the sticky kError ("called from two threads at once"),
+//    the Reader's items given back, so records are never handed out wrong.
 //  * Fork: a Reader belongs to the process that opened it; a forked child must
 //    open its own (the buffers are not even mapped in the child).
 //  * Ownership: the WorkQueue is not owned and must outlive the Reader. The
@@ -23,6 +27,10 @@
 //    and the consumer asks for the next (with ReaderOptions::defer_acks, the
 //    caller acks it instead: see TakeFinished); Progress(item, offset, records) is
 //    reported as each chunk is used up, so a checkpoint resumes mid-item.
+//    With defer_acks the records handed out are not used yet (they wait in
+//    the caller's buffer), so the offset reported is only what the caller
+//    said was used (ReportUsed), the item's begin until it does: a
+//    checkpoint never counts as used a record the caller did not use.
 //    Close() (and the destructor) gives back every item not acked, the
 //    current one included (the queue hands a given-back item out again from
 //    its start, so records of it already handed out may be read again).
@@ -44,7 +52,9 @@
 //    had never stopped: no record is lost or repeated. The wait sleeps on the
 //    queue's futex and wakes as soon as an item comes back or all are done.
 //    The deadline bounds only this wait: reads of the Reader's own items in
-//    flight are always waited for (device time).
+//    flight are always waited for (device time). With defer_acks the Reader
+//    never waits while its caller holds finished items it has not acked
+//    (each process would wait for the others' forever): kHoldsFinished.
 //  * Lease timeout: if the queue reassigned an item this Reader holds (it
 //    looked hung), the Reader stops reading that item at the next claim or
 //    progress report and counts it in stats().stale_items. Records of it
@@ -148,6 +158,13 @@ enum class ReadStatus {
   kError,  // error() says what, where; sticky
   kEmpty,  // nothing yet: the deadline passed while other live processes still
            // hold items (which come back if they die); call again
+  // ReaderOptions::defer_acks only: nothing to read now, and the caller holds
+  // finished items (TakeFinished, or not taken yet) that it has not acked or
+  // given back. The Reader would wait for other processes' items here, and
+  // they may be waiting for these: take them, ack (or give back) those whose
+  // records were used, and call again. Comes only where the call would wait
+  // (a deadline in the future); holding nothing, the Reader waits as usual.
+  kHoldsFinished,
 };
 
 // When a Next* call stops waiting for items that other processes hold.
@@ -182,7 +199,9 @@ struct ReaderStats {
 class TAILCUT_EXPORT Reader {
  public:
   // Sets up the arena, the I/O backend and the parsers; takes no item yet.
-  // Throws tailcut::Error: kInvalidArgument for bad options (naming the field),
+  // Throws tailcut::Error: kInvalidArgument for bad options (naming the field)
+  // or a format the queue's format tag does not allow (RecordFormat::FitsTag;
+  // ReadMode::kRecords only), naming both,
   // kNoSpace when the arena cannot be mapped, kIo when a forced io_uring
   // cannot be set up.
   static std::unique_ptr<Reader> Open(WorkQueue& queue, ReaderOptions options);
@@ -217,6 +236,14 @@ class TAILCUT_EXPORT Reader {
   // Gives back an item TakeFinished gave: it is handed out again from its
   // start (or its last WorkQueue::Commit), so its records are read again.
   AckStatus GiveBackFinished(const WorkItem& item) noexcept;
+  // ReaderOptions::defer_acks: every record of `item` (the current one, one
+  // taken ahead, or one TakeFinished gave) that starts before `offset` was
+  // used, so a checkpoint (WorkQueue::SaveState) resumes the item there.
+  // Pass the smallest offset of a record not used yet, or Record::end of the
+  // last one when all were. Offsets below an earlier report are ignored for
+  // the Reader's own items (they only move forward); the offset is clamped
+  // to the item. WorkQueue::Progress's statuses; kInvalid without defer_acks.
+  AckStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
 
   // Waits for reads in flight, gives back every item not acked (the current
   // one too: it is handed out again from its start, and with defer_acks the

@@ -54,6 +54,12 @@ struct TAILCUT_EXPORT RecordFormat {
   static RecordFormat Parse(std::string_view name, uint64_t record_bytes = 0);
   // A stable tag for queue fingerprints, e.g. "fixed:128", "tfrecord".
   std::string Tag() const;
+  // Whether a queue's format tag (WorkQueueOptions::format) allows reading
+  // it in this format: an empty tag, or one that names no format (a tag of
+  // the user's own), allows any; otherwise the kinds must match, and
+  // "fixed:<n>" the record size ("fixed" alone allows any). max_record_bytes
+  // is not compared.
+  bool FitsTag(std::string_view tag) const;
 };
 
 // One record: a view into the window last passed to Next. Valid until the
@@ -62,6 +68,11 @@ struct Record {
   const std::byte* data = nullptr;
   size_t size = 0;
   uint64_t offset = 0;  // file offset where the record starts (its header, for tfrecord)
+  // File offset just past the record (its trailing newline or CRC included):
+  // where the next record starts, so the value to pass to WorkQueue::Commit
+  // once this record is handed on. It may lie past the slice's end (the last
+  // record a slice owns may end in the next one).
+  uint64_t end = 0;
 };
 
 enum class ParseStatus {

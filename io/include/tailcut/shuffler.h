@@ -57,13 +57,19 @@
 //    the data, the buffer is drained first; kEmpty comes only when the buffer
 //    is empty and every Reader not at its end said kEmpty. Before it waits
 //    with an empty buffer, Next releases (see Release()): the leases of
-//    finished items may be what the queue waits for.
-//  * Checkpoints: SaveState() returns the RNG state and the records in the
-//    buffer (they were read from the queue but not handed out); save it with
-//    the queue's state and pass it to the constructor to go on from there.
-//    The queue's state counts a finished item as read to its end, so its
-//    buffered records exist only in this state. The record handed out last
-//    is not in it.
+//    finished items may be what the queue waits for; a Reader's
+//    kHoldsFinished is answered the same way, and Next never returns it.
+//  * Checkpoints: the queue's state (WorkQueue::SaveState) alone loses no
+//    record. Per item the Shuffler tells its Reader (Reader::ReportUsed)
+//    the offset below which every record was handed out: with ack_on_next
+//    as it hands each out, otherwise at ReportUsed() and Release(). A
+//    restore reads each open item again from there, so records buffered or
+//    not handed out yet are read again, and so are records handed out
+//    above that offset (out of order, as shuffled): a checkpoint repeats up
+//    to about buffer_records records per process and never loses one.
+//    SaveState() is the RNG state: with it (and the same queue state, seed
+//    and Readers) the restored order is the same in every run. A state of
+//    an earlier version carries the records buffered then, restored too.
 //  * max_epoch: a Reader whose next record comes from an item of a later
 //    epoch is closed (Reader::Close gives that item back whole, since none
 //    of its records was buffered) and counts as ended.
@@ -79,6 +85,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -110,8 +117,13 @@ class TAILCUT_EXPORT Shuffler {
   ReadStatus Next(Record* out, Deadline deadline = Deadline::max()) noexcept;
 
   // Acks every item whose records were all handed out: the caller has used
-  // them (or passed them on to where they outlive this process).
+  // them (or passed them on to where they outlive this process). Without
+  // ack_on_next, calls ReportUsed() first.
   void Release() noexcept;
+  // Without ack_on_next: every record handed out so far reached the caller,
+  // so a checkpoint taken now counts it as used (see Checkpoints); acks
+  // nothing. With ack_on_next Next does this as it hands out each record.
+  void ReportUsed() noexcept;
   // Gives back every item not acked (finished items whose records are
   // buffered or were handed out since the last release); the buffer is
   // dropped and Next returns kEnd (or the sticky kError) from now on. The
@@ -120,7 +132,7 @@ class TAILCUT_EXPORT Shuffler {
   void Close() noexcept;
   ~Shuffler();
 
-  // RNG state and buffered records, to restore with the constructor.
+  // The RNG state, to restore with the constructor (see Checkpoints).
   std::string SaveState() const;
   size_t buffered() const noexcept { return count_; }
   // The epoch of the item the record handed out last came from.
@@ -134,8 +146,15 @@ class TAILCUT_EXPORT Shuffler {
   struct Slot {
     std::vector<std::byte> bytes;  // capacity reused from record to record
     uint64_t offset = 0;
+    uint64_t end = 0;  // Record::end
     uint64_t epoch = 0;
-    uint32_t item = kNone;  // index in items_; kNone for restored records
+    uint64_t seq = 0;       // its place among its item's records (Tracked::first_seq)
+    uint32_t item = kNone;  // index in items_; kNone for records of a version 1 or 2 state
+  };
+  // A record of a tracked item, in the order its Reader handed them over.
+  struct Pending {
+    uint64_t offset = 0;
+    bool handed = false;  // handed out by Next
   };
   // An item with records in the buffer, or whose Reader is still reading it.
   struct Tracked {
@@ -145,6 +164,14 @@ class TAILCUT_EXPORT Shuffler {
     bool finished = false;   // its Reader handed it over (TakeFinished): not acked
     bool abandoned = false;  // its Reader gave it back or lost it: never acked here
     bool used = false;       // the entry is in use (else on free_items_)
+    // Its records from the first one not handed out on; the front one is
+    // never handed (popped once it is), so every record before
+    // pending.front().offset (or before read_to, with none pending) was.
+    std::deque<Pending> pending;
+    uint64_t first_seq = 0;  // seq of pending.front()
+    uint64_t read_to = 0;    // Record::end of its last record buffered
+    uint64_t handed_to = 0;  // records before it were all handed out
+    uint64_t reported = 0;   // handed_to as last passed to Reader::ReportUsed
   };
   // A finished item all of whose records were handed out: acked at the next release.
   struct Done {
@@ -161,6 +188,10 @@ class TAILCUT_EXPORT Shuffler {
   void FillPass(Deadline deadline) noexcept;
   // Buffers a record of the item readers_[r] is reading; may throw std::bad_alloc.
   void Take(uint32_t r, const Record& record, uint64_t epoch);
+  // slots_[count_] was just handed out: moves its item's handed_to on.
+  void MarkHanded(const Slot& slot) noexcept;
+  // Tells items_[i]'s Reader how far it was handed out (checkpoints resume there).
+  void ReportHanded(uint32_t i) noexcept;
   // Takes the items readers_[r] finished; may throw std::bad_alloc.
   void CollectFinished(uint32_t r);
   // After a record of items_[i] left the buffer, or the item ended: frees
