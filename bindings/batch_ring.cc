@@ -128,8 +128,12 @@ struct PyBatch {
     Raise(g_exc.stale, text +
                            " (the slot has moved on: released twice, or recovered from a "
                            "process taken for dead)");
-  Raise(g_exc.invalid_argument,
-        text + " (wrong role for this call, a bad argument, or a corrupt segment)");
+  if (st == tc::RingStatus::kCorrupt)
+    Raise(g_exc.corrupt, text +
+                             " (the ring's segment holds what no client writes: it was damaged; "
+                             "remove it with `tailcut ring --rm " +
+                             h.name + "` and start again)");
+  Raise(g_exc.invalid_argument, text + " (wrong role for this call, or a bad argument)");
 }
 
 void CheckOpen(bool open, const RingHandle& h, const char* what) {
@@ -316,7 +320,7 @@ void DefineBatchRing(py::module_& m) {
                 InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
                   if (h->closed.load(std::memory_order_acquire))
                     return std::optional<tc::RingStatus>(tc::RingStatus::kInvalid);
-                  tc::RingStatus s = ring.AcquireSlot(end, &slot);
+                  tc::RingStatus s = ring.AcquireSlot(&slot, end);
                   return s == tc::RingStatus::kTimeout ? std::nullopt
                                                        : std::optional<tc::RingStatus>(s);
                 });
@@ -377,7 +381,7 @@ void DefineBatchRing(py::module_& m) {
                 InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
                   if (h->closed.load(std::memory_order_acquire))
                     return std::optional<tc::RingStatus>(tc::RingStatus::kInvalid);
-                  tc::RingStatus s = ring.Pop(through, end, &batch);
+                  tc::RingStatus s = ring.Pop(through, &batch, end);
                   return s == tc::RingStatus::kTimeout ? std::nullopt
                                                        : std::optional<tc::RingStatus>(s);
                 });

@@ -29,8 +29,14 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
       return taken->item;
     case tc::TakeStatus::kLimit:
       RaiseLeaseLimit(h);
+    case tc::TakeStatus::kClosed:
+      throw h.ClosedError();
+    case tc::TakeStatus::kForked:
+      h.CheckPid();
+      break;
     case tc::TakeStatus::kEnd:
     case tc::TakeStatus::kEmpty:
+    case tc::TakeStatus::kInvalidArgument:  // never: the item is ours
       break;
   }
   return std::nullopt;

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "buffer_arena.h"
+#include "engine/process_owner.h"
 #include "io_backend.h"
 
 namespace tailcut {
@@ -173,6 +174,21 @@ class Reader::Impl {
   bool TakeFinished(WorkItem* item) noexcept;
   AckStatus AckFinished(const WorkItem& item) noexcept { return AckItem(item); }
   AckStatus GiveBackFinished(const WorkItem& item) noexcept { return GiveBackItem(item); }
+  const detail::ProcessOwner& owner() const noexcept { return owner_; }
+  // The queue refuses us for good: closed under us, or a forked child's
+  // copy. Notes which in gone_; the item in hand is read no further, and the
+  // next take fails the Reader (FailGone), never ends it.
+  bool QueueGone(TakeStatus s) noexcept {
+    return Gone(s == TakeStatus::kClosed, s == TakeStatus::kForked);
+  }
+  bool QueueGone(AckStatus s) noexcept {
+    return Gone(s == AckStatus::kClosed, s == AckStatus::kForked);
+  }
+  bool Gone(bool closed, bool forked) noexcept {
+    if (closed || forked) gone_ = closed ? TakeStatus::kClosed : TakeStatus::kForked;
+    return closed || forked;
+  }
+  ReadStatus FailGone() noexcept;
   ReaderStats stats() const noexcept {
     ReaderStats s;
     s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
@@ -247,6 +263,7 @@ class Reader::Impl {
   void LeaveCarryIfPossible() noexcept;
 
   WorkQueue& queue_;
+  WorkQueue::Dependent uses_queue_{queue_};  // the queue must outlive us
   ReaderOptions options_;
   uint64_t chunk_bytes_ = 0;
   uint32_t num_chunks_ = 0;
@@ -297,6 +314,8 @@ class Reader::Impl {
   bool stall_noticed_ = false;
   bool failed_ = false;  // sticky error_
   ErrorKind error_kind_ = ErrorKind::kIo;
+  detail::ProcessOwner owner_;
+  TakeStatus gone_ = TakeStatus::kOk;  // kClosed or kForked once the queue refuses us
   bool ended_ = false;
   bool closed_ = false;
   bool queue_end_ = false;               // TryTake said kEnd
@@ -627,7 +646,12 @@ void Reader::Impl::ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept {
   if (it.stale) return;
   uint64_t end = it.end;
   it.claimed = std::max(it.claimed, up_to);
-  if (queue_.Claim(it.item, up_to, &end) == AckStatus::kStale) {
+  AckStatus status = queue_.Claim(it.item, up_to, &end);
+  if (QueueGone(status)) {
+    it.stale = true;  // read no further; the queue took it back
+    return;
+  }
+  if (status == AckStatus::kStale) {
     MarkStale(it, "");
     return;
   }
@@ -650,10 +674,28 @@ void Reader::Impl::FailItem(ItemSlot& it, uint64_t offset, const char* what,
 void Reader::Impl::ReportProgress(ItemSlot& it, uint64_t position) noexcept {
   if (it.stale) return;
   uint64_t offset = std::clamp(position, it.item.begin, it.item.end);
-  if (queue_.Progress(it.item, offset, it.unreported) == AckStatus::kStale) {
+  AckStatus status = queue_.Progress(it.item, offset, it.unreported);
+  if (QueueGone(status)) {
+    it.stale = true;
+  } else if (status == AckStatus::kStale) {
     MarkStale(it, " at offset " + std::to_string(offset));
   }
   it.unreported = 0;
+}
+
+// Never kEnd for a closed queue: that would end the epoch early in silence.
+ReadStatus Reader::Impl::FailGone() noexcept {
+  const std::string queue = "reader: queue '" + queue_.name() + "' ";
+  if (gone_ == TakeStatus::kClosed)
+    return Fail(queue +
+                    "was closed while this Reader was reading it; the items it held were "
+                    "given back, not finished: close or destroy every Reader before its "
+                    "WorkQueue",
+                ErrorKind::kInvalidArgument);
+  return Fail(queue +
+                  "was opened by another process (this is a forked child): open the "
+                  "WorkQueue in this process",
+              ErrorKind::kInvalidArgument);
 }
 
 // The queue reassigned the item (lease timeout): stop reading it. Records of
@@ -673,6 +715,7 @@ void Reader::Impl::MarkStale(ItemSlot& it, const std::string& where) noexcept {
 // of the data Take waits, until the deadline, for items other processes hold:
 // kEmpty then, with nothing held, so the next call simply takes again.
 ReadStatus Reader::Impl::Activate() noexcept {
+  if (gone_ != TakeStatus::kOk) return FailGone();
   while (held_count_ == 0) {
     if (queue_end_) {
       ended_ = true;
@@ -687,6 +730,7 @@ ReadStatus Reader::Impl::Activate() noexcept {
     }
     WorkItem item;
     TakeStatus status = queue_.Take(&item, deadline_);
+    if (QueueGone(status)) return FailGone();
     if (status == TakeStatus::kEmpty) return ReadStatus::kEmpty;
     if (status == TakeStatus::kEnd) {
       queue_end_ = ended_ = true;
@@ -751,7 +795,7 @@ AckStatus Reader::Impl::AckItem(const WorkItem& item) noexcept {
   AckStatus status = queue_.Ack(item);
   if (status == AckStatus::kOk) {
     Bump(stats_.items_acked);
-  } else {
+  } else if (!QueueGone(status)) {
     Bump(stats_.stale_items);
     try {
       Notice("tailcut reader: the queue refused the ack of item " + std::to_string(item.index) +
@@ -865,6 +909,7 @@ void Reader::Impl::Refill() noexcept {
       if (!slot_free) break;
       WorkItem item;
       TakeStatus status = queue_.TryTake(&item);
+      if (QueueGone(status)) break;
       if (status == TakeStatus::kEnd) queue_end_ = true;
       if (status != TakeStatus::kOk) break;
       StartItem(item);
@@ -1351,31 +1396,49 @@ std::unique_ptr<Reader> Reader::Open(WorkQueue& queue, ReaderOptions options) {
 }
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Reader::~Reader() = default;
+Reader::~Reader() {
+  // A forked child's copy: its pread threads and io_uring are the parent's,
+  // and its items too. Destroying it would join threads that do not exist
+  // here and give back the parent's items: leak it.
+  if (impl_->owner().forked()) (void)impl_.release();
+}
 
 ReadStatus Reader::NextRecord(Record* out, Deadline deadline) noexcept {
+  if (impl_->owner().forked()) return ReadStatus::kForked;
   size_t n = 0;
   impl_->set_deadline(deadline);
   return impl_->Produce(out, 1, &n);
 }
 ReadStatus Reader::NextBatch(Record* out, size_t max, size_t* n, Deadline deadline) noexcept {
+  *n = 0;
+  if (impl_->owner().forked()) return ReadStatus::kForked;
   impl_->set_deadline(deadline);
-  return impl_->Produce(out, max, n);
+  ReadStatus status = impl_->Produce(out, max, n);
+  if (status != ReadStatus::kOk) *n = 0;  // a failure in mid-batch hands out none
+  return status;
 }
 ReadStatus Reader::NextChunk(ChunkView* out, Deadline deadline) noexcept {
+  if (impl_->owner().forked()) return ReadStatus::kForked;
   impl_->set_deadline(deadline);
   return impl_->ProduceChunk(out);
 }
-void Reader::Close() noexcept { impl_->Close(); }
+void Reader::Close() noexcept {
+  if (!impl_->owner().forked()) impl_->Close();
+}
 const std::string& Reader::error() const noexcept { return impl_->error(); }
 ErrorKind Reader::error_kind() const noexcept { return impl_->error_kind(); }
 WorkItem Reader::current_item() const noexcept { return impl_->current_item(); }
 size_t Reader::items_held() const noexcept { return impl_->items_held(); }
 bool Reader::defers_acks() const noexcept { return impl_->defers_acks(); }
-bool Reader::TakeFinished(WorkItem* item) noexcept { return impl_->TakeFinished(item); }
-AckStatus Reader::AckFinished(const WorkItem& item) noexcept { return impl_->AckFinished(item); }
+bool Reader::forked() const noexcept { return impl_->owner().forked(); }
+bool Reader::TakeFinished(WorkItem* item) noexcept {
+  return !impl_->owner().forked() && impl_->TakeFinished(item);
+}
+AckStatus Reader::AckFinished(const WorkItem& item) noexcept {
+  return impl_->owner().forked() ? AckStatus::kForked : impl_->AckFinished(item);
+}
 AckStatus Reader::GiveBackFinished(const WorkItem& item) noexcept {
-  return impl_->GiveBackFinished(item);
+  return impl_->owner().forked() ? AckStatus::kForked : impl_->GiveBackFinished(item);
 }
 ReaderStats Reader::stats() const noexcept { return impl_->stats(); }
 const std::string& Reader::memory_state() const noexcept { return impl_->memory_state(); }
