@@ -10,7 +10,9 @@
 
 #include "engine/queue_test_util.h"
 #include "fork_child.h"
+#include "tailcut/batcher.h"
 #include "tailcut/reader.h"
+#include "tailcut/shuffler.h"
 #include "tailcut/work_queue.h"
 
 namespace tailcut::test {
@@ -93,6 +95,37 @@ TEST_F(ReaderHandleTest, AForkedChildThatUsesOrDestroysItsParentsReaderChangesNo
   ASSERT_EQ(Read(*reader, &seen), ReadStatus::kEnd) << reader->error();
   EXPECT_EQ(ExactlyOnce(seen), "");
   EXPECT_EQ(queue->Stats().done, queue->num_items());
+}
+
+// A Batcher and a Shuffler hold records that point into their Readers'
+// buffers, which a child does not have mapped: they refuse before touching any.
+TEST_F(ReaderHandleTest, AForkedChildsBatcherAndShufflerAreRefusedToo) {
+  auto queue = WorkQueue::Open(Options("reader_fork_layers"));
+  ReaderOptions deferring = Small();
+  deferring.defer_acks = true;
+  auto shuffled = Reader::Open(*queue, deferring);
+  auto batched = Reader::Open(*queue, Small());
+  ShufflerOptions shuffling;
+  shuffling.buffer_records = 64;
+  Shuffler shuffler({shuffled.get()}, shuffling);
+  BatcherOptions batching;
+  batching.max_records = 16;
+  Batcher batcher(*batched, batching);
+  tailcut::Record r;
+  Batch b;
+  ASSERT_EQ(shuffler.Next(&r), ReadStatus::kOk);
+  ASSERT_EQ(batcher.Next(&b), ReadStatus::kOk);
+  EXPECT_EQ(InChild([&]() -> std::string {
+              std::string bad;
+              tailcut::Record cr;
+              Batch cb;
+              if (shuffler.Next(&cr) != ReadStatus::kForked) bad += "Shuffler::Next; ";
+              if (batcher.Next(&cb) != ReadStatus::kForked) bad += "Batcher::Next; ";
+              return bad.empty() ? "" : "not refused as forked: " + bad;
+            }),
+            "");
+  EXPECT_EQ(shuffler.Next(&r), ReadStatus::kOk) << "the parent's Shuffler goes on";
+  EXPECT_EQ(batcher.Next(&b), ReadStatus::kOk) << "the parent's Batcher goes on";
 }
 
 TEST_F(ReaderHandleTest, AQueueClosedUnderALiveReaderFailsItNamingTheQueueNeverEnds) {
