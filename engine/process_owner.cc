@@ -27,13 +27,13 @@ ProcessOwner::ProcessOwner() noexcept
   (void)g_atfork_registered;
 }
 
-std::string ProcessOwner::ForkedMessage(const std::string& what) const {
-  return what + " was opened by pid " + std::to_string(pid_) + "; this is pid " +
-         std::to_string(::getpid()) + ", a forked child, which must open its own";
+std::string ProcessOwner::ForkedMessage(const std::string& what, const char* kind) const {
+  return what + " was opened by process " + std::to_string(pid_) + "; this is process " +
+         std::to_string(::getpid()) + " (a forked child must open its own " + kind + ")";
 }
 
-void ProcessOwner::CheckNotForked(const std::string& what) const {
-  if (forked()) throw Error(ErrorKind::kInvalidArgument, ForkedMessage(what));
+void ProcessOwner::CheckNotForked(const std::string& what, const char* kind) const {
+  if (forked()) throw Error(ErrorKind::kInvalidArgument, ForkedMessage(what, kind));
 }
 
 }  // namespace tailcut::detail

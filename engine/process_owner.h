@@ -40,12 +40,14 @@ class ProcessOwner {
     return g_fork_generation.load(std::memory_order_relaxed) != generation_;
   }
   int pid() const noexcept { return pid_; }
-  // "<what> was opened by pid <pid>; a forked child must open its own", the
-  // message of every control-path call made from a forked child.
-  std::string ForkedMessage(const std::string& what) const;
-  // Throws tailcut::Error (kInvalidArgument) with ForkedMessage(what) when
-  // forked(). For control-path calls.
-  void CheckNotForked(const std::string& what) const;
+  // "queue 'q' was opened by process 41; this is process 42 (a forked child
+  // must open its own WorkQueue)" for what = "queue 'q'", kind = "WorkQueue":
+  // the message of every control-path call made from a forked child, as the
+  // Python bindings word it.
+  std::string ForkedMessage(const std::string& what, const char* kind) const;
+  // Throws tailcut::Error (kInvalidArgument) with ForkedMessage when forked().
+  // For control-path calls.
+  void CheckNotForked(const std::string& what, const char* kind) const;
 
  private:
   uint64_t generation_;

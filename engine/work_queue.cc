@@ -1259,11 +1259,11 @@ StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bo
   return impl_->AgreeStep(rank, ranks, step, has_batch, deadline);
 }
 std::string WorkQueue::SaveState() const {
-  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'");
+  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
   return impl_->SaveState();
 }
 QueueStats WorkQueue::Stats() const {
-  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'");
+  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
   return impl_->Stats();
 }
 void WorkQueue::Close() noexcept { impl_->Close(); }

@@ -705,7 +705,7 @@ int BatchRing::RecoverDeadClients() noexcept {
 }
 
 BatchRingStats BatchRing::Stats() const {
-  impl_->owner.CheckNotForked("batch ring '" + impl_->seg->name() + "'");
+  impl_->owner.CheckNotForked("batch ring '" + impl_->seg->name() + "'", "BatchRing");
   return StatsOf(impl_->core, *impl_->seg, impl_->self);
 }
 bool BatchRing::cuda_pinned() const noexcept { return impl_->cuda && impl_->cuda->pinned(); }

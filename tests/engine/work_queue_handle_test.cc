@@ -82,8 +82,8 @@ TEST_F(WorkQueueHandleTest, AForkedChildThatUsesItsInheritedQueueIsRefusedEveryC
               expect(q->AgreeStep(0, 1, 0, true, Clock::now()), StepStatus::kForked, "AgreeStep");
               auto says = FailsWith(
                   [&] { q->SaveState(); }, ErrorKind::kInvalidArgument,
-                  {"queue '" + q->name() + "' was opened by pid " + std::to_string(parent),
-                   "forked child, which must open its own"});
+                  {"queue '" + q->name() + "' was opened by process " + std::to_string(parent),
+                   "(a forked child must open its own WorkQueue)"});
               if (!says) bad += std::string("SaveState: ") + says.message() + "; ";
               if (!FailsWith([&] { q->Stats(); }, ErrorKind::kInvalidArgument, {"forked child"}))
                 bad += "Stats did not throw; ";

@@ -65,7 +65,7 @@ TEST(BatchRingForkTest, AForkedChildThatUsesOrDestroysItsParentsRingChangesNothi
                 bad += "Stats did not throw; ";
               } catch (const Error& e) {
                 const std::string want =
-                    "batch ring '" + g.name + "' was opened by pid " + std::to_string(parent);
+                    "batch ring '" + g.name + "' was opened by process " + std::to_string(parent);
                 if (std::string(e.what()).find(want) == std::string::npos)
                   bad += std::string("Stats: ") + e.what() + "; ";
               }

@@ -17,10 +17,11 @@
 //  * Fork: a WorkQueue belongs to the process that opened it; a forked child
 //    must open its own. In the child the parent's object is inert: every
 //    call returns kForked (SaveState and Stats throw "queue 'q' was opened by
-//    pid X; ... a forked child, which must open its own"), Close does
-//    nothing, and destroying it only unmaps the segment: the parent's client
-//    slot, items and segment are untouched. The check is one relaxed load of
-//    a counter a pthread_atfork handler bumps: no system call.
+//    process X; this is process Y (a forked child must open its own
+//    WorkQueue)"), Close does nothing, and destroying it only unmaps the
+//    segment: the parent's client slot, items and segment are untouched. The
+//    check is one relaxed load of a counter a pthread_atfork handler bumps:
+//    no system call.
 //  * Items: an item is taken, then either acked (done), given back (handed
 //    out again), or lost with its process (handed out again). An ack for an
 //    item that was meanwhile reassigned (lease timeout) is refused: kStale.

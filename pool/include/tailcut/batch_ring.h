@@ -46,9 +46,9 @@
 //  * Fork: a BatchRing belongs to the process that opened it; a forked child
 //    opens its own. In the child the parent's object is inert: the hot-path
 //    calls return kForked, EndEpoch/Close/RecoverDeadClients do nothing,
-//    Stats throws ("batch ring 'r' was opened by pid X; ... a forked child,
-//    which must open its own"), and destroying it only unmaps the segment:
-//    the parent's client slot and slots are untouched.
+//    Stats throws ("batch ring 'r' was opened by process X; this is process
+//    Y (a forked child must open its own BatchRing)"), and destroying it only
+//    unmaps the segment: the parent's client slot and slots are untouched.
 //  * CUDA: a trainer's Open registers its mapping of the arena with the CUDA
 //    runtime when one can be loaded at run time and has a device
 //    (cudaHostRegister, portable; no build dependency on CUDA), so that
