@@ -125,9 +125,9 @@ const char* RoleName(tc::RingRole role) {
 }
 
 // Raises unless this BatchRing was opened in `role`, the role `call` is for.
-// The library answers a wrong role with the same status as a corrupt segment
-// (kInvalid); the binding checks the arguments it can name before the call,
-// so what kInvalid still means afterwards is the segment. REQUIRES: the GIL.
+// The library answers a wrong role with kInvalid, as any bad argument; the
+// binding checks the role first so that its message can name it. REQUIRES:
+// the GIL.
 void CheckRole(const RingHandle& h, const char* call, tc::RingRole role) {
   if (h.role != role)
     Raise(g_exc.invalid_argument, "batch ring '" + h.name + "': " + call + " is for a " +
@@ -145,10 +145,14 @@ void CheckRole(const RingHandle& h, const char* call, tc::RingRole role) {
     Raise(g_exc.stale, text +
                            " (the slot has moved on: released twice, or recovered from a "
                            "process taken for dead)");
-  Raise(g_exc.corrupt, text +
-                           " (the ring's shared memory holds values no process of it writes: "
-                           "stop the job, remove the ring with `tailcut ring " +
-                           h.name + " --rm`, and start again)");
+  if (st == tc::RingStatus::kCorrupt)
+    Raise(g_exc.corrupt, text +
+                             " (the ring's shared memory holds values no process of it writes: "
+                             "stop the job, remove the ring with `tailcut ring " +
+                             h.name + " --rm`, and start again)");
+  // The binding checked every argument it can name before the call; a
+  // kInvalid left over is one it cannot (kept distinct from kCorrupt).
+  Raise(g_exc.invalid_argument, text + " (a bad argument for this call)");
 }
 
 void CheckOpen(bool open, const RingHandle& h, const char* what) {
@@ -337,7 +341,7 @@ void DefineBatchRing(py::module_& m) {
                 InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
                   if (h->closed.load(std::memory_order_acquire))
                     return std::optional<tc::RingStatus>(tc::RingStatus::kInvalid);
-                  tc::RingStatus s = ring.AcquireSlot(end, &slot);
+                  tc::RingStatus s = ring.AcquireSlot(&slot, end);
                   return s == tc::RingStatus::kTimeout ? std::nullopt
                                                        : std::optional<tc::RingStatus>(s);
                 });
@@ -411,7 +415,7 @@ void DefineBatchRing(py::module_& m) {
                 InSlices(Wait::FromTimeout(timeout, "timeout"), [&](Clock::time_point end) {
                   if (h->closed.load(std::memory_order_acquire))
                     return std::optional<tc::RingStatus>(tc::RingStatus::kInvalid);
-                  tc::RingStatus s = ring.Pop(through, end, &batch);
+                  tc::RingStatus s = ring.Pop(through, &batch, end);
                   return s == tc::RingStatus::kTimeout ? std::nullopt
                                                        : std::optional<tc::RingStatus>(s);
                 });

@@ -31,8 +31,14 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
       RaiseLeaseLimit(h);
     case tc::TakeStatus::kJobLost:
       Raise(g_exc.corrupt, h.queue->JobLossMessage());
+    case tc::TakeStatus::kClosed:
+      throw h.ClosedError();
+    case tc::TakeStatus::kForked:
+      h.CheckPid();
+      break;
     case tc::TakeStatus::kEnd:
     case tc::TakeStatus::kEmpty:
+    case tc::TakeStatus::kInvalidArgument:  // never: the item is ours
       break;
   }
   return std::nullopt;

@@ -76,6 +76,11 @@ struct PyWorkItem {
                              " refused: the item was reassigned to another process after a lease "
                              "timeout (its records may be read twice); stop reading it");
     }
+    if (status == tc::AckStatus::kAlreadyDone)
+      Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
+                                        " refused: this process already acked or gave it back");
+    if (status == tc::AckStatus::kClosed) throw h->ClosedError();
+    if (status == tc::AckStatus::kForked) h->CheckPid();
     if (status == tc::AckStatus::kOutOfRange)
       Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
                                         " refused: the offset is outside the item's byte range "

@@ -174,6 +174,9 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
           cv_.notify_all();
           break;
         case tc::TakeStatus::kEnd:
+        case tc::TakeStatus::kClosed:  // get() raises the queue's closed error
+        case tc::TakeStatus::kForked:  // never: the thread is the opener's
+        case tc::TakeStatus::kInvalidArgument:
           end_ = true;
           cv_.notify_all();
           return;

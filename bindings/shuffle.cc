@@ -188,6 +188,7 @@ tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline d
           return tc::ReadStatus::kOk;
         case tc::ReadStatus::kEnd:
         case tc::ReadStatus::kError:
+        case tc::ReadStatus::kForked:  // never: Python checks the pid first
           (status == tc::ReadStatus::kEnd ? ended_ : failed_) = true;
           if (!holding) shuffler_.Release();  // as for kEmpty
           return Drain(want, out, status);

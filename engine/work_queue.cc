@@ -17,6 +17,7 @@
 #include "engine/crash_point.h"
 #include "engine/feeder.h"
 #include "engine/futex.h"
+#include "engine/handle_checks.h"
 #include "engine/local_feed.h"
 #include "engine/queue_core.h"
 #include "engine/robust_mutex.h"
@@ -71,6 +72,15 @@ class WorkQueue::Impl {
   }
   const QueueConfig& config() const { return config_; }
   const QueueCore& core() const { return *core_; }
+  bool closed() const { return closed_; }
+  void UnmapForked() noexcept { segment_.reset(); }
+  HandleChecks handle;  // fork, second acks, Dependents: the public calls use it
+  // An item call behind the handle's checks (handle_checks.h).
+  template <typename Call>
+  AckStatus ItemCall(const WorkItem& item, bool finishes, Call call) noexcept {
+    AckStatus s = handle.Check(item, closed_);
+    return s != AckStatus::kOk ? s : handle.Explain(item, call(), finishes, timeout_ns_ > 0);
+  }
 
  private:
   void Notice(const std::string& line) const {
@@ -424,6 +434,7 @@ void WorkQueue::Impl::Register() {
     segment_->counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
     slot_ = s;
     lease_base_ = s * g.leases_per_client;
+    handle.Reset(core_->num_leases());
     return;
   }
   throw Error(ErrorKind::kInvalidArgument,
@@ -1127,7 +1138,7 @@ std::string WorkQueue::Impl::SaveState() const {
 }
 
 void WorkQueue::Impl::Close() noexcept {
-  if (closed_) return;
+  if (closed_ || handle.owner().forked()) return;  // the parent's to close
   closed_ = true;
   // The feeder first: it acks what this host finished and hands the feed to
   // another process of the host, while the segment is still mapped.
@@ -1195,7 +1206,19 @@ void WorkQueue::Impl::Close() noexcept {
 }
 
 WorkQueue::WorkQueue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-WorkQueue::~WorkQueue() = default;
+WorkQueue::~WorkQueue() {
+  if (impl_->handle.owner().forked()) {
+    // The parent's threads (life-mutex holder, feeder) do not exist here:
+    // destroying their objects would join them. Unmap, leak the rest.
+    impl_.release()->UnmapForked();
+    return;
+  }
+  impl_->handle.CheckNoDependents(impl_->name());
+}
+WorkQueue::Dependent::Dependent(WorkQueue& queue) noexcept : queue_(queue) {
+  queue_.impl_->handle.AddDependent(1);
+}
+WorkQueue::Dependent::~Dependent() { queue_.impl_->handle.AddDependent(-1); }
 
 std::unique_ptr<WorkQueue> WorkQueue::Open(WorkQueueOptions options) {
   QueueConfig config = ResolveConfig(options);
@@ -1206,28 +1229,45 @@ std::unique_ptr<WorkQueue> WorkQueue::Open(WorkQueueOptions options) {
 
 TakeStatus WorkQueue::Take(WorkItem* item,
                            std::chrono::steady_clock::time_point deadline) noexcept {
-  return impl_->Take(item, true, deadline);
+  TakeStatus s;
+  if (impl_->handle.Refused(impl_->closed(), &s)) return s;
+  return item ? impl_->Take(item, true, deadline) : TakeStatus::kInvalidArgument;
 }
 TakeStatus WorkQueue::TryTake(WorkItem* item) noexcept {
-  return impl_->Take(item, false, std::chrono::steady_clock::time_point::min());
+  TakeStatus s;
+  if (impl_->handle.Refused(impl_->closed(), &s)) return s;
+  return item ? impl_->Take(item, false, std::chrono::steady_clock::time_point::min())
+              : TakeStatus::kInvalidArgument;
 }
-AckStatus WorkQueue::Ack(const WorkItem& item) noexcept { return impl_->Ack(item); }
-AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept { return impl_->GiveBack(item); }
+AckStatus WorkQueue::Ack(const WorkItem& item) noexcept {
+  return impl_->ItemCall(item, true, [&] { return impl_->Ack(item); });
+}
+AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept {
+  return impl_->ItemCall(item, true, [&] { return impl_->GiveBack(item); });
+}
 AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
-  return impl_->Progress(item, offset, records);
+  return impl_->ItemCall(item, false, [&] { return impl_->Progress(item, offset, records); });
 }
 AckStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
-  return impl_->Commit(item, offset);
+  return impl_->ItemCall(item, false, [&] { return impl_->Commit(item, offset); });
 }
 AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
-  return impl_->Claim(item, up_to, end);
+  return impl_->ItemCall(item, false, [&] { return impl_->Claim(item, up_to, end); });
 }
 StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                                 std::chrono::steady_clock::time_point deadline) noexcept {
+  StepStatus s;
+  if (impl_->handle.Refused(impl_->closed(), &s)) return s;
   return impl_->AgreeStep(rank, ranks, step, has_batch, deadline);
 }
-std::string WorkQueue::SaveState() const { return impl_->SaveState(); }
-QueueStats WorkQueue::Stats() const { return impl_->Stats(); }
+std::string WorkQueue::SaveState() const {
+  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
+  return impl_->SaveState();
+}
+QueueStats WorkQueue::Stats() const {
+  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
+  return impl_->Stats();
+}
 std::string WorkQueue::JobLossMessage() const { return impl_->JobLossMessage(); }
 void WorkQueue::Close() noexcept { impl_->Close(); }
 const std::string& WorkQueue::name() const noexcept { return impl_->name(); }

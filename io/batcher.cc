@@ -32,6 +32,8 @@ ReadStatus Batcher::Next(Batch* out, size_t limit, Deadline deadline) noexcept {
   out->in_place = false;
   out->storage.clear();
   out->offsets.clear();
+  // A forked child's copy: held-back records point into the parent's Reader.
+  if (reader_.forked()) return ReadStatus::kForked;
   if (failed_) return ReadStatus::kError;
   if (ended_) return ReadStatus::kEnd;
   size_t want = std::clamp<size_t>(limit, 1, options_.max_records);

@@ -322,7 +322,12 @@ void Reader::Impl::ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept {
   if (it.stale) return;
   uint64_t end = it.end;
   it.claimed = std::max(it.claimed, up_to);
-  if (queue_.Claim(it.item, up_to, &end) == AckStatus::kStale) {
+  AckStatus status = queue_.Claim(it.item, up_to, &end);
+  if (QueueGone(status)) {
+    it.stale = true;  // read no further; the queue took it back
+    return;
+  }
+  if (status == AckStatus::kStale) {
     MarkStale(it, "");
     return;
   }
@@ -348,10 +353,28 @@ void Reader::Impl::ReportProgress(ItemSlot& it, uint64_t position) noexcept {
   // caller's buffer): a checkpoint resumes where the caller says (ReportUsed).
   uint64_t offset =
       std::clamp(options_.defer_acks ? it.used : position, it.item.begin, it.item.end);
-  if (queue_.Progress(it.item, offset, it.unreported) == AckStatus::kStale) {
+  AckStatus status = queue_.Progress(it.item, offset, it.unreported);
+  if (QueueGone(status)) {
+    it.stale = true;
+  } else if (status == AckStatus::kStale) {
     MarkStale(it, " at offset " + std::to_string(offset));
   }
   it.unreported = 0;
+}
+
+// Never kEnd for a closed queue: that would end the epoch early in silence.
+ReadStatus Reader::Impl::FailGone() noexcept {
+  const std::string queue = "reader: queue '" + queue_.name() + "' ";
+  if (gone_ == TakeStatus::kClosed)
+    return Fail(queue +
+                    "was closed while this Reader was reading it; the items it held were "
+                    "given back, not finished: close or destroy every Reader before its "
+                    "WorkQueue",
+                ErrorKind::kInvalidArgument);
+  return Fail(queue +
+                  "was opened by another process (this is a forked child): open the "
+                  "WorkQueue in this process",
+              ErrorKind::kInvalidArgument);
 }
 
 // The queue reassigned the item (lease timeout): stop reading it. Records of
@@ -371,6 +394,7 @@ void Reader::Impl::MarkStale(ItemSlot& it, const std::string& where) noexcept {
 // of the data Take waits, until the deadline, for items other processes hold:
 // kEmpty then, with nothing held, so the next call simply takes again.
 ReadStatus Reader::Impl::Activate() noexcept {
+  if (gone_ != TakeStatus::kOk) return FailGone();
   while (held_count_ == 0) {
     if (queue_end_) {
       ended_ = true;
@@ -394,6 +418,7 @@ ReadStatus Reader::Impl::Activate() noexcept {
     } else {
       status = queue_.Take(&item, deadline_);
     }
+    if (QueueGone(status)) return FailGone();
     if (status == TakeStatus::kEmpty) return ReadStatus::kEmpty;
     if (status == TakeStatus::kEnd) {
       queue_end_ = ended_ = true;
@@ -459,7 +484,7 @@ AckStatus Reader::Impl::AckItem(const WorkItem& item) noexcept {
   AckStatus status = queue_.Ack(item);
   if (status == AckStatus::kOk) {
     Bump(stats_.items_acked);
-  } else {
+  } else if (!QueueGone(status)) {
     Bump(stats_.stale_items);
     try {
       Notice("tailcut reader: the queue refused the ack of item " + std::to_string(item.index) +
@@ -570,7 +595,12 @@ std::unique_ptr<Reader> Reader::Open(WorkQueue& queue, ReaderOptions options) {
 }
 
 Reader::Reader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Reader::~Reader() = default;
+Reader::~Reader() {
+  // A forked child's copy: its pread threads and io_uring are the parent's,
+  // and its items too. Destroying it would join threads that do not exist
+  // here and give back the parent's items: leak it.
+  if (impl_->owner().forked()) (void)impl_.release();
+}
 
 ReadStatus Reader::NextRecord(Record* out, Deadline deadline) noexcept {
   size_t n = 0;
@@ -578,30 +608,39 @@ ReadStatus Reader::NextRecord(Record* out, Deadline deadline) noexcept {
 }
 ReadStatus Reader::NextBatch(Record* out, size_t max, size_t* n, Deadline deadline) noexcept {
   *n = 0;
+  if (impl_->owner().forked()) return ReadStatus::kForked;
   if (!impl_->Enter()) return ReadStatus::kError;
   impl_->set_deadline(deadline);
   ReadStatus status = impl_->Leave(impl_->Produce(out, max, n));
-  if (status != ReadStatus::kOk) *n = 0;
+  if (status != ReadStatus::kOk) *n = 0;  // a failure in mid-batch hands out none
   return status;
 }
 ReadStatus Reader::NextChunk(ChunkView* out, Deadline deadline) noexcept {
+  if (impl_->owner().forked()) return ReadStatus::kForked;
   if (!impl_->Enter()) return ReadStatus::kError;
   impl_->set_deadline(deadline);
   return impl_->Leave(impl_->ProduceChunk(out));
 }
-void Reader::Close() noexcept { impl_->Close(); }
+void Reader::Close() noexcept {
+  if (!impl_->owner().forked()) impl_->Close();
+}
 const std::string& Reader::error() const noexcept { return impl_->error(); }
 ErrorKind Reader::error_kind() const noexcept { return impl_->error_kind(); }
 WorkItem Reader::current_item() const noexcept { return impl_->current_item(); }
 size_t Reader::items_held() const noexcept { return impl_->items_held(); }
 bool Reader::defers_acks() const noexcept { return impl_->defers_acks(); }
-bool Reader::TakeFinished(WorkItem* item) noexcept { return impl_->TakeFinished(item); }
-AckStatus Reader::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
-  return impl_->ReportUsed(item, offset);
+bool Reader::forked() const noexcept { return impl_->owner().forked(); }
+bool Reader::TakeFinished(WorkItem* item) noexcept {
+  return !impl_->owner().forked() && impl_->TakeFinished(item);
 }
-AckStatus Reader::AckFinished(const WorkItem& item) noexcept { return impl_->AckFinished(item); }
+AckStatus Reader::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
+  return impl_->owner().forked() ? AckStatus::kForked : impl_->ReportUsed(item, offset);
+}
+AckStatus Reader::AckFinished(const WorkItem& item) noexcept {
+  return impl_->owner().forked() ? AckStatus::kForked : impl_->AckFinished(item);
+}
 AckStatus Reader::GiveBackFinished(const WorkItem& item) noexcept {
-  return impl_->GiveBackFinished(item);
+  return impl_->owner().forked() ? AckStatus::kForked : impl_->GiveBackFinished(item);
 }
 ReaderStats Reader::stats() const noexcept { return impl_->stats(); }
 const std::string& Reader::memory_state() const noexcept { return impl_->memory_state(); }

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "buffer_arena.h"
+#include "engine/process_owner.h"
 #include "io_backend.h"
 #include "tailcut/reader.h"
 
@@ -208,6 +209,21 @@ class Reader::Impl {
   bool HoldsFinished() const noexcept {
     return finished_taken_ < finished_.size() || finished_out_ > 0;
   }
+  const detail::ProcessOwner& owner() const noexcept { return owner_; }
+  // The queue refuses us for good: closed under us, or a forked child's
+  // copy. Notes which in gone_; the item in hand is read no further, and the
+  // next take fails the Reader (FailGone), never ends it.
+  bool QueueGone(TakeStatus s) noexcept {
+    return Gone(s == TakeStatus::kClosed, s == TakeStatus::kForked);
+  }
+  bool QueueGone(AckStatus s) noexcept {
+    return Gone(s == AckStatus::kClosed, s == AckStatus::kForked);
+  }
+  bool Gone(bool closed, bool forked) noexcept {
+    if (closed || forked) gone_ = closed ? TakeStatus::kClosed : TakeStatus::kForked;
+    return closed || forked;
+  }
+  ReadStatus FailGone() noexcept;
   ReaderStats stats() const noexcept {
     ReaderStats s;
     s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
@@ -282,6 +298,7 @@ class Reader::Impl {
   void LeaveCarryIfPossible() noexcept;
 
   WorkQueue& queue_;
+  WorkQueue::Dependent uses_queue_{queue_};  // the queue must outlive us
   ReaderOptions options_;
   uint64_t chunk_bytes_ = 0;
   uint32_t num_chunks_ = 0;
@@ -333,6 +350,8 @@ class Reader::Impl {
   bool stall_noticed_ = false;
   bool failed_ = false;  // sticky error_
   ErrorKind error_kind_ = ErrorKind::kIo;
+  detail::ProcessOwner owner_;
+  TakeStatus gone_ = TakeStatus::kOk;  // kClosed or kForked once the queue refuses us
   bool ended_ = false;
   bool closed_ = false;
   bool queue_end_ = false;               // TryTake said kEnd

@@ -43,6 +43,7 @@ void Reader::Impl::Refill() noexcept {
       if (!slot_free) break;
       WorkItem item;
       TakeStatus status = queue_.TryTake(&item);
+      if (QueueGone(status)) break;
       if (status == TakeStatus::kEnd) queue_end_ = true;
       if (status != TakeStatus::kOk) break;
       StartItem(item);

@@ -359,6 +359,7 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
           empty_now = (empty_now & below) | ((empty_now >> 1) & ~below);
         }
         break;
+      case ReadStatus::kForked:  // Next returns it before it gets here
       case ReadStatus::kError:
         failed_ = true;
         error_kind_ = reader.error_kind();
@@ -372,6 +373,8 @@ void Shuffler::FillPass(Deadline deadline) noexcept {
 }
 
 ReadStatus Shuffler::Next(Record* out, Deadline deadline) noexcept {
+  // A forked child's copy: the buffered records point into the parent's Readers.
+  if (!readers_.empty() && readers_[0]->forked()) return ReadStatus::kForked;
   if (closed_) return failed_ ? ReadStatus::kError : ReadStatus::kEnd;
   if (options_.ack_on_next) Release();
   ReadStatus status = Fill(deadline);

@@ -16,6 +16,7 @@
 #include "engine/clock.h"
 #include "engine/config.h"
 #include "engine/futex.h"
+#include "engine/process_owner.h"
 #include "engine/robust_mutex.h"
 #include "io/buffer_arena.h"
 #include "io/cuda_host.h"
@@ -71,9 +72,9 @@ RingStatus FromCore(RingCore::Result r) {
     case RingCore::Result::kStale:
       return RingStatus::kStale;
     case RingCore::Result::kCorrupt:
-      return RingStatus::kInvalid;
+      return RingStatus::kCorrupt;
   }
-  return RingStatus::kInvalid;
+  return RingStatus::kCorrupt;
 }
 
 bool Ended(uint64_t ended_plus1, uint64_t through_epoch) {
@@ -242,6 +243,10 @@ const char* RingStatusName(RingStatus status) noexcept {
       return "stale";
     case RingStatus::kInvalid:
       return "invalid";
+    case RingStatus::kCorrupt:
+      return "corrupt";
+    case RingStatus::kForked:
+      return "forked";
   }
   return "?";
 }
@@ -277,6 +282,7 @@ struct BatchRing::Impl {
   std::atomic<int64_t> last_check_ns{0};
   std::unique_ptr<detail::CudaHostRegistration> cuda;  // a trainer's, undone before unmapping
   std::string memory_state;
+  detail::ProcessOwner owner;
 };
 
 void BatchRing::Impl::PinArena(const BatchRingOptions& options) {
@@ -441,6 +447,12 @@ RingStatus BatchRing::Impl::Wait(detail::SharedAtomic<uint32_t>& seq,
 BatchRing::BatchRing(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 BatchRing::~BatchRing() {
+  if (impl_->owner.forked()) {
+    // A forked child's copy: the client slot, its life mutex's holder thread
+    // and the CUDA registration are the parent's. Unmap, leak the rest.
+    impl_.release()->seg.reset();
+    return;
+  }
   impl_->cuda.reset();  // while the arena is still mapped
   impl_->Leave();
 }
@@ -552,8 +564,9 @@ std::unique_ptr<BatchRing> BatchRing::Open(const BatchRingOptions& o, RingRole r
   }
 }
 
-RingStatus BatchRing::AcquireSlot(Clock::time_point deadline, WritableBatch* out) noexcept {
+RingStatus BatchRing::AcquireSlot(WritableBatch* out, Deadline deadline) noexcept {
   Impl& d = *impl_;
+  if (d.owner.forked()) return RingStatus::kForked;
   if (d.role != RingRole::kLoader) return RingStatus::kInvalid;
   detail::RingCounters& k = d.core.counters();
   return d.Wait(k.free_seq, k.free_waiters, deadline, [&] {
@@ -574,6 +587,7 @@ RingStatus BatchRing::AcquireSlot(Clock::time_point deadline, WritableBatch* out
 RingStatus BatchRing::Publish(const SlotToken& token, uint64_t epoch, uint64_t records,
                               uint64_t bytes) noexcept {
   Impl& d = *impl_;
+  if (d.owner.forked()) return RingStatus::kForked;
   if (d.role != RingRole::kLoader || bytes > d.core.geometry().slot_bytes || epoch == kAllEpochs)
     return RingStatus::kInvalid;
   if (token.slot >= d.core.geometry().num_slots) return d.Stale();
@@ -604,6 +618,7 @@ RingStatus BatchRing::Publish(const SlotToken& token, uint64_t epoch, uint64_t r
 
 RingStatus BatchRing::Abandon(const SlotToken& token) noexcept {
   Impl& d = *impl_;
+  if (d.owner.forked()) return RingStatus::kForked;
   if (d.role != RingRole::kLoader) return RingStatus::kInvalid;
   RingStatus st = FromCore(d.core.Abandon(d.self, token.slot, token.generation));
   if (st == RingStatus::kStale) return d.Stale();
@@ -613,9 +628,9 @@ RingStatus BatchRing::Abandon(const SlotToken& token) noexcept {
   return st;
 }
 
-RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
-                          ReadyBatch* out) noexcept {
+RingStatus BatchRing::Pop(uint64_t through_epoch, ReadyBatch* out, Deadline deadline) noexcept {
   Impl& d = *impl_;
+  if (d.owner.forked()) return RingStatus::kForked;
   if (d.role != RingRole::kTrainer) return RingStatus::kInvalid;
   detail::RingCounters& k = d.core.counters();
   return d.Wait(k.ready_seq, k.ready_waiters, deadline, [&] {
@@ -641,7 +656,7 @@ RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
     if (bytes > d.core.geometry().slot_bytes) {
       // Never hand out a span past the slot; give the slot back.
       d.core.Release(d.self, slot, gen);
-      return RingStatus::kInvalid;
+      return RingStatus::kCorrupt;
     }
     out->token = {slot, gen};
     out->data = {reinterpret_cast<const std::byte*>(d.core.slot_data(slot)), bytes};
@@ -657,6 +672,7 @@ RingStatus BatchRing::Pop(uint64_t through_epoch, Clock::time_point deadline,
 
 RingStatus BatchRing::Release(const SlotToken& token) noexcept {
   Impl& d = *impl_;
+  if (d.owner.forked()) return RingStatus::kForked;
   if (d.role != RingRole::kTrainer) return RingStatus::kInvalid;
   RingStatus st = FromCore(d.core.Release(d.self, token.slot, token.generation));
   if (st == RingStatus::kStale) return d.Stale();
@@ -670,6 +686,7 @@ RingStatus BatchRing::Release(const SlotToken& token) noexcept {
 }
 
 void BatchRing::EndEpoch(uint64_t epoch) noexcept {
+  if (impl_->owner.forked()) return;  // the parent's to end
   detail::RingCounters& k = impl_->core.counters();
   uint64_t mark = epoch == kAllEpochs ? detail::kAllEpochs : epoch + 1;
   // acquire: pairs with other EndEpoch CASes; only the start value for the CAS below.
@@ -683,9 +700,14 @@ void BatchRing::EndEpoch(uint64_t epoch) noexcept {
 
 void BatchRing::Close() noexcept { EndEpoch(kAllEpochs); }
 
-int BatchRing::RecoverDeadClients() noexcept { return RecoverDead(impl_->core, impl_->self); }
+int BatchRing::RecoverDeadClients() noexcept {
+  return impl_->owner.forked() ? 0 : RecoverDead(impl_->core, impl_->self);
+}
 
-BatchRingStats BatchRing::Stats() const { return StatsOf(impl_->core, *impl_->seg, impl_->self); }
+BatchRingStats BatchRing::Stats() const {
+  impl_->owner.CheckNotForked("batch ring '" + impl_->seg->name() + "'", "BatchRing");
+  return StatsOf(impl_->core, *impl_->seg, impl_->self);
+}
 bool BatchRing::cuda_pinned() const noexcept { return impl_->cuda && impl_->cuda->pinned(); }
 const std::string& BatchRing::memory_state() const noexcept { return impl_->memory_state; }
 uint32_t BatchRing::client_slot() const noexcept { return static_cast<uint32_t>(impl_->self); }

@@ -97,7 +97,7 @@ void BM_RingHandOff(benchmark::State& state) {
       auto ring = BatchRing::Open(Options(name, bytes), tailcut::RingRole::kLoader);
       for (uint64_t n = 0;; ++n) {
         tailcut::WritableBatch w;
-        if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) != RingStatus::kOk) break;
+        if (ring->AcquireSlot(&w, Clock::now() + std::chrono::seconds(5)) != RingStatus::kOk) break;
         w.data[0] = std::byte(n);
         if (ring->Publish(w.token, 0, n, bytes) != RingStatus::kOk) {
           ring->Abandon(w.token);
@@ -115,7 +115,7 @@ void BM_RingHandOff(benchmark::State& state) {
   auto t0 = Clock::now();
   for (auto _ : state) {
     tailcut::ReadyBatch r;
-    if (ring->Pop(BatchRing::kAllEpochs, Clock::now() + std::chrono::seconds(5), &r) !=
+    if (ring->Pop(BatchRing::kAllEpochs, &r, Clock::now() + std::chrono::seconds(5)) !=
         RingStatus::kOk) {
       state.SkipWithError("Pop failed");
       break;
@@ -208,7 +208,7 @@ void BM_RingWakeLatency(benchmark::State& state) {
       auto ring = BatchRing::Open(Options(name, 4096), tailcut::RingRole::kTrainer);
       for (int i = 0; i < kSamples; ++i) {
         tailcut::ReadyBatch r;
-        if (ring->Pop(BatchRing::kAllEpochs, Clock::now() + std::chrono::seconds(5), &r) !=
+        if (ring->Pop(BatchRing::kAllEpochs, &r, Clock::now() + std::chrono::seconds(5)) !=
             RingStatus::kOk)
           break;
         uint64_t now = NowNs(), stamp;
@@ -223,7 +223,7 @@ void BM_RingWakeLatency(benchmark::State& state) {
       // Long enough for the trainer to be asleep in the futex, not spinning.
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       tailcut::WritableBatch w;
-      if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) != RingStatus::kOk) break;
+      if (ring->AcquireSlot(&w, Clock::now() + std::chrono::seconds(5)) != RingStatus::kOk) break;
       uint64_t stamp = NowNs();
       std::memcpy(w.user_header.data(), &stamp, sizeof(stamp));
       ring->Publish(w.token, 0, i, 0);

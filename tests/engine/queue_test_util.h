@@ -241,34 +241,9 @@ inline ::testing::AssertionResult FailsWith(const std::function<void()>& f, Erro
   return ::testing::AssertionFailure() << "did not throw (expected " << ErrorKindName(kind) << ")";
 }
 
-inline const char* StatusName(TakeStatus s) {
-  switch (s) {
-    case TakeStatus::kOk:
-      return "kOk";
-    case TakeStatus::kEnd:
-      return "kEnd";
-    case TakeStatus::kEmpty:
-      return "kEmpty";
-    case TakeStatus::kLimit:
-      return "kLimit";
-  }
-  return "?";
-}
-inline const char* StatusName(AckStatus s) {
-  switch (s) {
-    case AckStatus::kOk:
-      return "kOk";
-    case AckStatus::kStale:
-      return "kStale";
-    case AckStatus::kInvalid:
-      return "kInvalid";
-    case AckStatus::kOutOfRange:
-      return "kOutOfRange";
-  }
-  return "?";
-}
+inline const char* StatusName(TakeStatus s) { return TakeStatusName(s); }
+inline const char* StatusName(AckStatus s) { return AckStatusName(s); }
 
-// The invariants of any handed-out item; "" when it is fine.
 inline std::string CheckItem(const WorkQueue& q, const WorkItem& it) {
   std::ostringstream out;
   const uint64_t n = q.num_items();

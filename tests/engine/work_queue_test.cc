@@ -879,17 +879,18 @@ TEST_F(WorkQueueTest, AckRefusesItemsItDoesNotHold) {
   ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
   EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kOk);
   EXPECT_EQ(q->Ack(it), AckStatus::kOk);
-  // No longer held: refused (kStale or kInvalid), and never counted twice.
-  EXPECT_NE(q->Ack(it), AckStatus::kOk) << "second ack of the same item";
-  EXPECT_NE(q->GiveBack(it), AckStatus::kOk) << "give back after ack";
-  EXPECT_NE(q->Progress(it, it.begin), AckStatus::kOk) << "progress after ack";
+  // No longer held: refused as what it is, and never counted twice.
+  EXPECT_EQ(q->Ack(it), AckStatus::kAlreadyDone) << "second ack of the same item";
+  EXPECT_EQ(q->GiveBack(it), AckStatus::kAlreadyDone) << "give back after ack";
+  EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kAlreadyDone) << "progress after ack";
+  EXPECT_EQ(q->Stats().stale_acks, 0u) << "a second ack is not a stale one";
   EXPECT_EQ(q->Stats().done, 1u);
   WorkItem forged = it;
   forged.lease = 1u << 30;
   EXPECT_EQ(q->Ack(forged), AckStatus::kInvalid) << "lease slot out of range";
   EXPECT_EQ(q->Progress(forged, 0), AckStatus::kInvalid);
   EXPECT_EQ(q->GiveBack(forged), AckStatus::kInvalid);
-  EXPECT_NE(q->Ack(WorkItem{}), AckStatus::kOk) << "default item";
+  EXPECT_EQ(q->Ack(WorkItem{}), AckStatus::kInvalid) << "default item";
   // Every item still comes out exactly once.
   EXPECT_EQ(Drain(*q).size(), 3u);
   EXPECT_EQ(q->Stats().done, 4u);

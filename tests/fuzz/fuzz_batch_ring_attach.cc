@@ -41,14 +41,14 @@ void Init() {
     for (int i = 0; i < 5; ++i) {  // move the positions on
       tailcut::WritableBatch w;
       tailcut::ReadyBatch r;
-      if (loader->AcquireSlot(soon, &w) != tailcut::RingStatus::kOk ||
+      if (loader->AcquireSlot(&w, soon) != tailcut::RingStatus::kOk ||
           loader->Publish(w.token, 0, i, 16) != tailcut::RingStatus::kOk ||
-          trainer->Pop(0, soon, &r) != tailcut::RingStatus::kOk ||
+          trainer->Pop(0, &r, soon) != tailcut::RingStatus::kOk ||
           trainer->Release(r.token) != tailcut::RingStatus::kOk)
         std::abort();
     }
     tailcut::WritableBatch w;
-    if (loader->AcquireSlot(soon, &w) != tailcut::RingStatus::kOk ||
+    if (loader->AcquireSlot(&w, soon) != tailcut::RingStatus::kOk ||
         loader->Publish(w.token, 1, 9, 32) != tailcut::RingStatus::kOk)
       std::abort();
   }  // not closed: the segment stays, one batch READY
@@ -99,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto now = std::chrono::steady_clock::now();
     for (int i = 0; i < 4; ++i) {
       tailcut::ReadyBatch r;
-      if (trainer->Pop(tailcut::BatchRing::kAllEpochs, now, &r) == tailcut::RingStatus::kOk) {
+      if (trainer->Pop(tailcut::BatchRing::kAllEpochs, &r, now) == tailcut::RingStatus::kOk) {
         // Touch every byte handed out: a span past the slot would fault here.
         unsigned sum = 0;
         for (std::byte b : r.data) sum += static_cast<unsigned>(b);
@@ -108,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         trainer->Release(r.token);
       }
       tailcut::WritableBatch w;
-      if (loader->AcquireSlot(now, &w) == tailcut::RingStatus::kOk) {
+      if (loader->AcquireSlot(&w, now) == tailcut::RingStatus::kOk) {
         std::memset(w.data.data(), 1, w.data.size());
         std::memset(w.user_header.data(), 2, w.user_header.size());
         loader->Publish(w.token, 2, 1, w.data.size());

@@ -16,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
 
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -x "$work/prefix/bin/tailcut" || { echo "the CLI was not installed"; exit 1; }
-for header in work_queue reader batch_ring; do
+for header in work_queue reader batch_ring version; do
   test -f "$work/prefix/include/tailcut/$header.h" || { echo "tailcut/$header.h was not installed"; exit 1; }
 done
 
@@ -53,6 +53,14 @@ block cmake 2 >> "$work/src/CMakeLists.txt"
 block_starting cpp "// ring_pipeline" > "$work/src/ring_pipeline.cc"
 grep -q "add_executable(ring_pipeline" "$work/src/CMakeLists.txt" || { echo "no ring_pipeline target in docs/cpp.md"; exit 1; }
 grep -q "int main" "$work/src/ring_pipeline.cc" || { echo "no ring_pipeline program in docs/cpp.md"; exit 1; }
+# tailcut/version.h says the version the package says (tailcutConfigVersion.cmake).
+version=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$(find "$work/prefix" -name tailcutConfigVersion.cmake)")
+IFS=. read -r major minor patch <<< "$version"
+printf '#include <tailcut/version.h>\nstatic_assert(TAILCUT_VERSION_MAJOR == %s && TAILCUT_VERSION_MINOR == %s && TAILCUT_VERSION_PATCH == %s);\nstatic_assert(sizeof(TAILCUT_VERSION_STRING) == sizeof("%s"));\n' \
+  "$major" "$minor" "$patch" "$version" > "$work/version_check.cc"
+c++ -std=c++20 -fsyntax-only -I"$work/prefix/include" "$work/version_check.cc" ||
+  { echo "the installed tailcut/version.h does not say version $version"; exit 1; }
+echo "tailcut/version.h: $version"
 cmake -S "$work/src" -B "$work/trainer" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/trainer" >/dev/null
 

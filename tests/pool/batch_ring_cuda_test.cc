@@ -106,10 +106,10 @@ TEST(BatchRingCudaTest, EachTrainerRegistersItsArenaOnceAndUnregistersItWhenItLe
   const auto* arena = static_cast<const std::byte*>(registered.last_ptr);
   for (int i = 0; i < 5; ++i) {
     WritableBatch w;
-    ASSERT_EQ(loader->AcquireSlot(Clock::now() + std::chrono::seconds(1), &w), RingStatus::kOk);
+    ASSERT_EQ(loader->AcquireSlot(&w, Clock::now() + std::chrono::seconds(1)), RingStatus::kOk);
     ASSERT_EQ(loader->Publish(w.token, 0, 1, 100), RingStatus::kOk);
     ReadyBatch r;
-    ASSERT_EQ(trainer->Pop(0, Clock::now() + std::chrono::seconds(1), &r), RingStatus::kOk);
+    ASSERT_EQ(trainer->Pop(0, &r, Clock::now() + std::chrono::seconds(1)), RingStatus::kOk);
     EXPECT_GE(r.data.data(), arena);
     EXPECT_LE(r.data.data() + 4000, arena + 3 * 4096);
     ASSERT_EQ(trainer->Release(r.token), RingStatus::kOk);

@@ -99,7 +99,7 @@ BatchRingOptions Options(const Trial& t) {
     for (uint64_t seq = 0; seq < t.per_loader; ++seq) {
       uint64_t key = index * t.per_loader + seq;
       WritableBatch w;
-      if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(30), &w) != RingStatus::kOk) {
+      if (ring->AcquireSlot(&w, Clock::now() + std::chrono::seconds(30)) != RingStatus::kOk) {
         log->errors.fetch_add(1);
         rc = 2;
         break;
@@ -129,7 +129,7 @@ BatchRingOptions Options(const Trial& t) {
     auto ring = BatchRing::Open(Options(t), RingRole::kTrainer);
     for (;;) {
       ReadyBatch r;
-      RingStatus st = ring->Pop(BatchRing::kAllEpochs, Clock::now() + std::chrono::seconds(30), &r);
+      RingStatus st = ring->Pop(BatchRing::kAllEpochs, &r, Clock::now() + std::chrono::seconds(30));
       if (st == RingStatus::kEnd) break;
       if (st != RingStatus::kOk || r.records >= t.loaders * t.per_loader) {
         log->errors.fetch_add(1);
@@ -239,7 +239,7 @@ std::string RunTrial(const Trial& t, uint64_t seed, bool kills, std::string* not
   {
     auto drain = BatchRing::Open(Options(t), RingRole::kTrainer);
     ReadyBatch r;
-    while (drain->Pop(BatchRing::kAllEpochs, Clock::now() + milliseconds(100), &r) ==
+    while (drain->Pop(BatchRing::kAllEpochs, &r, Clock::now() + milliseconds(100)) ==
            RingStatus::kOk) {
       if (r.records < reported.size()) ++reported[r.records];
       drain->Release(r.token);
@@ -293,16 +293,16 @@ TEST(BatchRingProcessTest, ADeadLoadersSlotIsReclaimedAndADeadTrainersBatchRedel
   if (pid == 0) {  // a loader that dies holding a slot
     auto ring = BatchRing::Open(Options(t), RingRole::kLoader);
     WritableBatch w;
-    if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) == RingStatus::kOk)
+    if (ring->AcquireSlot(&w, Clock::now() + std::chrono::seconds(5)) == RingStatus::kOk)
       ::raise(SIGKILL);
     ::_exit(1);
   }
   ASSERT_TRUE(WIFSIGNALED(Reap(pid, Clock::now() + std::chrono::seconds(10))));
   WritableBatch w;
-  ASSERT_EQ(loader->AcquireSlot(Clock::now() + std::chrono::seconds(1), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Clock::now() + std::chrono::seconds(1)), RingStatus::kOk);
   ASSERT_EQ(loader->Publish(w.token, 0, 99, 0), RingStatus::kOk);
   // The second slot came back from the dead loader while we waited.
-  ASSERT_EQ(loader->AcquireSlot(Clock::now() + std::chrono::seconds(1), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Clock::now() + std::chrono::seconds(1)), RingStatus::kOk);
   ASSERT_EQ(loader->Abandon(w.token), RingStatus::kOk);
   EXPECT_EQ(trainer->Stats().reclaimed, 1u);
 
@@ -310,13 +310,13 @@ TEST(BatchRingProcessTest, ADeadLoadersSlotIsReclaimedAndADeadTrainersBatchRedel
   if (pid == 0) {  // a trainer that dies holding the batch
     auto ring = BatchRing::Open(Options(t), RingRole::kTrainer);
     ReadyBatch r;
-    if (ring->Pop(0, Clock::now() + std::chrono::seconds(5), &r) == RingStatus::kOk)
+    if (ring->Pop(0, &r, Clock::now() + std::chrono::seconds(5)) == RingStatus::kOk)
       ::raise(SIGKILL);
     ::_exit(1);
   }
   ASSERT_TRUE(WIFSIGNALED(Reap(pid, Clock::now() + std::chrono::seconds(10))));
   ReadyBatch r;
-  ASSERT_EQ(trainer->Pop(0, Clock::now() + std::chrono::seconds(1), &r), RingStatus::kOk);
+  ASSERT_EQ(trainer->Pop(0, &r, Clock::now() + std::chrono::seconds(1)), RingStatus::kOk);
   EXPECT_EQ(r.records, 99u);
   EXPECT_EQ(trainer->Release(r.token), RingStatus::kOk);
   BatchRingStats s = InspectBatchRing(t.name);
@@ -333,9 +333,9 @@ TEST(BatchRingProcessTest, ARingWhoseClientsAllDiedIsAdoptedWithItsSlots) {
   if (pid == 0) {  // the only client: publishes one batch, dies filling another
     auto ring = BatchRing::Open(Options(t), RingRole::kLoader);
     WritableBatch w;
-    if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) != RingStatus::kOk ||
+    if (ring->AcquireSlot(&w, Clock::now() + std::chrono::seconds(5)) != RingStatus::kOk ||
         ring->Publish(w.token, 0, 7, 0) != RingStatus::kOk ||
-        ring->AcquireSlot(Clock::now() + std::chrono::seconds(5), &w) != RingStatus::kOk)
+        ring->AcquireSlot(&w, Clock::now() + std::chrono::seconds(5)) != RingStatus::kOk)
       ::_exit(1);
     ::raise(SIGKILL);
   }
@@ -346,7 +346,7 @@ TEST(BatchRingProcessTest, ARingWhoseClientsAllDiedIsAdoptedWithItsSlots) {
   EXPECT_EQ(s.ready, 1u);
   EXPECT_EQ(s.free, 2u);
   ReadyBatch r;
-  ASSERT_EQ(trainer->Pop(0, Clock::now() + std::chrono::seconds(1), &r), RingStatus::kOk);
+  ASSERT_EQ(trainer->Pop(0, &r, Clock::now() + std::chrono::seconds(1)), RingStatus::kOk);
   EXPECT_EQ(r.records, 7u);
   EXPECT_EQ(trainer->Release(r.token), RingStatus::kOk);
   trainer->Close();

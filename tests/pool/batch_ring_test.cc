@@ -43,19 +43,37 @@ BatchRingOptions Small(const std::string& name) {
 
 Clock::time_point Soon() { return Clock::now() + milliseconds(50); }
 
+// The signatures before out-parameter-first, deadline-last: kept for one
+// release, deprecated.
+TEST(BatchRingTest, TheDeprecatedArgumentOrderStillWorks) {
+  RingGuard g(UniqueName("old_order"));
+  auto loader = BatchRing::Open(Small(g.name), RingRole::kLoader);
+  auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
+  WritableBatch w;
+  ReadyBatch r;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->Publish(w.token, 0, 1, 3), RingStatus::kOk);
+  ASSERT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kOk);
+#pragma GCC diagnostic pop
+  EXPECT_EQ(r.data.size(), 3u);
+  EXPECT_EQ(trainer->Release(r.token), RingStatus::kOk);
+}
+
 TEST(BatchRingTest, PublishedBatchIsPoppedInPlaceWithItsFields) {
   RingGuard g(UniqueName("basic"));
   auto loader = BatchRing::Open(Small(g.name), RingRole::kLoader);
   auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
   WritableBatch w;
-  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
   ASSERT_EQ(w.data.size(), 4096u);
   ASSERT_EQ(w.user_header.size(), BatchRing::kUserHeaderBytes);
   std::memcpy(w.data.data(), "hello", 5);
   std::memcpy(w.user_header.data(), "hdr", 3);
   ASSERT_EQ(loader->Publish(w.token, 2, 7, 5), RingStatus::kOk);
   ReadyBatch r;
-  ASSERT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kOk);
+  ASSERT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, Soon()), RingStatus::kOk);
   EXPECT_EQ(r.epoch, 2u);
   EXPECT_EQ(r.records, 7u);
   EXPECT_EQ(r.loader, loader->client_slot());
@@ -81,13 +99,13 @@ TEST(BatchRingTest, BatchesComeOutInPublishOrder) {
   auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
   for (uint64_t round = 0; round < 10; ++round) {
     WritableBatch a, b;
-    ASSERT_EQ(loader->AcquireSlot(Soon(), &a), RingStatus::kOk);
-    ASSERT_EQ(loader->AcquireSlot(Soon(), &b), RingStatus::kOk);
+    ASSERT_EQ(loader->AcquireSlot(&a, Soon()), RingStatus::kOk);
+    ASSERT_EQ(loader->AcquireSlot(&b, Soon()), RingStatus::kOk);
     ASSERT_EQ(loader->Publish(b.token, 0, round * 2, 0), RingStatus::kOk);
     ASSERT_EQ(loader->Publish(a.token, 0, round * 2 + 1, 0), RingStatus::kOk);
     ReadyBatch r1, r2;
-    ASSERT_EQ(trainer->Pop(0, Soon(), &r1), RingStatus::kOk);
-    ASSERT_EQ(trainer->Pop(0, Soon(), &r2), RingStatus::kOk);
+    ASSERT_EQ(trainer->Pop(0, &r1, Soon()), RingStatus::kOk);
+    ASSERT_EQ(trainer->Pop(0, &r2, Soon()), RingStatus::kOk);
     EXPECT_EQ(r1.records, round * 2);
     EXPECT_EQ(r2.records, round * 2 + 1);
     ASSERT_EQ(trainer->Release(r2.token), RingStatus::kOk);
@@ -101,17 +119,17 @@ TEST(BatchRingTest, LoaderWaitsForAFreeSlotAndTrainerForABatch) {
   auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
   ReadyBatch r;
   auto t0 = Clock::now();
-  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, t0 + milliseconds(30), &r), RingStatus::kTimeout);
+  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, t0 + milliseconds(30)), RingStatus::kTimeout);
   EXPECT_GE(Clock::now() - t0, milliseconds(30));
   WritableBatch w[3];
-  for (auto& b : w) ASSERT_EQ(loader->AcquireSlot(Soon(), &b), RingStatus::kOk);
+  for (auto& b : w) ASSERT_EQ(loader->AcquireSlot(&b, Soon()), RingStatus::kOk);
   WritableBatch extra;
   t0 = Clock::now();
-  EXPECT_EQ(loader->AcquireSlot(t0 + milliseconds(30), &extra), RingStatus::kTimeout);
+  EXPECT_EQ(loader->AcquireSlot(&extra, t0 + milliseconds(30)), RingStatus::kTimeout);
   EXPECT_GE(Clock::now() - t0, milliseconds(30));
   EXPECT_EQ(loader->Abandon(w[0].token), RingStatus::kOk);
   EXPECT_EQ(loader->Abandon(w[0].token), RingStatus::kStale);
-  EXPECT_EQ(loader->AcquireSlot(Soon(), &extra), RingStatus::kOk);
+  EXPECT_EQ(loader->AcquireSlot(&extra, Soon()), RingStatus::kOk);
 }
 
 TEST(BatchRingTest, PopEndsOnceTheEpochIsEndedAndNothingIsReady) {
@@ -119,22 +137,22 @@ TEST(BatchRingTest, PopEndsOnceTheEpochIsEndedAndNothingIsReady) {
   auto loader = BatchRing::Open(Small(g.name), RingRole::kLoader);
   auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
   WritableBatch w;
-  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
   ASSERT_EQ(loader->Publish(w.token, 0, 1, 0), RingStatus::kOk);
   loader->EndEpoch(0);
   ReadyBatch r;
-  ASSERT_EQ(trainer->Pop(0, Soon(), &r), RingStatus::kOk);  // a ready batch comes first
+  ASSERT_EQ(trainer->Pop(0, &r, Soon()), RingStatus::kOk);  // a ready batch comes first
   ASSERT_EQ(trainer->Release(r.token), RingStatus::kOk);
-  EXPECT_EQ(trainer->Pop(0, Clock::now() + milliseconds(1000), &r), RingStatus::kEnd);
-  EXPECT_EQ(trainer->Pop(1, Clock::now() + milliseconds(20), &r), RingStatus::kTimeout);
+  EXPECT_EQ(trainer->Pop(0, &r, Clock::now() + milliseconds(1000)), RingStatus::kEnd);
+  EXPECT_EQ(trainer->Pop(1, &r, Clock::now() + milliseconds(20)), RingStatus::kTimeout);
   // A batch of an ended epoch is refused and stays the loader's.
-  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
   EXPECT_EQ(loader->Publish(w.token, 0, 1, 0), RingStatus::kClosed);
   EXPECT_EQ(loader->Publish(w.token, 1, 1, 0), RingStatus::kOk);
   loader->Close();
-  ASSERT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kOk);
+  ASSERT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, Soon()), RingStatus::kOk);
   ASSERT_EQ(trainer->Release(r.token), RingStatus::kOk);
-  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kEnd);
+  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, Soon()), RingStatus::kEnd);
   EXPECT_TRUE(trainer->Stats().closed);
 }
 
@@ -148,7 +166,7 @@ TEST(BatchRingTest, EndWakesATrainerThatWaits) {
   });
   ReadyBatch r;
   auto t0 = Clock::now();
-  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, t0 + milliseconds(5000), &r), RingStatus::kEnd);
+  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, t0 + milliseconds(5000)), RingStatus::kEnd);
   EXPECT_LT(Clock::now() - t0, milliseconds(1000));
   closer.join();
 }
@@ -173,7 +191,7 @@ TEST(BatchRingTest, StatsShowAWaitInProgressAndAddItUpWhenItEnds) {
   RingStatus popped = RingStatus::kInvalid;
   std::thread waiter([&] {
     ReadyBatch r;
-    popped = trainer->Pop(BatchRing::kAllEpochs, Clock::now() + milliseconds(60000), &r);
+    popped = trainer->Pop(BatchRing::kAllEpochs, &r, Clock::now() + milliseconds(60000));
     if (popped == RingStatus::kOk) trainer->Release(r.token);
   });
   // The waiter shows as waiting once it sleeps (however long that takes to happen).
@@ -183,7 +201,7 @@ TEST(BatchRingTest, StatsShowAWaitInProgressAndAddItUpWhenItEnds) {
   EXPECT_GT(during.waiting_seconds, 0.0);
   EXPECT_EQ(during.wait_seconds, 0.0) << "nothing ended yet";
   WritableBatch w;
-  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
   ASSERT_EQ(loader->Publish(w.token, 0, 1, 0), RingStatus::kOk);
   waiter.join();
   EXPECT_EQ(popped, RingStatus::kOk);
@@ -198,9 +216,9 @@ TEST(BatchRingTest, WrongRoleAndBadArgumentsAreInvalid) {
   auto trainer = BatchRing::Open(Small(g.name), RingRole::kTrainer);
   WritableBatch w;
   ReadyBatch r;
-  EXPECT_EQ(trainer->AcquireSlot(Soon(), &w), RingStatus::kInvalid);
-  EXPECT_EQ(loader->Pop(0, Soon(), &r), RingStatus::kInvalid);
-  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  EXPECT_EQ(trainer->AcquireSlot(&w, Soon()), RingStatus::kInvalid);
+  EXPECT_EQ(loader->Pop(0, &r, Soon()), RingStatus::kInvalid);
+  ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
   EXPECT_EQ(loader->Publish(w.token, 0, 1, 4097), RingStatus::kInvalid);
   EXPECT_EQ(loader->Publish(SlotToken{99, w.token.generation}, 0, 1, 1), RingStatus::kStale);
   EXPECT_EQ(loader->Publish(SlotToken{w.token.slot, w.token.generation + 4}, 0, 1, 1),
@@ -271,13 +289,13 @@ TEST(BatchRingTest, LeavingHandsBackWhatTheClientHeld) {
   {
     auto other = BatchRing::Open(Small(g.name), RingRole::kTrainer);
     WritableBatch w;
-    ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+    ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
     ASSERT_EQ(loader->Publish(w.token, 0, 42, 0), RingStatus::kOk);
     ReadyBatch r;
-    ASSERT_EQ(other->Pop(0, Soon(), &r), RingStatus::kOk);
+    ASSERT_EQ(other->Pop(0, &r, Soon()), RingStatus::kOk);
   }
   ReadyBatch r;
-  ASSERT_EQ(trainer->Pop(0, Soon(), &r), RingStatus::kOk);
+  ASSERT_EQ(trainer->Pop(0, &r, Soon()), RingStatus::kOk);
   EXPECT_EQ(r.records, 42u);
   EXPECT_EQ(trainer->Stats().redelivered, 1u);
 }
@@ -358,20 +376,20 @@ TEST_F(HostileRingTest, DamageAfterAttachIsRefusedOnUseNeverFollowed) {
   // A full cell at the ready ring's head that names a slot past the end.
   *cell(geometry_.ready_cells, 0) = detail::FullCell(0, 4000, 0);
   ReadyBatch r;
-  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kInvalid);
+  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, Soon()), RingStatus::kCorrupt);
   // A published batch whose size was raised past the slot is not handed out.
   *cell(geometry_.ready_cells, 0) = detail::EmptyCell(0);
   WritableBatch w;
-  ASSERT_EQ(loader->AcquireSlot(Soon(), &w), RingStatus::kOk);
+  ASSERT_EQ(loader->AcquireSlot(&w, Soon()), RingStatus::kOk);
   ASSERT_EQ(loader->Publish(w.token, 0, 1, 10), RingStatus::kOk);
   core().slot(w.token.slot).bytes.store(1 << 30);
-  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kInvalid);
+  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, Soon()), RingStatus::kCorrupt);
   EXPECT_EQ(trainer->Stats().free, 3u);  // and its slot went back
   // Head and tail thrown far away: refused, not followed.
   auto* ready = reinterpret_cast<detail::IdRing*>(base_ + geometry_.ready_ring);
   ready->head.store(uint64_t{12345} << 3);  // lap 12345 of an 8-cell ring
   ready->tail.store(uint64_t{12345} << 3);
-  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, Soon(), &r), RingStatus::kInvalid);
+  EXPECT_EQ(trainer->Pop(BatchRing::kAllEpochs, &r, Soon()), RingStatus::kCorrupt);
 }
 
 }  // namespace

@@ -67,7 +67,7 @@ BatchRingStats RunRing(const std::string& name, const Run& run) {
       BatchRing& ring = l % 2 ? *l1 : *l0;
       for (uint64_t seq = 0; seq < run.per_loader; ++seq) {
         WritableBatch w;
-        ASSERT_EQ(ring.AcquireSlot(Clock::now() + std::chrono::seconds(20), &w), RingStatus::kOk);
+        ASSERT_EQ(ring.AcquireSlot(&w, Clock::now() + std::chrono::seconds(20)), RingStatus::kOk);
         size_t bytes = 64 + (seq * 977 + l * 131) % (kBatchBytes - 64);
         for (size_t i = 0; i < bytes; ++i) w.data[i] = std::byte{Pattern(l, seq, i)};
         std::memcpy(w.user_header.data(), &bytes, sizeof(bytes));
@@ -83,7 +83,7 @@ BatchRingStats RunRing(const std::string& name, const Run& run) {
       for (;;) {
         ReadyBatch r;
         RingStatus st =
-            ring.Pop(BatchRing::kAllEpochs, Clock::now() + std::chrono::seconds(20), &r);
+            ring.Pop(BatchRing::kAllEpochs, &r, Clock::now() + std::chrono::seconds(20));
         if (st == RingStatus::kEnd) return;
         ASSERT_EQ(st, RingStatus::kOk);
         uint64_t l = r.records / run.per_loader, seq = r.records % run.per_loader;

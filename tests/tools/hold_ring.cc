@@ -46,14 +46,14 @@ int main(int argc, char** argv) {
       tailcut::RingStatus status;
       if (loader) {
         tailcut::WritableBatch batch;
-        status = ring->AcquireSlot(deadline, &batch);
+        status = ring->AcquireSlot(&batch, deadline);
         if (status == tailcut::RingStatus::kOk) {
           std::memset(batch.data.data(), static_cast<int>(i), 1024);
           status = ring->Publish(batch.token, 0, 8, 1024);
         }
       } else {
         tailcut::ReadyBatch batch;
-        status = ring->Pop(tailcut::BatchRing::kAllEpochs, deadline, &batch);
+        status = ring->Pop(tailcut::BatchRing::kAllEpochs, &batch, deadline);
       }
       if (status != tailcut::RingStatus::kOk) {
         std::cerr << "hold_ring: " << tailcut::RingStatusName(status) << '\n';
@@ -65,9 +65,9 @@ int main(int argc, char** argv) {
     if (wait && !loader) {
       waiter = std::thread([&ring] {
         tailcut::ReadyBatch batch;
-        while (ring->Pop(tailcut::BatchRing::kAllEpochs,
-                         std::chrono::steady_clock::time_point::max(),
-                         &batch) == tailcut::RingStatus::kOk) {
+        while (ring->Pop(tailcut::BatchRing::kAllEpochs, &batch,
+                         std::chrono::steady_clock::time_point::max()) ==
+               tailcut::RingStatus::kOk) {
         }
       });
     }

@@ -184,7 +184,7 @@ uint64_t AddIds(const ReadyBatch& b, Digest* d) {
       SleepUntilNs(target);  // decoding, augmenting: the loader's work on the batch
       t = NowNs();
       WritableBatch slot;
-      RingStatus rs = ring->AcquireSlot(Clock::now() + patience, &slot);
+      RingStatus rs = ring->AcquireSlot(&slot, Clock::now() + patience);
       if (rs != RingStatus::kOk)
         throw std::runtime_error(std::string("no free slot (") + RingStatusName(rs) +
                                  "): are the trainers running?");
@@ -245,7 +245,7 @@ uint64_t AddIds(const ReadyBatch& b, Digest* d) {
     ReadyBatch batch;
     uint64_t step = 0, ready = start;
     for (;;) {
-      RingStatus rs = ring->Pop(BatchRing::kAllEpochs, Clock::now() + patience, &batch);
+      RingStatus rs = ring->Pop(BatchRing::kAllEpochs, &batch, Clock::now() + patience);
       if (rs != RingStatus::kOk && rs != RingStatus::kEnd)
         throw std::runtime_error(std::string("pop: ") + RingStatusName(rs) +
                                  " (no batch from the loaders)");
@@ -280,7 +280,7 @@ uint64_t AddIds(const ReadyBatch& b, Digest* d) {
     // What the ring still gets is left over too: the loaders publish every
     // record they read before they end it.
     RingStatus rs;
-    while ((rs = ring->Pop(BatchRing::kAllEpochs, Clock::now() + patience, &batch)) ==
+    while ((rs = ring->Pop(BatchRing::kAllEpochs, &batch, Clock::now() + patience)) ==
            RingStatus::kOk)
       left_over(batch);
     if (rs != RingStatus::kEnd)

@@ -14,12 +14,19 @@
 //    open the same queue. A process that dies at any point, kill -9 included,
 //    loses no items: its open items are handed to others exactly once, found
 //    without its help (a robust mutex it holds for its lifetime, not its pid).
-//  * Fork: a WorkQueue belongs to the process that opened it. A forked child
-//    must open its own; it must not use, close or destroy the parent's object
-//    (it may only let it leak or _exit).
+//  * Fork: a WorkQueue belongs to the process that opened it; a forked child
+//    must open its own. In the child the parent's object is inert: every
+//    call returns kForked (SaveState and Stats throw "queue 'q' was opened by
+//    process X; this is process Y (a forked child must open its own
+//    WorkQueue)"), Close does nothing, and destroying it only unmaps the
+//    segment: the parent's client slot, items and segment are untouched. The
+//    check is one relaxed load of a counter a pthread_atfork handler bumps:
+//    no system call.
 //  * Items: an item is taken, then either acked (done), given back (handed
 //    out again), or lost with its process (handed out again). An ack for an
 //    item that was meanwhile reassigned (lease timeout) is refused: kStale.
+//    A second Ack or GiveBack of an item this process already acked or gave
+//    back is refused: kAlreadyDone.
 //  * End of data: Take returns kEnd once every item of every epoch is acked.
 //    While nothing is left to hand out but other live processes hold open
 //    items (which come back if they die), Take sleeps (futex) until an item
@@ -31,6 +38,13 @@
 //    processes died is kept: the next open with the same configuration
 //    resumes it, with a different one replaces it; both say so through
 //    Options::on_notice.
+//  * Handles: after Close(), every call returns kClosed. Objects built on a
+//    queue (a Reader, a Shuffler) hold a WorkQueue::Dependent and must be
+//    destroyed before it: destroying a WorkQueue that one still uses aborts
+//    the process with a message naming the queue, rather than crashing later
+//    at random. A Reader whose queue is closed under it fails with an error
+//    that says so. WorkItem::path points into the queue: copy it to keep it
+//    past the queue's destruction.
 //  * Errors: Open/SaveState throw tailcut::Error with a message that names the
 //    queue, segment, file or field and what to do.
 #ifndef TAILCUT_WORK_QUEUE_H_
@@ -47,6 +61,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tailcut/deadline.h"
 #include "tailcut/error.h"
 #include "tailcut/export.h"
 
@@ -153,10 +168,13 @@ struct WorkItem {
 };
 
 enum class TakeStatus {
-  kOk,     // *item is valid
-  kEnd,    // every item of every epoch is done
-  kEmpty,  // nothing to hand out before the deadline; others still hold items
-  kLimit,  // this process already holds leases_per_client items: ack or give one back
+  kOk,               // *item is valid
+  kEnd,              // every item of every epoch is done
+  kEmpty,            // nothing to hand out before the deadline; others still hold items
+  kLimit,            // this process already holds leases_per_client items: ack or give one back
+  kClosed,           // Close() was called on this WorkQueue
+  kForked,           // called in a forked child of the process that opened the queue
+  kInvalidArgument,  // item is null
   // A queue fed by a coordinator (WorkQueueOptions::coordinator) whose job
   // the coordinator lost (e.g. Redis restarted without persistence): nothing
   // can complete it; JobLossMessage() says what and what to do. Every take
@@ -169,14 +187,24 @@ enum class StepStatus {
   kEndEpoch,      // some rank has none: every rank ends its epoch before this step
   kTimeout,       // some rank did not arrive before the deadline
   kInvalid,       // rank >= ranks, ranks > max_clients, or a step that went backwards
+  kClosed,        // Close() was called on this WorkQueue
+  kForked,        // called in a forked child of the process that opened the queue
 };
 
 enum class AckStatus {
   kOk,
-  kStale,       // the item was reassigned (lease timeout); the ack was refused
-  kInvalid,     // not an item of this queue and process
-  kOutOfRange,  // Progress: the offset is outside the item's [begin, end]; nothing changed
+  kStale,        // the item was reassigned (lease timeout); the ack was refused
+  kInvalid,      // not an item this process took from this queue (e.g. WorkItem{})
+  kOutOfRange,   // Progress: the offset is outside the item's [begin, end]; nothing changed
+  kAlreadyDone,  // this process already acked or gave back the item; nothing changed
+  kClosed,       // Close() was called on this WorkQueue; its items were given back
+  kForked,       // called in a forked child of the process that opened the queue
 };
+
+// Short lowercase names, e.g. "already done", "forked", for messages and logs.
+TAILCUT_EXPORT const char* TakeStatusName(TakeStatus status) noexcept;
+TAILCUT_EXPORT const char* StepStatusName(StepStatus status) noexcept;
+TAILCUT_EXPORT const char* AckStatusName(AckStatus status) noexcept;
 
 // Per-client counters, kept in the segment.
 struct ClientStats {
@@ -226,21 +254,23 @@ class TAILCUT_EXPORT WorkQueue {
   // Throws tailcut::Error.
   static std::unique_ptr<WorkQueue> Open(WorkQueueOptions options);
 
-  // Closes (see Close()).
+  // Closes (see Close()). Aborts, naming the queue, while a Dependent of
+  // it lives (see Contract: Handles); in a forked child only unmaps.
   ~WorkQueue();
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
   // Hands out the next item. Waits at the end of the data as described above,
   // at most until deadline. Thread-safe, noexcept.
-  TakeStatus Take(WorkItem* item, std::chrono::steady_clock::time_point deadline =
-                                      std::chrono::steady_clock::time_point::max()) noexcept;
+  TakeStatus Take(WorkItem* item, Deadline deadline = Deadline::max()) noexcept;
   // Take that never waits: kEmpty when nothing can be handed out right now.
   TakeStatus TryTake(WorkItem* item) noexcept;
 
-  // Marks a held item done. kStale if it was reassigned meanwhile.
+  // Marks a held item done. kStale if it was reassigned meanwhile,
+  // kAlreadyDone if this process acked or gave it back before.
   AckStatus Ack(const WorkItem& item) noexcept;
-  // Returns a held item unfinished; another take hands it out again.
+  // Returns a held item unfinished; another take hands it out again. Same
+  // statuses as Ack.
   AckStatus GiveBack(const WorkItem& item) noexcept;
   // Reports progress: the item's bytes before `offset` are consumed (a
   // checkpoint resumes there) and `records` more records were read. Refreshes
@@ -274,8 +304,21 @@ class TAILCUT_EXPORT WorkQueue {
   // queue's lifetime (e.g. epoch << 32 | step in epoch). Sleeps on a futex
   // while others have not arrived, at most until deadline. Thread-safe.
   StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
-                       std::chrono::steady_clock::time_point deadline =
-                           std::chrono::steady_clock::time_point::max()) noexcept;
+                       Deadline deadline = Deadline::max()) noexcept;
+
+  // Held by an object that uses this queue and must not outlive it (tailcut's
+  // Reader holds one): see Contract: Handles. Construct in the process that
+  // opened the queue; any thread.
+  class TAILCUT_EXPORT Dependent {
+   public:
+    explicit Dependent(WorkQueue& queue) noexcept;
+    ~Dependent();
+    Dependent(const Dependent&) = delete;
+    Dependent& operator=(const Dependent&) = delete;
+
+   private:
+    WorkQueue& queue_;
+  };
 
   // A compact state of the whole queue (cursor, done tickets, open items and
   // their progress) to save with a training checkpoint and pass back through
@@ -293,7 +336,8 @@ class TAILCUT_EXPORT WorkQueue {
 
   // Gives back this process's open items, leaves the queue, and removes the
   // segment if this was the last process and the queue is finished.
-  // Idempotent. After Close only Stats-free destruction is allowed.
+  // Idempotent. Afterwards Take, TryTake, Ack, GiveBack, Progress, Commit,
+  // Claim and AgreeStep return kClosed.
   void Close() noexcept;
 
   const std::string& name() const noexcept;

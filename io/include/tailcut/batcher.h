@@ -5,8 +5,12 @@
 // back in one block of memory plus offsets, the layout a trainer copies to
 // a device in one go.
 //
-//   auto reader = tailcut::Reader::Open(*queue, {.format = format});
-//   tailcut::Batcher batcher(*reader, {.max_records = 256});
+//   tailcut::ReaderOptions options;
+//   options.format = format;
+//   auto reader = tailcut::Reader::Open(*queue, options);
+//   tailcut::BatcherOptions batching;
+//   batching.max_records = 256;
+//   tailcut::Batcher batcher(*reader, batching);
 //   tailcut::Batch batch;
 //   while (batcher.Next(&batch) == tailcut::ReadStatus::kOk) {
 //     for (size_t i = 0; i < batch.count; ++i) Use(batch.record(i));

@@ -6,7 +6,9 @@
 // chunks, in file order, one item after another.
 //
 //   auto queue = tailcut::WorkQueue::Open(queue_options);
-//   auto reader = tailcut::Reader::Open(*queue, {.format = format});
+//   tailcut::ReaderOptions options;  // a {.format = ...} initializer warns
+//   options.format = format;         // under -Wextra (fields left out)
+//   auto reader = tailcut::Reader::Open(*queue, options);
 //   tailcut::Record record;
 //   while (reader->NextRecord(&record) == tailcut::ReadStatus::kOk) Use(record);
 //   if (!reader->error().empty()) Fail(reader->error());
@@ -19,9 +21,16 @@
 //    first ends with the sticky kError ("called from two threads at once"),
 //    the Reader's items given back, so records are never handed out wrong.
 //  * Fork: a Reader belongs to the process that opened it; a forked child must
-//    open its own (the buffers are not even mapped in the child).
-//  * Ownership: the WorkQueue is not owned and must outlive the Reader. The
-//    Reader owns its buffers, files, ring and threads.
+//    open its own (the buffers are not even mapped in the child). In the
+//    child every call returns kForked (AckFinished, GiveBackFinished: the
+//    queue's kForked) and touches nothing; destroying the parent's Reader
+//    there frees nothing either (its threads and ring are the parent's).
+//  * Ownership: the WorkQueue is not owned and must outlive the Reader:
+//    destroying it first aborts with a message naming the queue (see
+//    work_queue.h, Handles). A queue closed under the Reader makes the next
+//    call fail (kError) with "queue 'q' was closed while this Reader was
+//    reading it", never end early. The Reader owns its buffers, files, ring
+//    and threads.
 //  * Items: the Reader takes at most prefetch_items items beyond the one being
 //    read. The current item is acked when its last record has been handed out
 //    and the consumer asks for the next (with ReaderOptions::defer_acks, the
@@ -165,12 +174,15 @@ enum class ReadStatus {
   // records were used, and call again. Comes only where the call would wait
   // (a deadline in the future); holding nothing, the Reader waits as usual.
   kHoldsFinished,
+  kForked,  // called in a forked child of the process that opened the Reader
 };
 
-// When a Next* call stops waiting for items that other processes hold.
-// Deadline::max() (the default): wait until an item comes back or all are
-// done. A deadline in the past (e.g. steady_clock::now()): do not wait.
-using Deadline = std::chrono::steady_clock::time_point;
+// A short lowercase name, e.g. "forked", for messages and logs.
+TAILCUT_EXPORT const char* ReadStatusName(ReadStatus status) noexcept;
+
+// The Next* calls wait for items that other processes hold until their
+// Deadline (tailcut/deadline.h): by default until an item comes back or all
+// are done.
 
 // Raw bytes of the current item (ReadMode::kChunks): file bytes
 // [offset, offset + size) of current_item().path.
@@ -269,6 +281,9 @@ class TAILCUT_EXPORT Reader {
   size_t items_held() const noexcept;
   // ReaderOptions::defer_acks as opened.
   bool defers_acks() const noexcept;
+  // True in a forked child of the process that opened the Reader (every call
+  // returns kForked there). No system call.
+  bool forked() const noexcept;
   ReaderStats stats() const noexcept;
   // One line on the buffers, e.g. "buffers: 64 MiB locked + io_uring-registered"
   // or "buffers: 64 MiB not locked: RLIMIT_MEMLOCK is 8 MiB; raise it with

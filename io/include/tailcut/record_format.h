@@ -82,6 +82,9 @@ enum class ParseStatus {
   kError,     // error() names the file, the offset and what is wrong
 };
 
+// A short lowercase name, e.g. "need more", for messages and logs.
+TAILCUT_EXPORT const char* ParseStatusName(ParseStatus status) noexcept;
+
 class TAILCUT_EXPORT RecordParser {
  public:
   static std::unique_ptr<RecordParser> Create(const RecordFormat& format);

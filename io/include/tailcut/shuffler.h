@@ -13,13 +13,19 @@
 // With max_epoch, records of items of later epochs are never buffered, so a
 // pass over one epoch can be shuffled on its own (tailcut.torch does this).
 //
+//   tailcut::ReaderOptions options;
+//   options.format = format;
+//   options.defer_acks = true;
 //   std::vector<std::unique_ptr<tailcut::Reader>> owned;
 //   std::vector<tailcut::Reader*> readers;
 //   for (int i = 0; i < 4; ++i) {
-//     owned.push_back(tailcut::Reader::Open(*queue, {.format = format, .defer_acks = true}));
+//     owned.push_back(tailcut::Reader::Open(*queue, options));
 //     readers.push_back(owned.back().get());
 //   }
-//   tailcut::Shuffler shuffler(readers, {.buffer_records = 8192, .seed = 7});
+//   tailcut::ShufflerOptions shuffling;
+//   shuffling.buffer_records = 8192;
+//   shuffling.seed = 7;
+//   tailcut::Shuffler shuffler(readers, shuffling);
 //   tailcut::Record record;
 //   while (shuffler.Next(&record) == tailcut::ReadStatus::kOk) Use(record);
 //

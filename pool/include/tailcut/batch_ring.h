@@ -44,7 +44,11 @@
 //    wake at least every 10 ms to look for dead clients; a caller that must
 //    answer signals (Python's Ctrl-C) passes short deadlines and loops.
 //  * Fork: a BatchRing belongs to the process that opened it; a forked child
-//    opens its own and must not use or destroy the parent's object.
+//    opens its own. In the child the parent's object is inert: the hot-path
+//    calls return kForked, EndEpoch/Close/RecoverDeadClients do nothing,
+//    Stats throws ("batch ring 'r' was opened by process X; this is process
+//    Y (a forked child must open its own BatchRing)"), and destroying it only
+//    unmaps the segment: the parent's client slot and slots are untouched.
 //  * CUDA: a trainer's Open registers its mapping of the arena with the CUDA
 //    runtime when one can be loaded at run time and has a device
 //    (cudaHostRegister, portable; no build dependency on CUDA), so that
@@ -72,6 +76,7 @@
 #include <string>
 #include <vector>
 
+#include "tailcut/deadline.h"
 #include "tailcut/error.h"
 #include "tailcut/export.h"
 
@@ -99,9 +104,13 @@ enum class RingStatus {
   kEnd,      // Pop: no batch ready and every epoch asked for has ended
   kClosed,   // Publish: the batch's epoch was already ended
   kStale,    // the token's slot has moved on (its generation): nothing changed
-  kInvalid,  // wrong role, bad argument, or a corrupt segment
+  kInvalid,  // wrong role or bad argument: the caller's mistake
+  kCorrupt,  // the segment holds what no client writes (a slot id or size out of
+             // range): it was damaged; remove the ring and start again
+  kForked,   // called in a forked child of the process that opened the ring
 };
 
+// A short lowercase name, e.g. "corrupt", for messages and logs.
 TAILCUT_EXPORT const char* RingStatusName(RingStatus status) noexcept;
 
 // Names one slot at one generation.
@@ -155,7 +164,7 @@ struct BatchRingStats {
 
 class TAILCUT_EXPORT BatchRing {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;  // Deadline is Clock::time_point
 
   // Creates or attaches to the ring options.name and registers this process
   // in the given role. Throws tailcut::Error (kInvalidArgument, kNoSpace for
@@ -163,8 +172,12 @@ class TAILCUT_EXPORT BatchRing {
   static std::unique_ptr<BatchRing> Open(const BatchRingOptions& options, RingRole role);
 
   // Loader: a FREE slot to fill, waiting (futex) until `deadline` for one.
-  // kOk, kTimeout, kInvalid (a trainer, or a corrupt segment).
-  RingStatus AcquireSlot(Clock::time_point deadline, WritableBatch* out) noexcept;
+  // kOk, kTimeout, kInvalid (a trainer), kCorrupt, kForked.
+  RingStatus AcquireSlot(WritableBatch* out, Deadline deadline) noexcept;
+  [[deprecated("out-parameter first, deadline last: AcquireSlot(out, deadline)")]] RingStatus
+  AcquireSlot(Deadline deadline, WritableBatch* out) noexcept {
+    return AcquireSlot(out, deadline);
+  }
   // Loader: publishes the first `bytes` of the slot as a batch of `epoch`
   // with `records` records, and wakes a waiting trainer. kOk, kStale,
   // kClosed (the epoch was ended; the slot is still the caller's: Abandon
@@ -176,8 +189,12 @@ class TAILCUT_EXPORT BatchRing {
 
   // Trainer: the next ready batch, waiting (futex) until `deadline`. kOk;
   // kEnd when none is ready and epoch `through_epoch` (kAllEpochs: every
-  // epoch) has ended; kTimeout; kInvalid (a loader, or a corrupt segment).
-  RingStatus Pop(uint64_t through_epoch, Clock::time_point deadline, ReadyBatch* out) noexcept;
+  // epoch) has ended; kTimeout; kInvalid (a loader); kCorrupt; kForked.
+  RingStatus Pop(uint64_t through_epoch, ReadyBatch* out, Deadline deadline) noexcept;
+  [[deprecated("out-parameter first, deadline last: Pop(through_epoch, out, deadline)")]] RingStatus
+  Pop(uint64_t through_epoch, Deadline deadline, ReadyBatch* out) noexcept {
+    return Pop(through_epoch, out, deadline);
+  }
   // Trainer: gives the batch's slot back to the loaders. kOk, kStale.
   RingStatus Release(const SlotToken& token) noexcept;
 
