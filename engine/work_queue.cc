@@ -1046,7 +1046,8 @@ void WorkQueue::Impl::Close() noexcept {
   core_->CheckClients(slot_);
   bool died;
   RobustLock admin(&seg.header().admin_mutex);
-  admin.Lock(std::max(options_.attach_timeout, std::chrono::milliseconds(100)), &died);
+  const auto admin_timeout = std::max(options_.attach_timeout, std::chrono::milliseconds(100));
+  const int locked = admin.Lock(admin_timeout, &died);
   // release: pairs with the acquire loads of state in Register,
   // CheckClients, LivePidsImpl, RepairLeases and Stats (queue_core.cc): who
   // sees the slot FREE sees our leases returned above.
@@ -1054,6 +1055,20 @@ void WorkQueue::Impl::Close() noexcept {
   me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);
   holder_.Stop();
   CrashPoint("close.after_unregister");
+  if (locked != 0) {
+    // Whether we are the last one, and so whether to remove the segment, is
+    // decided under the admin lock only: a process joining meanwhile would
+    // find its queue unlinked under it. Leave the segment; our slot is free.
+    Notice("queue '" + options_.name + "': closed without the segment's admin lock (" +
+           (locked == ETIMEDOUT
+                ? "a process held it for more than " + std::to_string(admin_timeout.count()) + " ms"
+                : std::string("it is damaged: ") + std::strerror(locked)) +
+           "), so segment " + segment_->path() +
+           " was left in place; the next job with the same configuration resumes it, `tailcut rm " +
+           options_.name + "` discards it");
+    core_->WakeWaiters();
+    return;
+  }
   int active = 0;
   // acquire: pairs with the release stores of state in Register, Close and
   // RecoverClient; the admin mutex we hold orders them too.

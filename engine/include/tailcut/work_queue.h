@@ -300,8 +300,11 @@ class TAILCUT_EXPORT WorkQueue {
   QueueStats Stats() const;
 
   // Gives back this process's open items, leaves the queue, and removes the
-  // segment if this was the last process and the queue is finished.
-  // Idempotent. After Close only Stats-free destruction is allowed.
+  // segment if this was the last process and the queue is finished. That is
+  // decided under the segment's admin lock: a Close that cannot take it
+  // within attach_timeout (at least 100 ms) leaves the segment in place and
+  // says so through on_notice. Idempotent. After Close only Stats-free
+  // destruction is allowed.
   void Close() noexcept;
 
   const std::string& name() const noexcept;
