@@ -57,6 +57,20 @@ AckStatus CheckOffset(const LeaseSlot& ls, uint64_t ours, uint64_t offset,
   return AckStatus::kOk;
 }
 
+// The floor's offset as a reader of the lease word `word` may trust it:
+// written for that word, for the one before it (ClaimOrphan makes an orphan
+// OPEN first and writes its floor after: meanwhile it is the orphan's
+// floor, which is what ClaimOrphan writes), or for the one after it
+// (RetagFloor retags the owner's floor for the orphan word before it moves
+// the lease word there). A former owner's words are older than all three.
+bool FloorOffset(uint64_t floor, uint64_t word, uint64_t* offset) {
+  const uint64_t gen = LeaseGenOf(word);
+  for (uint64_t g : {gen, gen + 1, gen - 1}) {
+    if (ProgressOffset(floor, LeaseWord(kLeaseOrphan, kNoOwner, g), offset)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 uint64_t FixedRecordBytes(std::string_view tag) noexcept {
@@ -97,8 +111,7 @@ bool RetagFloor(LeaseSlot& ls, uint64_t expected, uint64_t orphan, uint64_t begi
     // The owner's floor, or one a racing returner of the same lease word
     // retagged already; anything else (a damaged or taken-over lease) is
     // not this item's.
-    if (!ProgressOffset(f, expected, &offset) && !ProgressOffset(f, orphan, &offset))
-      offset = begin;
+    if (!FloorOffset(f, expected, &offset)) offset = begin;
     // acquire: pairs with the CASes that move the lease on; a lease that moved on is someone
     // else's now, and so is its floor.
     if (ls.word.load(std::memory_order_acquire) != expected) return false;
@@ -111,7 +124,10 @@ bool RetagFloor(LeaseSlot& ls, uint64_t expected, uint64_t orphan, uint64_t begi
 uint64_t CheckpointResume(uint64_t word, uint64_t begin, uint64_t floor,
                           uint64_t progress) noexcept {
   uint64_t resume = begin;
-  ProgressOffset(floor, word, &resume);
+  FloorOffset(floor, word, &resume);
+  // An OPEN lease's highest Progress, until its owner commits. From then on
+  // the floor alone: a commit counts once its floor CAS landed, as it does
+  // for a crash (one that fails there reports kStale and counts nowhere).
   uint64_t used = 0;
   if (LeaseStateOf(word) == kLeaseOpen && !IsCommitted(progress) &&
       ProgressOffset(progress, word, &used))

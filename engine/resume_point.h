@@ -7,8 +7,11 @@
 //             out, raised only by Commit.
 //   progress  where a checkpoint (SaveState) resumes it while it is open:
 //             the floor, raised by the owner's Progress until the owner
-//             commits; from its first commit on, the highest commit.
-// Both only move forward, by CAS, and carry the generation tag of the lease
+//             commits (from then on it holds the highest commit, and the
+//             checkpoint takes the floor alone: a commit counts once its
+//             floor CAS landed, for a checkpoint as for a crash).
+// Both only move forward (but the first commit replaces what Progress said
+// in the progress word), by CAS, and carry the generation tag of the lease
 // word their writer held the lease by: a former owner's late write is told
 // apart, and a reader that finds a foreign tag falls back to something
 // earlier, which repeats bytes, never skips them. docs/reliability.md has
@@ -48,7 +51,7 @@ AckStatus RecordCommit(LeaseSlot& ls, uint64_t ours, uint64_t offset,
 bool RetagFloor(LeaseSlot& ls, uint64_t expected, uint64_t orphan, uint64_t begin) noexcept;
 
 // Where SaveState resumes a lease it read as (word, begin, floor, progress):
-// the floor, raised by an uncommitted progress of an OPEN lease.
+// the floor, raised by an OPEN lease's progress until its owner commits.
 uint64_t CheckpointResume(uint64_t word, uint64_t begin, uint64_t floor,
                           uint64_t progress) noexcept;
 

@@ -243,9 +243,10 @@ class TAILCUT_EXPORT WorkQueue {
   // Commit calls, never by Progress (what a process only read or used dies
   // with it). A checkpoint (SaveState) resumes an open item at its floor,
   // raised by this process's Progress calls as long as it never committed
-  // the item. Each point only moves forward: an offset below one recorded
-  // before is accepted and changes nothing. docs/reliability.md has the
-  // table.
+  // the item. Each point only moves forward (an offset below one recorded
+  // before is accepted and changes nothing), except that the first Commit
+  // replaces, for the checkpoint, what this process's Progress said (read
+  // is not delivered). docs/reliability.md has the table.
   //
   // Reports progress: this process used the records before `offset` (a
   // checkpoint resumes there, see above) and read `records` more records.
