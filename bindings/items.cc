@@ -136,14 +136,19 @@ void DefineWorkItem(py::module_& m) {
       .def("give_back", &PyWorkItem::GiveBack,
            "Returns the item unfinished; the queue hands it out again (to any process).")
       .def("progress", &PyWorkItem::Progress, py::arg("offset"), py::arg("records") = 0,
-           "Reports that the item's bytes before `offset` are consumed (a checkpoint resumes "
-           "there) and `records` more records were read; refreshes the lease timeout. Raises "
-           "StaleItemError if the item was reassigned.")
+           "Reports that the item's bytes before `offset` are used by this process (a "
+           "checkpoint resumes there, unless this process committed the item: then only "
+           "commits count) and `records` more records were read; refreshes the lease timeout. "
+           "An offset below an earlier one changes nothing. Raises StaleItemError if the item "
+           "was reassigned, InvalidArgumentError for an offset outside the item or inside a "
+           "fixed-size record.")
       .def("commit", &PyWorkItem::Commit, py::arg("offset"),
-           "Like progress(offset), for a process that hands on what it reads (a loader "
-           "publishing batches): should it die, give the item back or lose it to a lease "
-           "timeout, the item is handed out again from `offset`, not from its start. Call it "
-           "after each hand-off.")
+           "For a process that hands on what it reads (a loader publishing batches): the "
+           "records before `offset` are delivered, so should it die, give the item back or lose "
+           "it to a lease timeout, the item is handed out again from the highest offset "
+           "committed, not from its start, and a checkpoint resumes there too (later "
+           "progress() calls no longer move it). Call it after each hand-off. Same errors as "
+           "progress().")
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",

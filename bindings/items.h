@@ -68,7 +68,8 @@ struct PyWorkItem {
       Raise(g_exc.invalid_argument, std::string("cannot ") + action + " " + Describe() +
                                         ": it is already " + StateName(state));
   }
-  void Check(tc::AckStatus status, const char* action) {
+  // offset: the one Progress or Commit was given, to say why it was refused.
+  void Check(tc::AckStatus status, const char* action, uint64_t offset = 0) {
     if (status == tc::AckStatus::kOk) return;
     if (status == tc::AckStatus::kStale) {
       state = ItemState::kStale;
@@ -81,6 +82,14 @@ struct PyWorkItem {
                                         " refused: this process already acked or gave it back");
     if (status == tc::AckStatus::kClosed) throw h->ClosedError();
     if (status == tc::AckStatus::kForked) h->CheckPid();
+    if (status == tc::AckStatus::kOutOfRange && h->format &&
+        h->format->kind == tc::RecordFormatKind::kFixed && offset >= item.begin &&
+        offset <= item.end)
+      Raise(g_exc.invalid_argument,
+            std::string(action) + " of " + Describe() + " refused: offset " +
+                std::to_string(offset) + " is inside a record (format '" + h->format->Tag() +
+                "': records start at multiples of " + std::to_string(h->format->record_bytes) +
+                "); nothing was recorded");
     if (status == tc::AckStatus::kOutOfRange)
       Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
                                         " refused: the offset is outside the item's byte range "
@@ -117,7 +126,7 @@ struct PyWorkItem {
       Use use(*h);
       s = h->queue->Progress(item, off, recs);
     }
-    Check(s, "progress");
+    Check(s, "progress", off);
   }
   void Commit(const py::object& offset) {
     RequireOpen("commit");
@@ -127,7 +136,7 @@ struct PyWorkItem {
       Use use(*h);
       s = h->queue->Commit(item, off);
     }
-    Check(s, "commit");
+    Check(s, "commit", off);
   }
   // Best effort, for destructors: no raise.
   void AckQuietly() noexcept {

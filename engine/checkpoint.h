@@ -4,8 +4,8 @@
 // A checkpoint is a few integers and a short bitmap: the data fingerprint,
 // the seed, the lowest ticket not done (low), the cursor, the done bits
 // between them, and the open pieces (ticket, resume offset, end). The scan
-// that fills it from a live segment is WorkQueue's; this file only encodes
-// and decodes, and refuses bytes that are not a checkpoint.
+// that fills it from a live segment is state_scan.h's; this file only
+// encodes and decodes, and refuses bytes that are not a checkpoint.
 //
 // Errors: DeserializeState throws tailcut::Error (kCorrupt) naming the queue
 // and what is wrong (truncated, bad magic, version, checksum, counts).

@@ -13,6 +13,7 @@
 #include "engine/crash_point.h"
 #include "engine/futex.h"
 #include "engine/permutation.h"
+#include "engine/resume_point.h"
 #include "engine/robust_mutex.h"
 
 namespace tailcut::detail {
@@ -67,29 +68,11 @@ bool QueueCore::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_wo
 
 bool QueueCore::ReturnToOrphan(LeaseSlot& ls, uint64_t* expected) noexcept {
   const uint64_t orphan = NextLeaseWord(*expected, kLeaseOrphan, kNoOwner);
-  // relaxed, all: we hold the lease (its owner, or took it over by CAS), so its fields are ours to
-  // read, and the stores are published by MarkOrphan's CAS below.
-  uint64_t begin = ls.begin.load(std::memory_order_relaxed);
-  const uint64_t end = ls.end.load(std::memory_order_relaxed);
-  const uint32_t flags = ls.flags.load(std::memory_order_relaxed);
-  if (flags & kLeaseCommitted) {
-    // Resume where the owner's commit says, unless the lease was ever
-    // claimed for splitting (a thief's extent is relative to this begin) or
-    // the commit is another owner's (its tag).
-    Extent x = Extent::Of(ls.extent.load(std::memory_order_relaxed));
-    uint64_t offset = 0;
-    if (!x.splittable && !x.split && x.pending == 0 &&
-        ProgressOffset(ls.progress.load(std::memory_order_relaxed), *expected, &offset) &&
-        offset > begin && offset <= end) {
-      begin = offset;
-      ls.begin.store(begin, std::memory_order_relaxed);
-      ls.extent.store(
-          Extent::Fresh(ExtentUnits(end - begin, SplitUnit(end - begin)), orphan).Word(),
-          std::memory_order_relaxed);
-    }
-    ls.flags.store(flags & ~kLeaseCommitted, std::memory_order_relaxed);
-  }
-  ls.progress.store(ProgressWord(begin, orphan), std::memory_order_relaxed);
+  // The item goes back at its floor; nothing else of the lease changes (a
+  // claimed item keeps its extent): ClaimOrphan starts the next owner there.
+  // relaxed: we hold the lease, or its owner's death or our CAS on the word handed it to us, so
+  // begin is not written any more.
+  if (!RetagFloor(ls, *expected, orphan, ls.begin.load(std::memory_order_relaxed))) return false;
   return MarkOrphan(ls, expected, orphan);
 }
 
@@ -102,6 +85,7 @@ bool QueueCore::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t t
   ls.begin.store(begin, std::memory_order_relaxed);
   ls.end.store(end, std::memory_order_relaxed);
   ls.progress.store(ProgressWord(begin, orphan), std::memory_order_relaxed);
+  ls.floor.store(ProgressWord(begin, orphan), std::memory_order_relaxed);
   ls.extent.store(Extent::Fresh(ExtentUnits(end - begin, SplitUnit(end - begin)), orphan).Word(),
                   std::memory_order_relaxed);
   ls.flags.store(flags, std::memory_order_relaxed);

@@ -94,8 +94,9 @@ class QueueCore {
   // orphan_seq. Returns whether the CAS succeeded.
   bool MarkOrphan(LeaseSlot& lease, uint64_t* expected, uint64_t orphan_word) noexcept;
   // Hands an OPEN lease (word *expected) back as ORPHAN, to be read again
-  // from its begin: its progress is reset, tagged for the orphan word, then
-  // MarkOrphan. Returns whether the CAS succeeded.
+  // from its floor (its begin, raised by its owner's commits): the floor is
+  // retagged for the orphan word, then MarkOrphan. Returns whether the
+  // lease became ORPHAN (false: it moved on meanwhile).
   bool ReturnToOrphan(LeaseSlot& lease, uint64_t* expected) noexcept;
   // Clears the anchor's pending mark if it names `thief`, and frees the
   // anchor if it was only kept for that mark (I7).

@@ -64,7 +64,9 @@ inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
 // the queue's lease timeout, its lifetime and why it is kept.
 // 4: fed queues (the cross-host tier): the cursor's limit, the feeder mutex,
 // the fed block table and the skip bitmap; orphan_seq on a line of its own.
-inline constexpr uint32_t kLayoutVersion = 4;
+// 5: a lease's resume point (floor) apart from its progress; the progress
+// word carries whether its owner committed; anchor is 32 bits.
+inline constexpr uint32_t kLayoutVersion = 5;
 inline constexpr size_t kCacheLine = 64;
 
 enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
@@ -101,10 +103,6 @@ inline constexpr uint32_t kLeasePreset = 1;
 // done bit: the anchor's ack does, and "done" is "bit set and no lease holds
 // the ticket".
 inline constexpr uint32_t kLeasePiece = 2;
-// Lease flag: its owner hands on what it reads (WorkQueue::Commit), so what
-// it committed survives it: handed back (owner dead, lease timeout, give
-// back), the lease resumes at its progress offset, not at its begin.
-inline constexpr uint32_t kLeaseCommitted = 4;
 
 // The low bits of a lease word's generation, kept in words that are written
 // after a check of the lease word (a paused owner's Claim or Progress may
@@ -153,18 +151,31 @@ inline uint64_t SplitUnit(uint64_t length) {
 }
 inline uint64_t ExtentUnits(uint64_t length, uint64_t unit) { return (length + unit - 1) / unit; }
 
-// Progress word of a lease: the resume offset (bits 0-47; files are at most
-// kMaxFileBytes) and the GenTag(16) of the word its writer held or published
-// the lease by. A reader trusts the offset only when the tag matches the
-// lease word it read, and otherwise resumes from the lease's begin.
-inline uint64_t ProgressWord(uint64_t offset, uint64_t lease_word) {
-  return (offset & kMaxFileBytes) | (GenTag(lease_word, 16) << 48);
+// Offset words of a lease (floor and progress): an offset (bits 0-47; files
+// are at most kMaxFileBytes), the GenTag(15) of the word its writer held or
+// published the lease by (bits 48-62), and in the progress word whether the
+// owner committed (bit 63). A reader trusts the offset only when the tag
+// matches the lease word it read; otherwise it falls back to something
+// earlier (the floor, or the lease's begin), which repeats, never skips.
+//
+// floor: where the item is handed out again should it leave its owner (the
+//   owner dies, gives it back, or loses it to a lease timeout): the lease's
+//   begin, raised only by WorkQueue::Commit (what was handed on survives
+//   the process). It only grows, by CAS, and moves to each next owner.
+// progress: where a checkpoint (SaveState) resumes an open item: the floor,
+//   raised by the owner's Progress; once the owner committed (bit 63), its
+//   Progress no longer counts (it says what was parsed, not what was used).
+inline constexpr uint64_t kCommittedBit = uint64_t{1} << 63;
+inline uint64_t ProgressWord(uint64_t offset, uint64_t lease_word, bool committed = false) {
+  return (offset & kMaxFileBytes) | (GenTag(lease_word, 15) << 48) |
+         (committed ? kCommittedBit : 0);
 }
 inline bool ProgressOffset(uint64_t progress, uint64_t lease_word, uint64_t* offset) {
-  if ((progress >> 48) != GenTag(lease_word, 16)) return false;
+  if (((progress >> 48) & 0x7fff) != GenTag(lease_word, 15)) return false;
   *offset = progress & kMaxFileBytes;
   return true;
 }
+inline bool IsCommitted(uint64_t progress) { return (progress & kCommittedBit) != 0; }
 
 // magic and state are stored with release by the creator (TryCreate) and
 // loaded with acquire by attachers (Segment::WaitForMagic, TryAttach): what
@@ -308,6 +319,10 @@ struct alignas(kCacheLine) StepSlot {
 // sweeps and reassigners, which may read a TAKING lease before its word
 // changes. extent: changed only by acq_rel CAS (Claim, TrySplit, FinishAck,
 // SettleSplit, ClaimOrphan). flags: see ReadTicketAndFlags (queue_core.h).
+// floor and progress: stored by whoever fills the lease (with the fields
+// above), then changed only by acq_rel CAS (Progress, Commit, and
+// ReturnToOrphan, which retags the floor for the orphan word, so that a late
+// Commit of a paused owner either counts or fails); see ProgressWord.
 struct alignas(kCacheLine) LeaseSlot {
   SharedAtomic<uint64_t> word;
   SharedAtomic<uint64_t> ticket;
@@ -315,9 +330,11 @@ struct alignas(kCacheLine) LeaseSlot {
   SharedAtomic<uint64_t> end;
   SharedAtomic<uint64_t> progress;  // resume offset for checkpoints: ProgressWord
   SharedAtomic<uint64_t> extent;    // Extent word (tail splitting)
-  SharedAtomic<uint64_t> anchor;    // pieces: the lease they were split off
+  SharedAtomic<uint32_t> anchor;    // pieces: the lease they were split off
   SharedAtomic<uint32_t> flags;
+  SharedAtomic<uint64_t> floor;  // resume offset when handed out again: ProgressWord
 };
+static_assert(sizeof(LeaseSlot) == kCacheLine, "a lease fills one cache line");
 
 // A block of tickets a fed queue's feeder holds from the cross-host tier,
 // recorded so that a feeder that takes over after a death can renew and

@@ -20,8 +20,10 @@
 #include "engine/handle_checks.h"
 #include "engine/local_feed.h"
 #include "engine/queue_core.h"
+#include "engine/resume_point.h"
 #include "engine/robust_mutex.h"
 #include "engine/segment.h"
+#include "engine/state_scan.h"
 #include "engine/step_barrier.h"
 
 namespace tailcut {
@@ -132,11 +134,16 @@ class WorkQueue::Impl {
   // the queue's side of it.
   std::unique_ptr<Feeder> feeder_;
   std::unique_ptr<LocalFeed> feed_;
+  // The format's record size when the queue's format tag is "fixed:N" (0:
+  // any other format): offsets passed to Progress and Commit must be record
+  // boundaries.
+  uint64_t record_bytes_ = 0;
   bool closed_ = true;
 };
 
 void WorkQueue::Impl::Open() {
   LoadCrashPointFromEnvironment();
+  record_bytes_ = FixedRecordBytes(config_.format);
   // A job across hosts: the tier decides the seed, and this host's queue
   // gets a name of its own (so hosts can also be simulated on one machine).
   FeedJob job{options_.name,         config_.items.size(), config_.num_epochs,
@@ -276,6 +283,13 @@ void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
                                            "': restore_state has a piece of "
                                            "ticket " +
                                            std::to_string(p.ticket) + " outside its item");
+    if (p.begin < p.end && !IsResumableOffset(p.begin, item.begin, record_bytes_))
+      throw Error(ErrorKind::kCorrupt,
+                  "queue '" + options_.name + "': restore_state resumes ticket " +
+                      std::to_string(p.ticket) + " at offset " + std::to_string(p.begin) +
+                      ", inside a record of format '" + config_.format + "' (records start at " +
+                      "multiples of " + std::to_string(record_bytes_) +
+                      "); pass the bytes SaveState() returned, unchanged");
     seg.done_word(p.ticket / 64)
         .fetch_or(uint64_t{1} << (p.ticket % 64), std::memory_order_relaxed);
     if (p.begin >= p.end) continue;  // consumed to its end: done
@@ -483,19 +497,30 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
     uint64_t begin = ls.begin.load(std::memory_order_relaxed);
     uint64_t end = ls.end.load(std::memory_order_relaxed);
     uint32_t flags = ls.flags.load(std::memory_order_relaxed);
+    // Where it resumes: its floor, as ReturnToOrphan or PublishOrphan
+    // tagged it for the orphan word (a former owner's commits), else begin.
+    // relaxed: as the fields above, acquired by our CAS of the word, which
+    // MarkOrphan made after ReturnToOrphan's CAS of the floor.
+    uint64_t from = begin;
+    ProgressOffset(ls.floor.load(std::memory_order_relaxed), w, &from);
     if (begin <= end) {
       // Ours now: tag the extent (a former owner's late Claim, or a thief
       // that read it before, then fails its CAS), and not splittable until
       // we claim. An anchor whose tail was split off ends where the split
       // lowered it, as the extent says once no thief can lower it further.
+      // What lies below the floor counts as claimed: no split takes it.
       // acquire: pairs with the extent CASes of TrySplit and of a former
       // owner's late Claim; the CAS below retries on them.
       uint64_t e = ls.extent.load(std::memory_order_acquire);
       Extent x = Extent::Of(e);
+      const uint64_t unit = SplitUnit(end - begin);
+      const uint64_t floor_units =
+          from <= begin ? 0 : ExtentUnits(std::min(from, end) - begin, unit);
       for (;;) {
         Extent y = x;
         y.splittable = false;
         y.tag = GenTag(open, 8);
+        y.claim = std::max(x.claim, std::min(floor_units, x.end));
         // acq_rel: pairs with TrySplit's split CAS and Claim's CAS on this
         // word: one that read the extent before our tag fails.
         if (ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
@@ -526,19 +551,22 @@ bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
       c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
       continue;
     }
-    if (segment_->IsSkipped(ticket)) {
-      // A fed queue's feeder dropped the ticket (its block went to another
-      // host): complete the lease as an ack would, never hand it out.
+    from = std::clamp(from, begin, end);
+    // A fed queue's feeder dropped the ticket (its block went to another
+    // host), or a former owner committed all of it: complete the lease as
+    // an ack would, never hand it out.
+    if (segment_->IsSkipped(ticket) || (from > begin && from == end)) {
       uint64_t acking = NextLeaseWord(open, kLeaseAcking, slot_);
       // acq_rel: as Ack's CAS to ACKING; FinishAck then frees the lease.
       if (ls.word.compare_exchange_strong(open, acking, std::memory_order_acq_rel))
         core_->FinishAck(l, acking);
       continue;
     }
-    ls.progress.store(ProgressWord(begin, open), std::memory_order_relaxed);
+    ls.progress.store(ProgressWord(from, open), std::memory_order_relaxed);
+    ls.floor.store(ProgressWord(from, open), std::memory_order_relaxed);
     me().items_taken.fetch_add(1, std::memory_order_relaxed);
     me().items_recovered.fetch_add(1, std::memory_order_relaxed);
-    FillItem(out, l, open, ticket, begin, end);
+    FillItem(out, l, open, ticket, from, end);
     out->piece = flags & kLeasePiece;
     return true;
   }
@@ -599,6 +627,7 @@ bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
     ls.begin.store(item.begin, std::memory_order_relaxed);
     ls.end.store(item.end, std::memory_order_relaxed);
     ls.progress.store(ProgressWord(item.begin, open), std::memory_order_relaxed);
+    ls.floor.store(ProgressWord(item.begin, open), std::memory_order_relaxed);
     uint64_t length = item.end - item.begin;
     ls.extent.store(Extent::Fresh(ExtentUnits(length, SplitUnit(length)), open).Word(),
                     std::memory_order_relaxed);
@@ -740,7 +769,7 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     LeaseSlot& ps = segment_->lease(mine);
     // Mark it a piece before it names a ticket: a recoverer must never take
     // it for an ordinary TAKING lease and re-issue the whole item.
-    ps.anchor.store(victim, std::memory_order_relaxed);
+    ps.anchor.store(static_cast<uint32_t>(victim), std::memory_order_relaxed);
     // seq_cst: pairs with the acquire loads of flags in ReadTicketAndFlags
     // (queue_core.h); the ticket's release below publishes it too.
     ps.flags.store(kLeasePiece, std::memory_order_seq_cst);
@@ -752,6 +781,7 @@ bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
     ps.begin.store(split, std::memory_order_relaxed);
     ps.end.store(victim_end, std::memory_order_relaxed);
     ps.progress.store(ProgressWord(split, open), std::memory_order_relaxed);
+    ps.floor.store(ProgressWord(split, open), std::memory_order_relaxed);
     uint64_t length = victim_end - split;
     ps.extent.store(Extent::Fresh(ExtentUnits(length, SplitUnit(length)), open).Word(),
                     std::memory_order_relaxed);
@@ -978,36 +1008,18 @@ AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
 
 AckStatus WorkQueue::Impl::Commit(const WorkItem& item, uint64_t offset) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  LeaseSlot& ls = segment_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  // acquire: pairs with the CASes that made the lease ours; a stale owner writes nothing.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
-  AckStatus status = Progress(item, offset, 0);
-  if (status != AckStatus::kOk) return status;
-  // relaxed: only the owner writes flags while the lease is OPEN; whoever hands the lease back
-  // reads them after taking the word (its CAS, or the owner's death through the life mutex).
-  uint32_t flags = ls.flags.load(std::memory_order_relaxed);
-  if (!(flags & kLeaseCommitted))
-    ls.flags.store(flags | kLeaseCommitted, std::memory_order_relaxed);
-  return AckStatus::kOk;
+  AckStatus s = RecordCommit(segment_->lease(item.lease), ours, offset, record_bytes_);
+  if (s == AckStatus::kOk) me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
+  return s;
 }
 
 AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
                                     uint64_t records) noexcept {
   if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  LeaseSlot& ls = segment_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  // acquire: pairs with the CASes that may have moved the lease on
-  // (ReturnToOrphan, ReassignHung); a late progress store is tagged, below.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
-  // An offset past the end would make a checkpoint skip the rest of the
-  // item. The lease's own range, not the caller's copy of it, is the item.
-  if (offset < ls.begin.load(std::memory_order_relaxed) ||
-      offset > ls.end.load(std::memory_order_relaxed))
-    return AckStatus::kOutOfRange;
-  // Tagged: should the lease be reassigned and taken again before this
-  // store lands, SaveState ignores it.
-  ls.progress.store(ProgressWord(offset, ours), std::memory_order_relaxed);
+  AckStatus s = RecordProgress(segment_->lease(item.lease), ours, offset, record_bytes_);
+  if (s != AckStatus::kOk) return s;
   if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return AckStatus::kOk;
@@ -1018,122 +1030,12 @@ std::string WorkQueue::Impl::SaveState() const {
   // every host (items open anywhere are read again after a restore).
   if (feeder_) return feeder_->SaveState();
   if (closed_) throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "' is closed");
-  Segment& seg = *segment_;
   SavedState s;
   s.fingerprint = DataFingerprint(config_);
   s.num_items = core_->num_items();
   s.num_epochs = config_.num_epochs;
   s.seed = config_.seed;
-  uint64_t total = core_->total();
-  // acquire: pairs with the release half of TakeOnce's fetch_add and
-  // ApplyRestore's store: the leases reserved below it are seen by the scan.
-  s.cursor = std::min(seg.cursor().next_ticket.load(std::memory_order_acquire), total);
-  // Leases first, then bits: an ack sets its bit before freeing its lease,
-  // so nothing acked is missed, and an item acked meanwhile is merely
-  // handed out again after a restore.
-  //
-  // A split moves a range from its anchor to the thief's lease at the CAS
-  // on the anchor's extent; a thief bumps split_seq before and after that
-  // CAS. A scan that sees split_seq unchanged can only have missed a split
-  // whose thief sat between its two bumps for the whole scan: its lease was
-  // TAKING throughout, with its fields already written. Whether its range
-  // has moved is then told by the anchor's extent as this same scan read it
-  // (pending names the thief from the CAS until the piece is OPEN), so the
-  // anchor and the piece are judged at one moment: never both, never none.
-  // A TAKING piece that moved on during the scan makes us scan again.
-  struct Seen {
-    uint64_t word = 0, ticket = kNoTicket, begin = 0, end = 0, progress = 0, extent = 0, anchor = 0;
-    uint32_t flags = 0;
-  };
-  const uint64_t num_leases = core_->num_leases();
-  std::vector<Seen> seen(num_leases);
-  std::vector<uint64_t> acking;
-  for (int scan = 0;; ++scan) {
-    // seq_cst: pairs with TrySplit's two seq_cst bumps (see above).
-    uint64_t split_seq = seg.counters().split_seq.load(std::memory_order_seq_cst);
-    for (uint64_t l = 0; l < num_leases; ++l) {
-      LeaseSlot& ls = seg.lease(l);
-      Seen& v = seen[l];
-      for (;;) {
-        // acquire: pairs with the owners' CASes on the word, made after the
-        // fields read below; the second load checks the word did not move.
-        v.word = ls.word.load(std::memory_order_acquire);
-        if (!ReadTicketAndFlags(ls, &v.ticket, &v.flags)) continue;
-        v.begin = ls.begin.load(std::memory_order_relaxed);
-        v.end = ls.end.load(std::memory_order_relaxed);
-        v.progress = ls.progress.load(std::memory_order_relaxed);
-        // acquire: pairs with the extent CASes of TrySplit, Claim,
-        // ClaimOrphan and FinishAck's seal.
-        v.extent = ls.extent.load(std::memory_order_acquire);
-        v.anchor = ls.anchor.load(std::memory_order_relaxed);
-        // acquire: as the first load of the word.
-        if (ls.word.load(std::memory_order_acquire) == v.word) break;
-      }
-    }
-    // seq_cst: as the load before the scan.
-    bool still = seg.counters().split_seq.load(std::memory_order_seq_cst) == split_seq;
-    // A thief's TAKING piece is judged below by its anchor as this scan
-    // read it, which holds only if the piece stayed TAKING all through the
-    // scan (it leaves the anchor's pending mark once OPEN). Read its fields
-    // again meanwhile: if its split happened, they were complete before it.
-    for (uint64_t l = 0; l < num_leases && still; ++l) {
-      Seen& v = seen[l];
-      if (LeaseStateOf(v.word) != kLeaseTaking || !(v.flags & kLeasePiece)) continue;
-      LeaseSlot& ls = seg.lease(l);
-      still = ReadTicketAndFlags(ls, &v.ticket, &v.flags);
-      v.anchor = ls.anchor.load(std::memory_order_relaxed);
-      v.begin = ls.begin.load(std::memory_order_relaxed);
-      v.end = ls.end.load(std::memory_order_relaxed);
-      // acquire: as in the scan above.
-      still = still && ls.word.load(std::memory_order_acquire) == v.word;
-    }
-    if (still) break;
-    if (scan == 100)
-      throw Error(ErrorKind::kTimeout,
-                  "queue '" + options_.name +
-                      "': tails kept being split while "
-                      "saving the state; retry, or open the queues with split_tail=false");
-  }
-  for (uint64_t l = 0; l < num_leases; ++l) {
-    const Seen& v = seen[l];
-    uint64_t state = LeaseStateOf(v.word);
-    if (v.ticket >= total || v.begin > v.end) continue;
-    uint64_t end = v.end;
-    if (!(v.flags & kLeasePreset))  // a split lowers an anchor's end
-      end = std::min(end, v.begin + Extent::Of(v.extent).end * SplitUnit(v.end - v.begin));
-    if (state == kLeaseAcking) {
-      acking.push_back(v.ticket);
-    } else if (state == kLeaseOpen || state == kLeaseOrphan) {
-      // A progress written by a former owner (its tag differs) is not this
-      // item's: resume from its begin.
-      uint64_t resume = v.begin;
-      ProgressOffset(v.progress, v.word, &resume);
-      s.pieces.push_back({v.ticket, std::clamp(resume, v.begin, end), end});
-    } else if (state == kLeaseTaking && (v.flags & kLeasePiece)) {
-      if (v.anchor < num_leases && Extent::Of(seen[v.anchor].extent).pending == l + 1)
-        s.pieces.push_back({v.ticket, v.begin, v.end});
-    } else if (state == kLeaseTaking && !(seg.IsDone(v.ticket) && !(v.flags & kLeasePreset))) {
-      const WorkQueue::Item& item =
-          config_.items[core_->ItemAt(v.ticket / s.num_items, v.ticket % s.num_items)];
-      s.pieces.push_back({v.ticket, item.begin, item.end});
-    }
-  }
-  uint64_t words = (s.cursor + 63) / 64;
-  std::vector<uint64_t> bits(words);
-  // acquire: pairs with FinishAck's acq_rel fetch_or (queue_core.cc); read
-  // after the leases (see above).
-  for (uint64_t i = 0; i < words; ++i) bits[i] = seg.done_word(i).load(std::memory_order_acquire);
-  // Only tickets below the cursor: one taken after we read it is handed
-  // out again, whole, after a restore; a bit or a piece of it here would
-  // make the restore skip some of it.
-  if (s.cursor % 64 != 0) bits[words - 1] &= (uint64_t{1} << (s.cursor % 64)) - 1;
-  std::erase_if(s.pieces, [&](const Piece& p) { return p.ticket >= s.cursor; });
-  for (uint64_t t : acking)
-    if (t < s.cursor) bits[t / 64] |= uint64_t{1} << (t % 64);
-  for (const Piece& p : s.pieces) bits[p.ticket / 64] |= uint64_t{1} << (p.ticket % 64);
-  s.low = 0;
-  while (s.low < s.cursor && ((bits[s.low / 64] >> (s.low % 64)) & 1)) ++s.low;
-  s.words.assign(bits.begin() + static_cast<long>(s.low / 64), bits.end());
+  ScanState(*core_, options_.name, &s);
   return SerializeState(s);
 }
 
@@ -1157,7 +1059,8 @@ void WorkQueue::Impl::Close() noexcept {
   core_->CheckClients(slot_);
   bool died;
   RobustLock admin(&seg.header().admin_mutex);
-  admin.Lock(std::max(options_.attach_timeout, std::chrono::milliseconds(100)), &died);
+  const auto admin_timeout = std::max(options_.attach_timeout, std::chrono::milliseconds(100));
+  const int locked = admin.Lock(admin_timeout, &died);
   // release: pairs with the acquire loads of state in Register,
   // CheckClients, LivePidsImpl, RepairLeases and Stats (queue_core.cc): who
   // sees the slot FREE sees our leases returned above.
@@ -1165,6 +1068,20 @@ void WorkQueue::Impl::Close() noexcept {
   me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);
   holder_.Stop();
   CrashPoint("close.after_unregister");
+  if (locked != 0) {
+    // Whether we are the last one, and so whether to remove the segment, is
+    // decided under the admin lock only: a process joining meanwhile would
+    // find its queue unlinked under it. Leave the segment; our slot is free.
+    Notice("queue '" + options_.name + "': closed without the segment's admin lock (" +
+           (locked == ETIMEDOUT
+                ? "a process held it for more than " + std::to_string(admin_timeout.count()) + " ms"
+                : std::string("it is damaged: ") + std::strerror(locked)) +
+           "), so segment " + segment_->path() +
+           " was left in place; the next job with the same configuration resumes it, `tailcut rm " +
+           options_.name + "` discards it");
+    core_->WakeWaiters();
+    return;
+  }
   int active = 0;
   // acquire: pairs with the release stores of state in Register, Close and
   // RecoverClient; the admin mutex we hold orders them too.

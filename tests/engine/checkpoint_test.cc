@@ -5,12 +5,14 @@
 #include "engine/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
 
 #include "engine/config.h"
 #include "tailcut/error.h"
+#include "tailcut/work_queue.h"
 
 namespace tailcut::detail {
 namespace {
@@ -90,6 +92,56 @@ TEST(CheckpointTest, CountsThatDoNotAddUpAreRefused) {
       << "a piece's ticket past every ticket";
   EXPECT_NE(Refusal(WithWord(good, 13, 30)).find("piece out of range"), std::string::npos)
       << "a piece that begins after its end";
+}
+
+// A checkpoint's resume offsets pass the checks Progress and Commit make:
+// one inside a fixed-size record (a hand-made or damaged state) is refused,
+// naming the ticket, the offset and the format, and no queue is left behind.
+TEST(CheckpointRestoreTest, AResumeOffsetInsideAFixedSizeRecordIsRefused) {
+  char path[] = "/tmp/tailcut_ckpt_fixed.XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 8 * 10000), 0);
+  ::close(fd);
+  WorkQueueOptions o;
+  o.name = "tctest_ckpt_fixed_" + std::to_string(::getpid());
+  o.works = {path};
+  o.format = "fixed:8";
+  o.shuffle = false;
+  o.on_notice = [](const std::string&) {};
+  std::string saved;
+  {
+    auto q = WorkQueue::Open(o);
+    WorkItem item;
+    ASSERT_EQ(q->TryTake(&item), TakeStatus::kOk);
+    ASSERT_EQ(q->Commit(item, item.begin + 800), AckStatus::kOk);
+    saved = q->SaveState();
+  }  // closed unfinished by its only process: removed
+  SavedState s = DeserializeState(o.name, saved);
+  ASSERT_EQ(s.pieces.size(), 1u);
+  EXPECT_EQ(s.pieces[0].begin, 800u);
+  s.pieces[0].begin = 803;
+  o.restore_state = SerializeState(s);
+  try {
+    WorkQueue::Open(o);
+    ADD_FAILURE() << "a restore that resumes mid-record was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("resumes ticket 0 at offset 803, inside a record of "
+                                         "format 'fixed:8'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(::access(SegmentPath(o.name).c_str(), F_OK), 0) << "a refused restore left a segment";
+  s.pieces[0].begin = 800;
+  o.restore_state = SerializeState(s);
+  {
+    auto q = WorkQueue::Open(o);
+    WorkItem item;
+    ASSERT_EQ(q->TryTake(&item), TakeStatus::kOk);
+    EXPECT_EQ(item.begin, 800u);
+  }
+  ::unlink(path);
 }
 
 std::string WithWord(std::string bytes, size_t index, uint64_t value) {

@@ -812,9 +812,13 @@ class Children {
 
 // What a worker child does with each item (see RunWorker).
 struct WorkerOptions {
-  uint32_t batch = 1;             // items held at once (taken, then acked in random order)
-  double give_back = 0;           // chance to GiveBack an item instead of acking it
-  double progress = 0;            // chance to report Progress before the ack
+  uint32_t batch = 1;    // items held at once (taken, then acked in random order)
+  double give_back = 0;  // chance to GiveBack an item instead of acking it
+  double progress = 0;   // chance to report Progress before the ack
+  // Chance to Commit half of what it consumed before the ack (or give-back),
+  // logged as an ack of that half (kIntent, kAcked): the rest comes back
+  // from there, to whoever takes the item next.
+  double commit = 0;
   uint64_t spin_us = 0;           // busy work per item
   uint64_t sleep_us = 0;          // sleep per item
   uint64_t stop_after = ~0ull;    // return after this many acks, without reaching the end
@@ -891,8 +895,28 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
         }
         covered_end = pos;
       }
-      const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch,   it.index,
-                            it.ticket,    it.begin,           covered_end};
+      uint64_t from = it.begin;
+      if (w.commit > 0 && coin(rng) < w.commit && covered_end > it.begin) {
+        Record handed{Rec::kIntent,
+                      it.piece ? 1u : 0u,
+                      it.epoch,
+                      it.index,
+                      it.ticket,
+                      it.begin,
+                      it.begin + (covered_end - it.begin) / 2};
+        c.Log(handed);
+        const AckStatus cs = q.Commit(it, handed.end);
+        if (cs == AckStatus::kStale && w.allow_stale) {
+          c.Log(Rec::kStale, it);
+          continue;
+        }
+        if (cs != AckStatus::kOk) return c.Fail(std::string("Commit returned ") + StatusName(cs));
+        handed.kind = Rec::kAcked;
+        c.Log(handed);
+        from = handed.end;
+      }
+      const Record consumed{Rec::kIntent, it.piece ? 1u : 0u, it.epoch, it.index, it.ticket,
+                            from,         covered_end};
       if (w.progress > 0 && coin(rng) < w.progress) {
         // Half of what this process consumed, as a reader reports it.
         const uint64_t offset = it.begin + (covered_end - it.begin) / 2;

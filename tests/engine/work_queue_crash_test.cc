@@ -284,7 +284,7 @@ class CrashTrialRunner {
     // queue before a later process has seen it.
     o.num_clients = static_cast<uint32_t>(1 + t.workers + (t.late_joiner ? 1 : 0) +
                                           (t.alone && other ? 1 : 0) + (t.checkpoints ? 1 : 0));
-    const uint64_t cap = 6 * (t.slices + works_.size()) * t.epochs + 64;
+    const uint64_t cap = 8 * (t.slices + works_.size()) * t.epochs + 64;
     Children kids(t.workers + 4, cap);
     std::vector<Role> roles;
     std::mt19937_64 rng(t.seed ^ 0xA5A5A5A5u);
@@ -298,6 +298,7 @@ class CrashTrialRunner {
       WorkerOptions w;
       w.spin_us = t.spin_us;
       w.progress = 0.2;
+      w.commit = 0.2;
       w.take_timeout = milliseconds(15000);
       w.rng_seed = t.seed + roles.size();
       w.allow_stale = t.lease_timeout_ms > 0;

@@ -1361,6 +1361,51 @@ TEST_F(WorkQueueTest, LastCloseRemovesTheSegmentOfAFinishedQueue) {
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
 }
 
+// Whether a Close is the last, and so removes the segment, is decided under
+// the admin lock only. A Close that cannot take it in time (another process
+// holds it) leaves the segment, says so, and still leaves the queue.
+TEST_F(WorkQueueTest, CloseWithoutTheAdminLockLeavesTheSegmentInPlace) {
+  auto o = Options("close_admin", dir_.Files("f", 3, {100}));
+  o.attach_timeout = milliseconds(200);
+  std::string notices;
+  o.on_notice = [&](const std::string& line) { notices += line + "\n"; };
+  auto q = WorkQueue::Open(o);
+  Drain(*q);  // finished: a Close with the lock would remove it
+  const std::string path = SegmentPath(o.name);
+  int locked[2], release[2];
+  ASSERT_EQ(pipe(locked), 0);
+  ASSERT_EQ(pipe(release), 0);
+  const pid_t child = fork();
+  if (child == 0) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) _exit(2);
+    void* at =
+        ::mmap(nullptr, sizeof(tailcut::detail::Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) _exit(3);
+    if (pthread_mutex_lock(&static_cast<tailcut::detail::Header*>(at)->admin_mutex) != 0) _exit(4);
+    char c = 1;
+    if (write(locked[1], &c, 1) != 1) _exit(5);
+    if (read(release[0], &c, 1) != 1) _exit(6);
+    _exit(0);  // dies holding it: the next locker gets EOWNERDEAD
+  }
+  char c = 0;
+  ASSERT_EQ(read(locked[0], &c, 1), 1);
+  q->Close();
+  EXPECT_TRUE(PathExists(path)) << "removed without the admin lock";
+  EXPECT_TRUE(Contains(notices, "closed without the segment's admin lock")) << notices;
+  EXPECT_TRUE(Contains(notices, path)) << notices;
+  ASSERT_EQ(write(release[1], &c, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int fd : {locked[0], locked[1], release[0], release[1]}) close(fd);
+  WorkItem it;
+  EXPECT_EQ(q->TryTake(&it), TakeStatus::kEnd) << "closed all the same";
+  const QueueStats st = InspectQueue(o.name);
+  ASSERT_EQ(st.clients.size(), 1u);
+  EXPECT_FALSE(st.clients[0].alive) << "its client slot is free";
+}
+
 TEST_F(WorkQueueTest, SegmentStaysUntilNumClientsHaveJoined) {
   auto o = Options("numclients", dir_.Files("f", 3, {100}));
   o.num_clients = 2;

@@ -4,6 +4,7 @@ import collections
 import json
 import multiprocessing
 import os
+import signal
 import threading
 import time
 
@@ -346,6 +347,54 @@ def test_a_killed_process_loses_no_items(files, qname, tmp_path):
     got = [tuple(x) for x in json.load(open(live_out))]
     seen = collections.Counter(acked_by_dead + got)
     assert seen == {(0, i): 1 for i in range(24)}
+
+
+def test_commit_then_progress_then_sigkill_resumes_at_the_commit(files, qname, notices):
+    """commit(800), progress(2000), SIGKILL: the item comes back from 800. It came back from
+    2000, and the records between were never used: progress says what a process read, commit
+    what it handed on, and only the latter survives it."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            q = tailcut.WorkQueue(files[:1], name=qname, shuffle=False, num_clients=2,
+                                  on_notice=lambda line: None)
+            item = q.take()
+            item.commit(800)
+            item.progress(2000)
+            os.write(ready_w, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    os.close(ready_r)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    q = open_queue(files[:1], qname, notices, shuffle=False, num_clients=2)
+    item = q.take(timeout=10)
+    assert (item.begin, item.end) == (800, os.path.getsize(files[0]))
+    item.ack()
+    q.close()
+
+
+def test_offsets_inside_a_fixed_size_record_are_refused(tmp_path, qname, notices):
+    path = tmp_path / "fixed.bin"
+    path.write_bytes(bytes(8 * 1000))
+    q = open_queue([str(path)], qname, notices, format="fixed", record_bytes=8, shuffle=False)
+    item = q.take()
+    for call in (item.commit, item.progress):
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=r"refused: offset 803 is inside a record \(format 'fixed:8': "
+                                 r"records start at multiples of 8\); nothing was recorded"):
+            call(803)
+    item.commit(800)
+    item.give_back()
+    again = q.take()
+    assert again.begin == 800
+    again.ack()
+    q.close()
 
 
 def test_a_forked_child_may_not_use_its_parents_queue(files, qname, notices):

@@ -160,8 +160,8 @@ struct WorkItem {
   uint64_t index = 0;     // item index in [0, num_items): which slice
   uint32_t file = 0;      // index into works
   std::string_view path;  // prefix + works[file]
-  uint64_t begin = 0;     // byte range [begin, end) of the file
-  uint64_t end = 0;
+  uint64_t begin = 0;     // byte range [begin, end) of the file; an item handed
+  uint64_t end = 0;       // out again begins at its floor (see Commit)
   uint32_t lease = 0;       // lease slot, for Ack/GiveBack/Progress
   uint64_t generation = 0;  // lease generation, to refuse stale acks
   bool piece = false;       // a tail split off another process's item
@@ -272,20 +272,37 @@ class TAILCUT_EXPORT WorkQueue {
   // Returns a held item unfinished; another take hands it out again. Same
   // statuses as Ack.
   AckStatus GiveBack(const WorkItem& item) noexcept;
-  // Reports progress: the item's bytes before `offset` are consumed (a
-  // checkpoint resumes there) and `records` more records were read. Refreshes
-  // the lease timeout. kStale if the item was reassigned. kOutOfRange, and
-  // nothing recorded, unless begin <= offset <= end (the item as handed out:
-  // a record that starts before a split's lower end may end past it).
+  // Resume points. An item that leaves its process unfinished (the process
+  // dies, gives it back, or loses it to a lease timeout) is handed out again
+  // from its floor: where it was handed out, raised by this process's
+  // Commit calls, never by Progress (what a process only read or used dies
+  // with it). A checkpoint (SaveState) resumes an open item at its floor,
+  // raised by this process's Progress calls as long as it never committed
+  // the item. Each point only moves forward (an offset below one recorded
+  // before is accepted and changes nothing), except that the first Commit
+  // replaces, for the checkpoint, what this process's Progress said (read
+  // is not delivered). docs/reliability.md has the table.
+  //
+  // Reports progress: this process used the records before `offset` (a
+  // checkpoint resumes there, see above) and read `records` more records.
+  // Refreshes the lease timeout. kStale if the item was reassigned.
+  // kOutOfRange, and nothing recorded, unless begin <= offset <= end (the
+  // lease's range as it was first handed out: a record that starts before a
+  // split's lower end may end past it), or when the queue's format is
+  // fixed-size records ("fixed:N", RecordFormat::Tag) and offset is neither
+  // a multiple of N nor the range's begin or end.
   AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
-  // Progress for a process that hands on what it reads to a place that
-  // outlives it (a loader publishing batches into a BatchRing): the records
-  // before `offset` are delivered, so should this process die, or give the
-  // item back, or lose it to a lease timeout, the item is handed out again
-  // from `offset`, not from its begin. Call it after each hand-off; a crash
-  // between the hand-off and this call repeats what that hand-off held. Not
-  // for items this process splits (Claim): those resume at their begin.
-  // Same checks and statuses as Progress.
+  // For a process that hands on what it reads to a place that outlives it
+  // (a loader publishing batches into a BatchRing): the records before
+  // `offset` are delivered. From now on the item resumes at the highest
+  // offset committed whatever happens: this process dies, gives it back,
+  // loses it to a lease timeout, or a checkpoint is taken (this process's
+  // Progress no longer moves the checkpoint: read is not delivered). For
+  // every item, claimed (a Reader's) or not: a tail split never takes bytes
+  // below a commit, and an item committed to its end is done when it comes
+  // back. Call it after each hand-off; a crash between the hand-off and
+  // this call repeats what that hand-off held. Same checks and statuses as
+  // Progress.
   AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
@@ -293,8 +310,9 @@ class TAILCUT_EXPORT WorkQueue {
   // the end claims up to the end). Sets *end to the item's current end: records
   // starting at or after it belong to a process that split the tail off, so
   // stop there (RecordParser::SetEnd). The first Claim makes the item
-  // splittable; an item never claimed is never split. kStale if the item was
-  // reassigned. Lock-free, noexcept, no system call.
+  // splittable; an item never claimed is never split. A claim moves no
+  // resume point. kStale if the item was reassigned. Lock-free, noexcept,
+  // no system call.
   AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
 
   // Equal steps for synchronous data-parallel trainers (PyTorch DDP needs
@@ -323,7 +341,8 @@ class TAILCUT_EXPORT WorkQueue {
   // A compact state of the whole queue (cursor, done tickets, open items and
   // their progress) to save with a training checkpoint and pass back through
   // WorkQueueOptions::restore_state. Items open now are handed out again after
-  // a restore, from their last Progress offset. Throws tailcut::Error.
+  // a restore from their checkpoint resume point (see Progress and Commit).
+  // Throws tailcut::Error.
   std::string SaveState() const;
 
   // Counters of the queue and every client. Safe from any thread.
@@ -335,9 +354,11 @@ class TAILCUT_EXPORT WorkQueue {
   std::string JobLossMessage() const;
 
   // Gives back this process's open items, leaves the queue, and removes the
-  // segment if this was the last process and the queue is finished.
-  // Idempotent. Afterwards Take, TryTake, Ack, GiveBack, Progress, Commit,
-  // Claim and AgreeStep return kClosed.
+  // segment if this was the last process and the queue is finished. That is
+  // decided under the segment's admin lock: a Close that cannot take it
+  // within attach_timeout (at least 100 ms) leaves the segment in place and
+  // says so through on_notice. Idempotent. Afterwards Take, TryTake, Ack,
+  // GiveBack, Progress, Commit, Claim and AgreeStep return kClosed.
   void Close() noexcept;
 
   const std::string& name() const noexcept;
