@@ -33,6 +33,7 @@ ends it in the ring, so trainers see the end of every epoch. See docs/pooled.md.
 """
 
 import argparse
+import atexit
 import base64
 import importlib
 import importlib.util
@@ -45,15 +46,13 @@ import signal
 import stat
 import struct
 import sys
-import threading
 import time
-import warnings
 import weakref
 
 import numpy as np
 
 import tailcut
-from tailcut import _core
+from tailcut import _core, _job, _lifecycle
 
 __all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
@@ -255,31 +254,7 @@ class _RingClosed(Exception):
     """The job closed its ring (every epoch ended): the loader leaves."""
 
 
-class _LeaveOnSignals:
-    """The first of `signums` asks the loader to leave (it publishes and acks
-    what it holds first); the next one acts as it would have without this
-    (SIGTERM ends the process, SIGINT raises KeyboardInterrupt). Only in the
-    main thread, where Python runs signal handlers."""
-
-    def __init__(self, signums):
-        self.signums = signums if threading.current_thread() is threading.main_thread() else ()
-        self.signum = None
-        self._old = {}
-
-    def __enter__(self):
-        for s in self.signums:
-            self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
-                      else signal.SIG_DFL)
-
-    def __exit__(self, *exc):
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        return False
+_LeaveOnSignals = _lifecycle.LeaveOnSignals
 
 
 def _load(queue, ring, recipe, leave, poll):
@@ -412,14 +387,21 @@ def start_loaders(dataset, ring_name, num_workers, **kwargs):
     ctx = multiprocessing.get_context("fork")
     procs = []
     for _ in range(num_workers):
-        p = ctx.Process(target=_loader_main, args=(dataset, ring_name, kwargs), daemon=True)
+        p = ctx.Process(target=_loader_main, args=(dataset, ring_name, kwargs, os.getpid()),
+                        daemon=True)
         p.start()
         procs.append(p)
     return procs
 
 
-def _loader_main(dataset, ring_name, kwargs):
-    run_loader(dataset, ring_name, **kwargs)
+def _loader_main(dataset, ring_name, kwargs, parent_pid):
+    _lifecycle.watch_parent(parent_pid, ring_name)
+    try:
+        run_loader(dataset, ring_name, **kwargs)
+    except Exception as e:  # the ranks raise it (see _lifecycle)
+        _lifecycle.report_failure(ring_name, os.getpid(), e)
+        _lifecycle.print_failure(e)
+        os._exit(1)
     close = getattr(dataset, "close", None)
     if close is not None:
         close()  # leaves the queue now rather than at the next death check
@@ -548,7 +530,7 @@ class PooledLoader:
     PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
                  transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
                  world_size=None, local_rank=None, name=None, timeout=1800.0,
-                 carry_over=False, on_leftover=None)
+                 carry_over=True, on_leftover=None)
 
     `dataset` is a tailcut.torch.QueueDataset. Local rank 0 ($LOCAL_RANK,
     else local_rank, else rank, else 0) starts num_workers loader processes
@@ -570,15 +552,16 @@ class PooledLoader:
     released then. Every local rank gets the same number of batches per epoch
     (WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks, else world_size);
     the batches left when one rank has none are counted in `reports` and,
-    with carry_over=True, yielded first in the next epoch (copied), as
-    EqualSteps does; otherwise, and after the queue's last epoch, each is
-    passed to on_leftover(batch) and released. len() is this rank's steps per
+    with carry_over=True (the default: every record once per epoch), yielded
+    first in the next epoch (copied); otherwise, and after the queue's last
+    epoch, each is passed to on_leftover(batch) and released, and a warning
+    says how many records were dropped, as EqualSteps does. len() is this rank's steps per
     epoch, an estimate (records per epoch / batch_size / local ranks).
     """
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
-                 name=None, timeout=1800.0, carry_over=False, on_leftover=None):
+                 name=None, timeout=1800.0, carry_over=True, on_leftover=None):
         self.dataset = dataset
         self.queue = dataset.queue
         self.num_workers = int(num_workers)
@@ -603,9 +586,13 @@ class PooledLoader:
         # Pinned for CUDA only where this process already chose its device
         # (torch.cuda.set_device, or any CUDA work): registering first would
         # make a context on device 0 for every rank. See docs/pooled.md.
-        self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
+        # A ring no live trainer uses is a dead attempt's: removed first, never popped.
+        self.ring = _lifecycle.open_trainer_ring(
+            self.name, _job.earlier_attempts(self.name),
+            lambda: _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
                                     max_clients=_RING_MAX_CLIENTS,
-                                    cuda_register=_cuda_initialized())
+                                    cuda_register=_cuda_initialized()))
+        atexit.register(_lifecycle.close_at_exit, weakref.ref(self))  # DataLoader users never close()
         self.epoch = 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
@@ -694,7 +681,8 @@ class PooledLoader:
                     return None
                 batch, self._stash = self._stash, None
             else:
-                batch = self.ring.pop(through_epoch=epoch, timeout=self.timeout)
+                batch = _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
+                                       self.num_workers > 0, self.loaders)
                 if batch is None:
                     return None
             if batch.epoch == epoch:
@@ -709,16 +697,14 @@ class PooledLoader:
             self._drop(batch, report)
 
     def _tensors(self, batch, copy=False):
-        import torch
+        from tailcut.torch import _tensor  # read-only views: torch's warning silenced once
         arrays = decode_batch(batch.data, batch.header)
         if copy:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
                       else arrays.copy())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # read-only arrays: documented
-            if isinstance(arrays, tuple):
-                return tuple(torch.from_numpy(a) for a in arrays)
-            return torch.from_numpy(arrays)
+        if isinstance(arrays, tuple):
+            return tuple(_tensor(a) for a in arrays)
+        return _tensor(arrays)
 
     def _drop(self, batch, report):
         """A leftover batch not carried: counted, shown to on_leftover, released."""
@@ -796,6 +782,13 @@ class PooledLoader:
                 break
         finally:
             self._release_current()
+        if report["dropped_records"] and self.on_leftover is None:
+            why = ("the queue has no later epoch to carry them into" if self.carry_over else
+                   "pass carry_over=True to use them in the next epoch")
+            _lifecycle.log.warning(
+                "tailcut.pool: rank %d dropped %d leftover records (%d batches) at the end of "
+                "epoch %d (%s, or on_leftover= to handle them)", self.rank,
+                report["dropped_records"], report["dropped_batches"], epoch, why)
 
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
@@ -811,17 +804,21 @@ class PooledLoader:
             self.ring.release(self._stash)
             self._stash = None
         self._carried = []
-        if self.local_rank == 0:
+        failed = _lifecycle.failed(self.name)
+        if self.local_rank == 0 and not failed:  # ended, the others would miss the failure
             self.ring.end_epoch(None)
-        if self._spec_removal is not None:
+        started = self._spec_removal is not None
+        if started:
             self._spec_removal()  # once
         self.ring.close()
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + (0.0 if failed else 10.0)
         for p in self.loaders:
             p.join(max(deadline - time.monotonic(), 0.0))
             if p.is_alive():
                 p.kill()
                 p.join()
+        if started:  # the ring's name goes; mappings live while a batch is referenced
+            _lifecycle.close_pool(self.name, failed)
 
     def __enter__(self):
         return self
