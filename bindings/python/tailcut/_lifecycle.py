@@ -289,12 +289,28 @@ def _check_loaders(ring, ring_name, started, since):
     return since
 
 
-def close_at_exit(ref):
-    """atexit: closes a PooledLoader still open (weakref `ref`), so a job that
-    never calls close() leaves nothing behind."""
-    loader = ref()
-    if loader is not None:
-        loader.close()
+def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
+    """PooledLoader.close() after the rank's batches are released, also run
+    when the PooledLoader is dropped or at exit: local rank 0 ends the ring
+    (not after a loader failed: the other ranks would take the end for the
+    epoch's); the process that started loaders (spec_removal[0] is set)
+    waits for them, then removes the ring's name, description and failure
+    record (close_pool)."""
+    failed_now = failed(ring_name)
+    if local_rank0 and not failed_now:
+        ring.end_epoch(None)
+    started = spec_removal[0] is not None
+    if started:
+        spec_removal[0]()
+    ring.close()
+    deadline = time.monotonic() + (0.0 if failed_now else 10.0)
+    for p in loaders:
+        p.join(max(deadline - time.monotonic(), 0.0))
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if started:
+        close_pool(ring_name, failed_now)
 
 
 class LeaveOnSignals:

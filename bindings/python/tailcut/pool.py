@@ -35,6 +35,7 @@ ends it in the ring, so trainers see the end of every epoch. See docs/pooled.md.
 import argparse
 import atexit
 import base64
+import functools
 import importlib
 import importlib.util
 import json
@@ -592,13 +593,19 @@ class PooledLoader:
             lambda: _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
                                     max_clients=_RING_MAX_CLIENTS,
                                     cuda_register=_cuda_initialized()))
-        atexit.register(_lifecycle.close_at_exit, weakref.ref(self))  # DataLoader users never close()
         self.epoch = 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave
         self._started = False
-        self._spec_removal = None  # removes the description at close() or exit
+        self._spec_holder = [None]  # removes the description written here
+        # close()'s end of the pool, also when the loader is dropped or the
+        # process exits without close() (DataLoader users never call one):
+        # after multiprocessing's exit handler is registered, so before it runs.
+        self._end = weakref.finalize(self, _lifecycle.end_pool, self.ring, self.name,
+                                     self.local_rank == 0, self.loaders, self._spec_holder)
+        self._end.atexit = False
+        atexit.register(self._end)
         self._current = None
         self._stash = None
         self._carried = []
@@ -625,10 +632,10 @@ class PooledLoader:
                     transform=self.transform, max_clients=_RING_MAX_CLIENTS)
 
     def _publish_spec(self):
-        if self._spec_removal is None:
+        if self._spec_holder[0] is None:
             _write_spec(self.name, self.queue, self._recipe, self.slot_bytes, self.num_slots,
                         _RING_MAX_CLIENTS, 0.005)
-            self._spec_removal = weakref.finalize(self, _remove_spec, self.name, os.getpid())
+            self._spec_holder[0] = functools.partial(_remove_spec, self.name, os.getpid())
 
     def start_loaders(self):
         """Starts this host's num_workers loader processes (done by local rank
@@ -793,10 +800,12 @@ class PooledLoader:
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
         ends the ring (every epoch; loaders still running leave, giving their
-        items back to the queue, and the last process to leave removes the
-        ring) and removes the pool's description. Loader processes this
-        process started are waited for; those still running 10 s later are
-        killed (their items go back to the queue). Idempotent."""
+        items back to the queue). The process that started loaders waits for
+        them (those still running 10 s later are killed: their items go back
+        to the queue), then removes the ring's name and the pool's
+        description: a batch still referenced keeps its mapping, not the
+        name. Done at exit or when the loader is dropped, if not before.
+        Idempotent."""
         if self.ring.closed:
             return
         self._release_current()
@@ -804,21 +813,7 @@ class PooledLoader:
             self.ring.release(self._stash)
             self._stash = None
         self._carried = []
-        failed = _lifecycle.failed(self.name)
-        if self.local_rank == 0 and not failed:  # ended, the others would miss the failure
-            self.ring.end_epoch(None)
-        started = self._spec_removal is not None
-        if started:
-            self._spec_removal()  # once
-        self.ring.close()
-        deadline = time.monotonic() + (0.0 if failed else 10.0)
-        for p in self.loaders:
-            p.join(max(deadline - time.monotonic(), 0.0))
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if started:  # the ring's name goes; mappings live while a batch is referenced
-            _lifecycle.close_pool(self.name, failed)
+        self._end()
 
     def __enter__(self):
         return self
