@@ -173,10 +173,12 @@ def watch_parent(parent_pid, ring_name):
     threading.Thread(target=watch, name="tailcut-parent-watch", daemon=True).start()
 
 
-def report_failure(ring_name, pid, exc):
-    """Records a loader's exception for the ranks (the first one stays)."""
+def report_failure(ring_name, pid, exc, who="loader"):
+    """Records a loader's exception for the ranks (the first one stays); also
+    a rank's that found no loader left (`who` "rank"), so that the others
+    raise it too instead of taking the ring's end at close for the epoch's."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    record = dict(pid=pid, type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+    record = dict(who=who, pid=pid, type=f"{type(exc).__module__}.{type(exc).__qualname__}",
                   message=str(exc), traceback=text)
     try:
         record["pickle"] = base64.b64encode(pickle.dumps(exc)).decode("ascii")
@@ -224,8 +226,8 @@ def raise_if_failed(ring_name):
                 f"loader failure record {path} is not a private file of user {os.geteuid()}: "
                 f"refusing to read it (remove it)")
         record = json.load(f)
-    cause = LoaderTraceback(f"loader process {record['pid']} of batch ring '{ring_name}' "
-                            f"failed:\n{record['traceback']}")
+    who = f"{record.get('who', 'loader')} process {record['pid']} of batch ring '{ring_name}'"
+    cause = LoaderTraceback(f"{who} failed:\n{record['traceback']}")
     exc = None
     if "pickle" in record:
         try:
@@ -233,8 +235,7 @@ def raise_if_failed(ring_name):
         except Exception:
             exc = None
     if not isinstance(exc, BaseException):
-        exc = LoaderError(f"loader process {record['pid']} of batch ring '{ring_name}' failed: "
-                          f"{record['type']}: {record['message']}")
+        exc = LoaderError(f"{who} failed: {record['type']}: {record['message']}")
     raise exc from cause
 
 
@@ -281,11 +282,16 @@ def _check_loaders(ring, ring_name, started, since):
     since = now if since is None else since
     if mine_gone or now - since >= 1.0:
         codes = sorted({p.exitcode for p in started if p.exitcode is not None})
-        raise tailcut.Error(
+        exc = tailcut.Error(
             f"PooledLoader: batch ring '{ring_name}' has no live loader process and its epoch "
             f"has not ended (exit codes of the loaders this rank started: {codes or 'none'}): "
             f"was a loader killed? Start new ones with add_loaders() or `python3 -m "
             f"tailcut.pool --ring {ring_name}`")
+        try:
+            raise exc
+        except tailcut.Error:
+            report_failure(ring_name, os.getpid(), exc, who="rank")
+            raise
     return since
 
 

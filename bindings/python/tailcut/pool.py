@@ -773,7 +773,14 @@ class PooledLoader:
 
         try:
             while True:
-                batch = next_batch()
+                try:
+                    batch = next_batch()
+                except BaseException:
+                    # The others end the epoch here instead of waiting for this
+                    # rank, and find the failure as they drain the ring.
+                    self.queue.agree_step(self.local_rank, self.local_world_size,
+                                          (epoch << 32) | step, False, timeout=0)
+                    raise
                 if self._agree(epoch, step, batch is not None):
                     step += 1
                     report["steps"] = step
