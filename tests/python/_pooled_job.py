@@ -66,13 +66,15 @@ def main():
     with open(os.path.join(out_dir, f"pid-{tag}"), "w") as f:
         f.write(str(os.getpid()))
     files = sorted(os.path.join(data_dir, f) for f in os.listdir(data_dir) if f.endswith(".bin"))
-    ds = tailcut.torch.QueueDataset(files, num_epochs=epochs, num_slices=16, seed=3,
-                                    format="fixed", record_bytes=24)
     transform = Transform(out_dir, option(args, "--slow", float, 0.0),
                           option(args, "--fail-after", int, None))
-    loader = tailcut.torch.PooledLoader(ds, num_workers=workers, batch_size=BATCH,
-                                        transform=transform, slot_bytes=BATCH * 24,
-                                        num_slots=4, timeout=float(os.environ.get("TEST_TIMEOUT", "60")))
+    # The dataset's batch size and transform run in the loaders, on torch tensors (the
+    # one-line change from a DataLoader).
+    ds = tailcut.torch.QueueDataset(files, BATCH, transform=transform, num_epochs=epochs,
+                                    num_slices=16, seed=3, format="fixed", record_bytes=24)
+    loader = tailcut.torch.PooledLoader(ds, num_workers=workers, slot_bytes=BATCH * 24,
+                                        num_slots=4,
+                                        timeout=float(os.environ.get("TEST_TIMEOUT", "60")))
     with open(os.path.join(out_dir, f"names-{tag}"), "w") as f:
         json.dump(dict(queue=ds.queue.name, ring=loader.name), f)
     ids_file = open(os.path.join(out_dir, f"ids-{tag}"), "a", buffering=1)

@@ -1,4 +1,4 @@
-"""PooledLoader jobs under torchrun that live, fail and end cleanly: a rank
+"""PooledLoader jobs under torchrun (c10d rendezvous) that live, fail and end cleanly: a rank
 SIGKILLed (elastic restart), the whole job SIGKILLed and rerun, loaders that
 raise, the only loader killed, a clean exit without close(). Each checks the
 records trained, equal steps, that no process of the job is alive 3 s after
@@ -13,6 +13,7 @@ import os
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -65,8 +66,11 @@ class Job:
     def __init__(self, data, out, epochs, *extra, restarts=0, run=0):
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", TEST_RUN=str(run),
                    PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={RANKS}", "--redirects", "1", "--tee", "2",
+        # The form docs/pooled.md uses: c10d without --rdzv_id, so the job's name must not
+        # depend on the port (a rerun gets another). Not --standalone: its fixed port 29400
+        # would collide with any other standalone job of the host.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", f"localhost:{free_port()}", f"--nproc_per_node={RANKS}", "--redirects", "1", "--tee", "2",
                f"--max_restarts={restarts}", "--monitor_interval=0.2",
                str(HERE / "_pooled_job.py"), str(data), str(out), str(epochs), *extra]
         self.out, self.run = out, run
@@ -163,6 +167,12 @@ class Job:
                 assert gone - since <= 2.0, f"rank {rank} ran {gone - since:.2f} s on"
         assert first is not None, "no rank raised"
         return raised
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(fn, timeout=60):

@@ -205,11 +205,11 @@ class _Recipe:
 
 
 def _torch_of(batch):
-    import torch
+    from tailcut.torch import _tensor  # read-only collated arrays: torch's warning silenced once
     if isinstance(batch, np.ndarray):
-        return torch.from_numpy(batch)
+        return _tensor(batch)
     if isinstance(batch, tuple) and all(isinstance(a, np.ndarray) for a in batch):
-        return tuple(torch.from_numpy(a) for a in batch)
+        return tuple(_tensor(a) for a in batch)
     return batch
 
 
