@@ -1,7 +1,8 @@
 """Repeats the PooledLoader lifecycle cases of test_pooled_lifecycle.py (real torchrun jobs)
 at random kill moments and prints one summary line per case and one in all.
 
-    PYTHONPATH=build/python:tests/python python3 tests/python/stress_pooled_restarts.py [ROUNDS] [CASE...]
+    PYTHONPATH=build/python:tests/python \
+        python3 tests/python/stress_pooled_restarts.py [ROUNDS] [CASE...]
 
 ROUNDS (default 10) rounds of every case given (default: all). A failed round prints its
 error and the case's output; the exit status is 1 if any round failed.

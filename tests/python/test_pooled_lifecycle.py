@@ -70,7 +70,8 @@ class Job:
         # depend on the port (a rerun gets another). Not --standalone: its fixed port 29400
         # would collide with any other standalone job of the host.
         cmd = [sys.executable, "-m", "torch.distributed.run", "--rdzv_backend", "c10d",
-               "--rdzv_endpoint", f"localhost:{free_port()}", f"--nproc_per_node={RANKS}", "--redirects", "1", "--tee", "2",
+               "--rdzv_endpoint", f"localhost:{free_port()}", f"--nproc_per_node={RANKS}",
+               "--redirects", "1", "--tee", "2",
                f"--max_restarts={restarts}", "--monitor_interval=0.2",
                str(HERE / "_pooled_job.py"), str(data), str(out), str(epochs), *extra]
         self.out, self.run = out, run
@@ -159,7 +160,8 @@ class Job:
                 raised = json.loads(path.read_text())
                 assert raised["type"] == raised_type and text in raised["text"], raised
                 print(f"rank {rank} raised {raised['time'] - since:.3f} s after the fault")
-                assert raised["time"] - since <= 2.0, f"rank {rank} raised {raised['time'] - since:.2f} s late"
+                late = raised["time"] - since
+                assert late <= 2.0, f"rank {rank} raised {late:.2f} s after the fault"
                 first = min(first or raised["time"], raised["time"])
             else:
                 gone = self.exits[self.pid(rank)]

@@ -17,7 +17,17 @@
   exception (report_failure: type, message, traceback, and the exception
   itself when it pickles) next to the pool's description; every rank looks
   for it at least every POLL seconds while it waits for a batch and raises
-  it (raise_if_failed), its cause the loader's traceback.
+  it (raise_if_failed), its cause the loader's traceback. A rank that finds
+  no live loader (pop) raises and records that the same way, and a rank
+  that raises tells the others it has no batch (leave_step): none waits in
+  silence for another.
+* The end. end_pool() is PooledLoader.close()'s, also run at exit or when
+  the PooledLoader is dropped: the process that started the loaders removes
+  the ring's name, description and failure record once they are gone. A
+  batch still referenced keeps its mapping, never the name.
+
+Every function here may be called from any process of the job; the files
+it reads in /dev/shm are checked to be this user's and private first.
 """
 
 import base64
@@ -269,6 +279,16 @@ def pop(ring, ring_name, epoch, timeout, own_loaders, started):
         if batch is None:
             raise_if_failed(ring_name)  # a failing loader may have ended the ring
         return batch
+
+
+def leave_step(queue, rank, ranks, step):
+    """A rank whose next batch raised says it has none at `step`, so that the
+    others end the epoch there instead of waiting for it (and find a recorded
+    failure as they drain the ring), as EqualSteps does."""
+    try:
+        queue.agree_step(rank, ranks, step, False, timeout=0)
+    except Exception:
+        pass  # the rank's own exception is the one to raise
 
 
 def _check_loaders(ring, ring_name, started, since):

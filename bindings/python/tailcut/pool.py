@@ -556,8 +556,9 @@ class PooledLoader:
     with carry_over=True (the default: every record once per epoch), yielded
     first in the next epoch (copied); otherwise, and after the queue's last
     epoch, each is passed to on_leftover(batch) and released, and a warning
-    says how many records were dropped, as EqualSteps does. len() is this rank's steps per
-    epoch, an estimate (records per epoch / batch_size / local ranks).
+    says how many records were dropped, as EqualSteps does. len() is this
+    rank's steps per epoch, an estimate (records per epoch / batch_size /
+    local ranks). Failures, restarts, what is left: tailcut._lifecycle.
     """
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
@@ -599,9 +600,8 @@ class PooledLoader:
         self._leaving = set()  # pids of those asked to leave
         self._started = False
         self._spec_holder = [None]  # removes the description written here
-        # close()'s end of the pool, also when the loader is dropped or the
-        # process exits without close() (DataLoader users never call one):
-        # after multiprocessing's exit handler is registered, so before it runs.
+        # close()'s end, also at GC or exit (DataLoader users never close()); registered
+        # after multiprocessing's exit handler, so it runs before that one.
         self._end = weakref.finalize(self, _lifecycle.end_pool, self.ring, self.name,
                                      self.local_rank == 0, self.loaders, self._spec_holder)
         self._end.atexit = False
@@ -776,10 +776,8 @@ class PooledLoader:
                 try:
                     batch = next_batch()
                 except BaseException:
-                    # The others end the epoch here instead of waiting for this
-                    # rank, and find the failure as they drain the ring.
-                    self.queue.agree_step(self.local_rank, self.local_world_size,
-                                          (epoch << 32) | step, False, timeout=0)
+                    _lifecycle.leave_step(self.queue, self.local_rank, self.local_world_size,
+                                          (epoch << 32) | step)
                     raise
                 if self._agree(epoch, step, batch is not None):
                     step += 1

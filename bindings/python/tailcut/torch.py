@@ -20,7 +20,6 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
-import sys
 import threading
 import time
 import warnings
