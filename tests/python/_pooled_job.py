@@ -25,6 +25,7 @@ import time
 import traceback
 
 import torch
+import torch.distributed as dist
 
 import tailcut.torch
 
@@ -65,6 +66,10 @@ def main():
     tag = f"{rank}-{attempt}"
     with open(os.path.join(out_dir, f"pid-{tag}"), "w") as f:
         f.write(str(os.getpid()))
+    if "WORLD_SIZE" in os.environ:
+        # Before the dataset, as docs/pytorch.md says: local rank 0 decides alone whether a
+        # rerun resumes the job's queue while the others wait at a barrier.
+        dist.init_process_group("gloo")
     files = sorted(os.path.join(data_dir, f) for f in os.listdir(data_dir) if f.endswith(".bin"))
     transform = Transform(out_dir, option(args, "--slow", float, 0.0),
                           option(args, "--fail-after", int, None))

@@ -209,7 +209,8 @@ def trained(out, tag):
     for path in out.glob(f"ids-*-{tag}"):
         rank = int(path.name.split("-")[1])
         steps[rank] = collections.Counter()
-        for line in path.read_text().splitlines():
+        text = path.read_text()
+        for line in text[:text.rfind("\n") + 1].splitlines():  # not a line cut by SIGKILL
             epoch, *ids = line.split()
             by_epoch[int(epoch)].update(int(i) for i in ids)
             steps[rank][int(epoch)] += 1
@@ -305,9 +306,10 @@ def test_sigkill_of_the_whole_job_then_rerun(data, out):
     lost = RECORDS - len(both)
     print(f"killed after {at} steps: {sum(before[0].values())} records trained, then "
           f"{sum(after[0].values())} in the rerun; {twice} twice, {lost} never")
-    # At most the batch each rank held when killed comes out twice. Lost: the batches ready
-    # in the dead run's ring (never popped: fenced), whose items its loaders had acked once
-    # published -- at most num_slots of them (docs/pooled.md, "Restarts and failures").
+    # At most the batch each rank held when killed comes out twice. Lost: the batches in the
+    # dead run's ring (never popped: fenced) and in its ranks' hands, whose items its loaders
+    # had acked once published -- at most num_slots batches in all (docs/pooled.md,
+    # "Restarts and failures").
     assert twice <= RANKS * BATCH
     assert lost <= NUM_SLOTS * BATCH
     rerun.check_gone()
