@@ -28,6 +28,7 @@
 #include "tailcut/error.h"
 #include "tailcut/stats_fields.h"
 #include "tailcut/work_queue.h"
+#include "tools/clean.h"
 #include "tools/top.h"
 #ifdef TAILCUT_CLI_GLOBAL
 #include "tools/global_top.h"
@@ -239,7 +240,7 @@ int RunLs() {
                   std::to_string(stats.done) + "/" + std::to_string(stats.total) + " (" +
                       Percent(stats.done, stats.total) + ")",
                   AgeText(listing.created_unix_ns),
-                  listing.kept_reason.empty() ? "-" : listing.kept_reason});
+                  tailcut_cli::KeptText(listing).empty() ? "-" : tailcut_cli::KeptText(listing)});
     ++shown;
   }
   if (shown == 0) {
@@ -487,8 +488,24 @@ int Main(int argc, char** argv) {
       "  $ tailcut ring imagenet --json\n"
       "  $ tailcut ring imagenet --rm");
 
+  bool dry_run = false;
+  CLI::App* clean = app.add_subcommand(
+      "clean", "remove the queues, batch rings and pool files dead jobs left in /dev/shm");
+  std::string prefix;
+  clean->add_option("PREFIX", prefix, "only names that start with PREFIX (e.g. a job's)");
+  clean->add_flag("-n,--dry-run", dry_run, "only say what would be removed");
+  clean->footer(
+      "Removes this user's queues and batch rings that no live process uses,\n"
+      "and pool descriptions and failure records whose ring is gone. Never\n"
+      "touches a queue or ring with a live process, nor a ring a job is\n"
+      "opening. A kept queue is what a rerun would resume: clean forgets it.\n"
+      "\n"
+      "Examples:\n"
+      "  $ tailcut clean --dry-run\n"
+      "  $ tailcut clean torchrun-train-");
+
   CLI::App* help = app.add_subcommand("help", "show the help of a command");
-  for (CLI::App* command : {ls, stat, top, rm, ring, help}) command->group("Commands");
+  for (CLI::App* command : {ls, stat, top, rm, ring, clean, help}) command->group("Commands");
   std::string topic;
   help->add_option("COMMAND", topic, "the command");
 
@@ -516,7 +533,7 @@ int Main(int argc, char** argv) {
         return kExitOk;
       }
       const CLI::App* command = nullptr;
-      for (const CLI::App* c : {ls, stat, top, rm, ring, help}) {
+      for (const CLI::App* c : {ls, stat, top, rm, ring, clean, help}) {
         if (c->get_name() == topic) command = c;
       }
       if (command == nullptr)
@@ -541,6 +558,7 @@ int Main(int argc, char** argv) {
       return tailcut_cli::RunTop({name, ring_name, once, 1.0});
     }
     if (ring->parsed()) return RunRing(name, json, remove);
+    if (clean->parsed()) return tailcut_cli::RunClean(prefix, dry_run, std::cout);
     return RunRm(name, force);
   } catch (const tailcut::Error& e) {
     // The cross-host tier's messages name tailcut themselves.

@@ -298,8 +298,9 @@ def test_pooled_loader_gives_forked_ranks_equal_steps(rname, tmp_path):
                               LOCAL_WORLD_SIZE="2")
             ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                                  num_slices=23, num_epochs=epochs)
+            # Leftovers dropped, not carried over: each epoch's records stand alone.
             loader = tt.PooledLoader(ds, num_workers=2, batch_size=32, slot_bytes=1 << 14,
-                                     num_slots=6, timeout=60)
+                                     num_slots=6, timeout=60, carry_over=False)
             out = []
             for e in range(epochs):
                 loader.set_epoch(e)
@@ -687,3 +688,105 @@ def test_the_autoscale_demo_adds_a_loader_to_a_starving_trainer():
     assert added >= 1 and "finished (no item left): published" in out, out
     # ... and every epoch still delivered every record exactly once.
     assert out.count("records in") == 2 and out.count("every record once") == 2, out
+
+
+# ---- Lifecycle: what a pool leaves behind, dead attempts, orphaned loaders ---------------------
+
+
+def ring_files(name):
+    return [p for p in (f"/dev/shm/tailcut-ring.{os.geteuid()}.{name}", pool.pool_spec_path(name),
+                        pool.pool_spec_path(name)[:-5] + ".error") if os.path.exists(p)]
+
+
+def test_close_with_a_batch_still_referenced_leaves_nothing_in_shm(rname, tmp_path):
+    path = write_ids(tmp_path / "ids.bin", 400)
+    ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
+    loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+                             timeout=60)
+    batch = next(iter(loader))
+    assert ring_files(loader.name)
+    loader.close()
+    assert ring_files(loader.name) == []  # the name is gone ...
+    assert batch.shape == (32, RECORD) and int(batch.sum()) >= 0  # ... the mapping is not
+    ds.close()
+
+
+def test_a_dropped_pooled_loader_leaves_nothing_in_shm(rname, tmp_path):
+    import gc
+    path = write_ids(tmp_path / "ids.bin", 400)
+    ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
+    loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+                             timeout=60)
+    name, procs = loader.name, loader.start_loaders()
+    for batch in loader:
+        pass
+    del loader, batch
+    gc.collect()
+    assert ring_files(name) == []
+    assert all(p.exitcode is not None for p in procs)
+    ds.close()
+
+
+def test_a_new_attempt_never_pops_a_dead_attempts_batches(rname, tmp_path):
+    n = 256
+    path = write_ids(tmp_path / "ids.bin", n)
+    ring_name = rname + ".pool"
+
+    def dead_attempt():  # a trainer and a loader that published two batches, then SIGKILL
+        trainer = tailcut.BatchRing(ring_name, 1 << 12, 4, "trainer")  # noqa: F841
+        ring = tailcut.BatchRing(ring_name, 1 << 12, 4, "loader")
+        for i in range(2):
+            slot = ring.acquire(timeout=10)
+            records = np.full((32, RECORD), 0xFF, np.uint8)  # ids no file has
+            nbytes = pool.encode_batch(records, slot.data, slot.header)
+            assert ring.publish(slot, 0, 32, nbytes)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    pid = fork(dead_attempt)
+    os.waitpid(pid, 0)
+    assert tailcut.inspect_batch_ring(ring_name)["ready"] == 2
+    ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
+    loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+                             timeout=60)
+    assert loader.ring.stats()["ready"] == 0  # a fresh ring
+    ids = [i for batch in loader for i in ids_of(batch.numpy())]
+    assert sorted(ids) == list(range(n))
+    loader.close()
+    ds.close()
+
+
+def test_loaders_leave_when_the_rank_that_started_them_is_killed(rname, tmp_path):
+    path = write_ids(tmp_path / "ids.bin", 4000)
+    pids = tmp_path / "loaders"
+
+    def rank():
+        ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
+                             num_slices=16)
+        loader = tt.PooledLoader(ds, num_workers=2, batch_size=32, slot_bytes=1 << 12,
+                                 num_slots=2, timeout=60, transform=Slow(0.01))
+        next(iter(loader))
+        pids.write_text(" ".join(str(p.pid) for p in loader.loaders))
+        time.sleep(60)  # holding a batch; the ring fills up
+
+    pid = fork(rank)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loaders = [int(p) for p in pids.read_text().split()]
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    killed = time.monotonic()
+
+    def alive(p):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    while any(alive(p) for p in loaders) and time.monotonic() < killed + 5:
+        time.sleep(0.01)
+    gone = time.monotonic() - killed
+    assert not any(alive(p) for p in loaders)
+    assert gone < 2.0, f"the loaders outlived their rank by {gone:.2f} s"
+    assert ring_files(rname + ".pool") == []  # no trainer left: the last loader removed it

@@ -416,14 +416,16 @@ def remove_quietly(*names):
 @pytest.fixture
 def torchrun_env(monkeypatch, tmp_path):
     """A torchrun-like environment: a script and arguments of this test only."""
-    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT", "LOCAL_RANK"):
+    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT", "LOCAL_RANK",
+                "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(sys, "argv", ["/jobs/train.py", "--data", str(tmp_path)])
 
-    def launch(run_id, restart=0, port=29500):
+    def launch(run_id, restart=0, port=29500, static=False):
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", run_id)
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
         monkeypatch.setenv("MASTER_PORT", str(port))
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", str(static))
         return tt._default_name()
 
     return launch
@@ -439,14 +441,20 @@ def test_default_queue_name_is_per_torchrun_job_and_attempt(torchrun_env, monkey
     standalone = torchrun_env("0d3f2f1e-5b7a-4c1d-9e2f-3a4b5c6d7e8f", port=41234)
     assert standalone.startswith("torchrun-train-") and standalone.endswith("-0")
     assert torchrun_env("7a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", port=50111) == standalone
-    # No --rdzv_id: the run id is "none" for every job of the host; MASTER_PORT tells
-    # concurrent jobs apart (they cannot share it).
-    none_29500 = torchrun_env("none", port=29500)
-    assert none_29500 == torchrun_env("none", port=29500) != torchrun_env("none", port=29501)
+    # c10d without --rdzv_id: the run id is "none" and torchrun draws MASTER_PORT anew for
+    # every run and restart attempt: the job is its command, whatever the port.
+    c10d = torchrun_env("none", port=41234)
+    assert c10d == torchrun_env("none", port=50111) == torchrun_env("none", restart=1,
+                                                                     port=37000)[:-1] + "0"
+    # Static rendezvous (--master_port, the user's): the port tells concurrent jobs apart.
+    none_29500 = torchrun_env("none", port=29500, static=True)
+    assert none_29500 == torchrun_env("none", port=29500, static=True)
+    assert none_29500 != torchrun_env("none", port=29501, static=True)
     assert none_29500.startswith("torchrun-train-") and none_29500 != standalone
     # Another script, arguments or directory: another job.
     monkeypatch.setattr(sys, "argv", sys.argv[:2] + ["elsewhere"])
-    assert torchrun_env("none", port=29500) != none_29500
+    assert torchrun_env("none", port=29500, static=True) != none_29500
+    assert torchrun_env("none", port=41234) != c10d
     assert len(none_29500) <= 80
 
 

@@ -33,7 +33,9 @@ ends it in the ring, so trainers see the end of every epoch. See docs/pooled.md.
 """
 
 import argparse
+import atexit
 import base64
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -45,15 +47,13 @@ import re
 import signal
 import struct
 import sys
-import threading
 import time
-import warnings
 import weakref
 
 import numpy as np
 
 import tailcut
-from tailcut import _args, _core, _pool_spec
+from tailcut import _args, _core, _job, _lifecycle, _pool_spec
 
 __all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
@@ -206,11 +206,11 @@ class _Recipe:
 
 
 def _torch_of(batch):
-    import torch
+    from tailcut.torch import _tensor  # read-only collated arrays: torch's warning silenced once
     if isinstance(batch, np.ndarray):
-        return torch.from_numpy(batch)
+        return _tensor(batch)
     if isinstance(batch, tuple) and all(isinstance(a, np.ndarray) for a in batch):
-        return tuple(torch.from_numpy(a) for a in batch)
+        return tuple(_tensor(a) for a in batch)
     return batch
 
 
@@ -256,31 +256,7 @@ class _RingClosed(Exception):
     """The job closed its ring (every epoch ended): the loader leaves."""
 
 
-class _LeaveOnSignals:
-    """The first of `signums` asks the loader to leave (it publishes and acks
-    what it holds first); the next one acts as it would have without this
-    (SIGTERM ends the process, SIGINT raises KeyboardInterrupt). Only in the
-    main thread, where Python runs signal handlers."""
-
-    def __init__(self, signums):
-        self.signums = signums if threading.current_thread() is threading.main_thread() else ()
-        self.signum = None
-        self._old = {}
-
-    def __enter__(self):
-        for s in self.signums:
-            self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
-                      else signal.SIG_DFL)
-
-    def __exit__(self, *exc):
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        return False
+_LeaveOnSignals = _lifecycle.LeaveOnSignals
 
 
 def _load(queue, ring, recipe, leave, poll):
@@ -423,14 +399,21 @@ def start_loaders(dataset, ring_name, num_workers, **kwargs):
     ctx = multiprocessing.get_context("fork")
     procs = []
     for _ in range(num_workers):
-        p = ctx.Process(target=_loader_main, args=(dataset, ring_name, kwargs), daemon=True)
+        p = ctx.Process(target=_loader_main, args=(dataset, ring_name, kwargs, os.getpid()),
+                        daemon=True)
         p.start()
         procs.append(p)
     return procs
 
 
-def _loader_main(dataset, ring_name, kwargs):
-    run_loader(dataset, ring_name, **kwargs)
+def _loader_main(dataset, ring_name, kwargs, parent_pid):
+    _lifecycle.watch_parent(parent_pid, ring_name)
+    try:
+        run_loader(dataset, ring_name, **kwargs)
+    except Exception as e:  # the ranks raise it (see _lifecycle)
+        _lifecycle.report_failure(ring_name, os.getpid(), e)
+        _lifecycle.print_failure(e)
+        os._exit(1)
     close = getattr(dataset, "close", None)
     if close is not None:
         close()  # leaves the queue now rather than at the next death check
@@ -540,7 +523,7 @@ class PooledLoader:
     PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
                  transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
                  world_size=None, local_rank=None, name=None, timeout=1800.0,
-                 carry_over=False, on_leftover=None)
+                 carry_over=True, on_leftover=None)
 
     `dataset` is a tailcut.torch.QueueDataset. Local rank 0 ($LOCAL_RANK,
     else local_rank, else rank, else 0) starts num_workers loader processes
@@ -562,15 +545,17 @@ class PooledLoader:
     released then. Every local rank gets the same number of batches per epoch
     (WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks, else world_size);
     the batches left when one rank has none are counted in `reports` and,
-    with carry_over=True, yielded first in the next epoch (copied), as
-    EqualSteps does; otherwise, and after the queue's last epoch, each is
-    passed to on_leftover(batch) and released. len() is this rank's steps per
-    epoch, an estimate (records per epoch / batch_size / local ranks).
+    with carry_over=True (the default: every record once per epoch), yielded
+    first in the next epoch (copied); otherwise, and after the queue's last
+    epoch, each is passed to on_leftover(batch) and released, and a warning
+    says how many records were dropped, as EqualSteps does. len() is this
+    rank's steps per epoch, an estimate (records per epoch / batch_size /
+    local ranks). Failures, restarts, what is left: tailcut._lifecycle.
     """
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
-                 name=None, timeout=1800.0, carry_over=False, on_leftover=None):
+                 name=None, timeout=1800.0, carry_over=True, on_leftover=None):
         self.dataset = dataset
         self.queue = dataset.queue
         self.num_workers = _args.count("num_workers", num_workers)
@@ -600,15 +585,24 @@ class PooledLoader:
         # Pinned for CUDA only where this process already chose its device
         # (torch.cuda.set_device, or any CUDA work): registering first would
         # make a context on device 0 for every rank. See docs/pooled.md.
-        self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
+        # A ring no live trainer uses is a dead attempt's: removed first, never popped.
+        self.ring = _lifecycle.open_trainer_ring(
+            self.name, _job.earlier_attempts(self.name),
+            lambda: _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
                                     max_clients=_RING_MAX_CLIENTS,
-                                    cuda_register=_cuda_initialized())
+                                    cuda_register=_cuda_initialized()))
         self.epoch = 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave
         self._started = False
-        self._spec_removal = None  # removes the description at close() or exit
+        self._spec_holder = [None]  # removes the description written here
+        # close()'s end, also at GC or exit (DataLoader users never close()); registered
+        # after multiprocessing's exit handler, so it runs before that one.
+        self._end = weakref.finalize(self, _lifecycle.end_pool, self.ring, self.name,
+                                     self.local_rank == 0, self.loaders, self._spec_holder)
+        self._end.atexit = False
+        atexit.register(self._end)
         self._current = None
         self._stash = None
         self._carried = []
@@ -635,10 +629,10 @@ class PooledLoader:
                     transform=self.transform, max_clients=_RING_MAX_CLIENTS)
 
     def _publish_spec(self):
-        if self._spec_removal is None:
+        if self._spec_holder[0] is None:
             _write_spec(self.name, self.queue, self._recipe, self.slot_bytes, self.num_slots,
                         _RING_MAX_CLIENTS, 0.005)
-            self._spec_removal = weakref.finalize(self, _remove_spec, self.name, os.getpid())
+            self._spec_holder[0] = functools.partial(_remove_spec, self.name, os.getpid())
 
     def start_loaders(self):
         """Starts this host's num_workers loader processes (done by local rank
@@ -691,7 +685,8 @@ class PooledLoader:
                     return None
                 batch, self._stash = self._stash, None
             else:
-                batch = self.ring.pop(through_epoch=epoch, timeout=self.timeout)
+                batch = _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
+                                       self.num_workers > 0, self.loaders)
                 if batch is None:
                     return None
             if batch.epoch == epoch:
@@ -706,16 +701,14 @@ class PooledLoader:
             self._drop(batch, report)
 
     def _tensors(self, batch, copy=False):
-        import torch
+        from tailcut.torch import _tensor  # read-only views: torch's warning silenced once
         arrays = decode_batch(batch.data, batch.header)
         if copy:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
                       else arrays.copy())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # read-only arrays: documented
-            if isinstance(arrays, tuple):
-                return tuple(torch.from_numpy(a) for a in arrays)
-            return torch.from_numpy(arrays)
+        if isinstance(arrays, tuple):
+            return tuple(_tensor(a) for a in arrays)
+        return _tensor(arrays)
 
     def _drop(self, batch, report):
         """A leftover batch not carried: counted, shown to on_leftover, released."""
@@ -777,7 +770,12 @@ class PooledLoader:
 
         try:
             while True:
-                batch = next_batch()
+                try:
+                    batch = next_batch()
+                except BaseException:
+                    _lifecycle.leave_step(self.queue, self.local_rank, self.local_world_size,
+                                          (epoch << 32) | step)
+                    raise
                 if self._agree(epoch, step, batch is not None):
                     step += 1
                     report["steps"] = step
@@ -793,14 +791,23 @@ class PooledLoader:
                 break
         finally:
             self._release_current()
+        if report["dropped_records"] and self.on_leftover is None:
+            why = ("the queue has no later epoch to carry them into" if self.carry_over else
+                   "pass carry_over=True to use them in the next epoch")
+            _lifecycle.log.warning(
+                "tailcut.pool: rank %d dropped %d leftover records (%d batches) at the end of "
+                "epoch %d (%s, or on_leftover= to handle them)", self.rank,
+                report["dropped_records"], report["dropped_batches"], epoch, why)
 
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
         ends the ring (every epoch; loaders still running leave, giving their
-        items back to the queue, and the last process to leave removes the
-        ring) and removes the pool's description. Loader processes this
-        process started are waited for; those still running 10 s later are
-        killed (their items go back to the queue). Idempotent."""
+        items back to the queue). The process that started loaders waits for
+        them (those still running 10 s later are killed: their items go back
+        to the queue), then removes the ring's name and the pool's
+        description: a batch still referenced keeps its mapping, not the
+        name. Done at exit or when the loader is dropped, if not before.
+        Idempotent."""
         if self.ring.closed:
             return
         self._release_current()
@@ -808,17 +815,7 @@ class PooledLoader:
             self.ring.release(self._stash)
             self._stash = None
         self._carried = []
-        if self.local_rank == 0:
-            self.ring.end_epoch(None)
-        if self._spec_removal is not None:
-            self._spec_removal()  # once
-        self.ring.close()
-        deadline = time.monotonic() + 10.0
-        for p in self.loaders:
-            p.join(max(deadline - time.monotonic(), 0.0))
-            if p.is_alive():
-                p.kill()
-                p.join()
+        self._end()
 
     def __enter__(self):
         return self

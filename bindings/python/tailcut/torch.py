@@ -16,13 +16,10 @@ Importing this module imports torch; ``import tailcut`` does not.
 See docs/pytorch.md.
 """
 
-import hashlib
 import logging
 import multiprocessing
 import multiprocessing.util
 import os
-import re
-import sys
 import threading
 import time
 import warnings
@@ -33,6 +30,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 from tailcut import _args
+from tailcut._job import default_name as _default_name
+from tailcut._job import torchrun_job as _torchrun_job
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
 
@@ -77,51 +76,6 @@ def _mix(*values):
 def _env_int(name, default):
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
-
-
-# torchrun's run id (TORCHELASTIC_RUN_ID) names a job only when the user gave
-# one (--rdzv_id). Without it the id is "none", the same for every job of the
-# host; with --standalone it is a fresh uuid4 per invocation, so a rerun of a
-# crashed job would never find that job's queue. Elastic restarts within one
-# torchrun keep the run id and count up TORCHELASTIC_RESTART_COUNT.
-_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
-
-
-def _safe(text):
-    return "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in text)
-
-
-def _torchrun_job():
-    """What names this torchrun job on the host, the same in each of its reruns;
-    None outside torchrun. The run id when the user gave one (--rdzv_id);
-    otherwise the working directory, the script and its arguments -- and
-    MASTER_PORT when the run id is "none" (static rendezvous: two jobs of one
-    host differ in it), not under --standalone (its port is drawn per run,
-    and two standalone jobs cannot share a host: both rendezvous on port
-    29400)."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if not run_id:
-        return None
-    if run_id != "none" and not _UUID4.match(run_id):
-        return _safe(run_id)[:80]
-    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
-    parts = [os.getcwd(), os.path.abspath(script), *sys.argv[1:]]
-    if run_id == "none":
-        parts.append("MASTER_PORT=" + os.environ.get("MASTER_PORT", ""))
-    digest = hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
-    stem = _safe(os.path.splitext(os.path.basename(script))[0])[:40] or "job"
-    return f"{stem}-{digest[:12]}"
-
-
-def _default_name():
-    """The queue name when none is given: 'work_queue', or under torchrun one
-    per job and attempt, 'torchrun-<job>-<restart count>' (see _torchrun_job),
-    so that jobs of one host do not share a queue, a rerun of a job finds the
-    queue its crashed run left, and an elastic restart starts a fresh one."""
-    job = _torchrun_job()
-    if job is None:
-        return "work_queue"
-    return f"torchrun-{job}-{_env_int('TORCHELASTIC_RESTART_COUNT', 0)}"
 
 
 def _remove_earlier_attempts(name):
