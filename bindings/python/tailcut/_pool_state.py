@@ -149,8 +149,8 @@ def _group(loader):
 
 
 def _drain(loader):
-    """Local rank 0: pops every ready batch and keeps a copy to yield later,
-    so that its ranges are known; returns them."""
+    """Local rank 0: pops every ready batch and returns copies of them, so
+    that their ranges are known and the ranks can yield them later."""
     drained = []
     while True:
         try:
@@ -164,7 +164,7 @@ def _drain(loader):
                                 batch_ranges(batch.data, batch.header), batch.epoch))
         finally:
             loader.ring.release(batch)
-    loader._drained += drained
+    return drained
 
 
 class Held:
@@ -194,10 +194,21 @@ def state_dict(loader):
     dist = _group(loader)
     if dist is not None:
         dist.barrier()  # every rank is here: nobody pops until the exchange below
-    mine = {}
+    mine, drained = {}, []
     if loader.local_rank == 0:
-        mine["queue"] = loader.queue.state_dict()
-        _drain(loader)
+        mine["queue"] = loader.queue.state_dict()  # first: see the module's comment
+        drained = _drain(loader)
+    if dist is None:
+        loader._drained += drained
+    else:
+        # The copies go round-robin to the ranks, who yield them next: held
+        # by one rank, those left when another finds the epoch's end would
+        # be left over.
+        n = dist.get_world_size()
+        share = [None]
+        shares = [drained[r::n] for r in range(n)] if loader.local_rank == 0 else None
+        dist.scatter_object_list(share, shares, src=0)  # one host: local rank 0 is rank 0
+        loader._drained += share[0]
     mine["ranges"], mine["batches"], mine["records"] = _unused(loader)
     if dist is None:
         every = [mine]
