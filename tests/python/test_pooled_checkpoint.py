@@ -186,7 +186,7 @@ def run_killed(data, out, name, delay, *extra):
 
 def run_killed_and_resumed(name, data, out, every, delay):
     run, cut = run_killed(data, out, name, delay, "--every", str(every))
-    finish(start(data, out, name, "--resume", str(out / "ckpt.pt")))
+    finish(start(data, out, name, "--every", str(every), "--resume", str(out / "ckpt.pt")))
     check(out, {run: cut})
     assert not leftovers(name), leftovers(name)
     return cut
@@ -194,7 +194,7 @@ def run_killed_and_resumed(name, data, out, every, delay):
 
 def test_killed_after_a_mid_epoch_checkpoint_resumes_every_record_once(job):
     name, data, out = job
-    run_killed_and_resumed(name, data, out, every=25, delay=random.uniform(0, 0.5))
+    run_killed_and_resumed(name, data, out, every=7, delay=random.uniform(0, 0.5))
 
 
 def test_killed_after_an_epoch_end_checkpoint_resumes_every_record_once(job):
