@@ -164,6 +164,11 @@ def _stale(name):
     return summary
 
 
+def _stale_epoch(stale):
+    """The epoch of a stale queue's first item not done (see _current_epoch)."""
+    return min(stale["epoch"], stale["done"] // max(stale["num_items"], 1))
+
+
 def _describe(name, stale):
     return (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
             f"{stale['done']} of {stale['total']} items done)")
@@ -172,8 +177,10 @@ def _describe(name, stale):
 def _carry_over(queue_args):
     """The state of a stale queue (finished items, progress within open ones),
     after which the queue is removed; None if another process joined it
-    meanwhile (it is then resumed as it is)."""
+    meanwhile (it is then resumed as it is). Quiet: the notice of its own
+    close ("removed unfinished ...") would contradict the resume."""
     args = {k: v for k, v in queue_args.items() if k != "restore_state"}
+    args["on_notice"] = lambda line: None
     q = tailcut.WorkQueue(**args)
     try:
         state = q.state_dict()
@@ -191,9 +198,11 @@ def _carry_over(queue_args):
 def _prepare(queue_args, resume, restarted, torchrun_default):
     """What local rank 0 does before a job opens its queue: remove the queues of
     earlier attempts (or, in a new run, those a crashed run left under later
-    attempts' names), and say plainly what it resumes -- or discard it, when
-    told to (resume=False) or when the job restores a checkpoint
-    (restore_state), which then decides where the job goes on.
+    attempts' names), and decide what becomes of a queue an earlier run left
+    unfinished, in one line: discard it when the job restores a checkpoint
+    (restore_state decides where it goes on) or was not told to resume
+    (resume=True): a run without a checkpoint trains a fresh model, which
+    must see every record; resume it only when told to.
 
     A queue is resumed in a fresh queue of the same name created from its
     state (as restore_state would), not joined as it is: the steps EqualSteps
@@ -216,11 +225,14 @@ def _prepare(queue_args, resume, restarted, torchrun_default):
         if state is not None:
             queue_args["restore_state"] = state
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
-                      f"(pass resume=False or set TAILCUT_RESUME=0 to start over)",
-                      RuntimeWarning, stacklevel=4)
+                      f"and the job goes on at epoch {_stale_epoch(stale)} (EqualSteps and "
+                      f"PooledLoader start there: loop from their .epoch)", RuntimeWarning,
+                      stacklevel=4)
     else:
         tailcut.remove_queue(name, force=True)
-        _log.warning("tailcut.torch: discarded %s (resume=False)", what)
+        _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "
+                     "(restore_state=); resume=True or TAILCUT_RESUME=1 would go on with its "
+                     "data", what)
 
 
 def _current_epoch(q):
@@ -235,8 +247,8 @@ def _current_epoch(q):
 def _resume_default(resume):
     if resume is not None:
         return bool(resume)
-    value = os.environ.get("TAILCUT_RESUME", "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
+    value = os.environ.get("TAILCUT_RESUME", "0").strip().lower()
+    return value in ("1", "true", "yes", "on")
 
 
 # ---- Reading without waiting for other processes at the end of the data -------------------
@@ -770,13 +782,14 @@ class EqualSteps:
         if group is None and dist.is_available() and dist.is_initialized():
             if dist.get_world_size() > self.world_size:
                 self._group = dist.group.WORLD
-        self.epoch = 0
+        self.epoch = _current_epoch(queue)  # a resumed queue's, else 0
         self.reports = []
         self._carried = []
         self._epoch_end_state = None
 
     def set_epoch(self, epoch):
-        """The epoch the next iteration runs (0 at first, then one more each time)."""
+        """The epoch the next iteration runs (the queue's current epoch at
+        first, 0 unless it was resumed, then one more each time)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < (1 << 30):
             raise ValueError(f"epoch must be an int in [0, 2**30), got {epoch!r}")
         self.epoch = epoch
