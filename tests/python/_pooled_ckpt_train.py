@@ -86,6 +86,7 @@ def main():
             write(epoch=epoch, step=step, ids=ids_of(batch))
             if args.every and step % args.every == 0:
                 checkpoint(epoch, step)
+        write(report=loader.reports[-1], epoch=epoch)
         checkpoint(epoch + 1, 0)
     loader.close()
     ds.close()

@@ -114,7 +114,7 @@ def check(out, cuts):
         steps = collections.defaultdict(lambda: collections.defaultdict(int))
         for line in every:
             run = line["run"]
-            if line["epoch"] != epoch or "ckpt" in line:
+            if line["epoch"] != epoch or "ckpt" in line or "report" in line:
                 continue
             if run != last:
                 cut = cuts.get(run)
@@ -319,3 +319,30 @@ def test_load_state_dict_refuses_a_queue_not_opened_from_the_state(tmp_path):
         loader.close()
         ds.close()
         tailcut.remove_batch_ring(name + ".pool")
+
+
+def test_peek_ready_reads_the_ready_batches_in_place_without_taking_them():
+    name = f"pytest-peek-{os.getpid()}"
+    loader = tailcut.BatchRing(name, slot_bytes=4096, num_slots=4, role="loader")
+    trainer = tailcut.BatchRing(name, slot_bytes=4096, num_slots=4, role="trainer")
+    try:
+        for i in range(3):
+            slot = loader.acquire(timeout=5)
+            slot.header[:4] = b"b%03d" % i
+            slot.data[:8] = bytes([i]) * 8
+            assert loader.publish(slot, epoch=i % 2, records=10 + i, nbytes=8)
+        popped = trainer.pop(timeout=5)  # the first: no longer ready
+        seen = []
+
+        def read(header, data, epoch, records):
+            seen.append((bytes(header[:4]), bytes(data), epoch, records))
+
+        assert trainer.peek_ready(read) == 0
+        assert sorted(seen) == [(b"b001", b"\x01" * 8, 1, 11), (b"b002", b"\x02" * 8, 0, 12)]
+        assert trainer.stats()["ready"] == 2  # still there, in publish order
+        trainer.release(popped)
+        assert [trainer.pop(timeout=5).records for _ in range(2)] == [11, 12]
+    finally:
+        loader.close()
+        trainer.close()
+        tailcut.remove_batch_ring(name)

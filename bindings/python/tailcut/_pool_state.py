@@ -3,24 +3,25 @@
 A record is used when the rank that popped its batch asks for the next one
 (or releases it). Records that loaders read ahead, and batches published but
 not yet used (ready in the ring, popped early for the next epoch, carried
-over, or copied out by a checkpoint), are not: a checkpoint must have them
-read again after a restore, or they are lost.
+over), are not: a checkpoint must have them read again after a restore, or
+they are lost.
 
 Every batch a loader publishes carries the (ticket, begin, end) ranges of
-the records it holds (Spans, written after the batch's arrays in the slot
-data; the slot header's last 16 bytes say where). The pool's state is the
-queue's state (WorkQueue.state_dict()) with each range of an unused batch
-that the queue counts as consumed turned back into an open piece, which a
-restored queue hands out again from its begin. Loaders commit and ack when a
-batch is published, so the queue's own state alone would skip those records.
+the records it holds (Spans; tailcut._batch_layout says where in the slot).
+The pool's state is the queue's state (WorkQueue.state_dict()) with each
+range of an unused batch that the queue counts as consumed turned back into
+an open piece, which a restored queue hands out again from its begin.
+Loaders commit and ack when a batch is published, so the queue's own state
+alone would skip those records.
 
 Gathering (state_dict): every local rank calls it at the same step. After a
-barrier no rank pops; local rank 0 saves the queue's state, then pops every
-ready batch (copying it out, to be yielded by that rank later), so each
-batch published before that save is known to some rank; the ranks exchange
-their unused ranges (torch.distributed all_gather_object) and each computes
-the same state. The queue's state comes first: a batch published after it
-holds records the saved state does not count as consumed anyway.
+barrier no rank pops; local rank 0 saves the queue's state, then reads the
+ranges of every batch ready in the ring in place (BatchRing.peek_ready), so
+each batch published before that save is known; the ranks exchange their
+unused ranges (torch.distributed all_gather_object) and each computes the
+same state. The queue's state comes first: a batch published after it holds
+records the saved state does not count as consumed anyway, and a batch that
+is ready then stays ready until every rank has left state_dict().
 
 The queue checkpoint's byte layout is the engine's (engine/checkpoint.cc,
 TCSTATE1): read and written here to edit its pieces; the engine checks it
@@ -148,28 +149,26 @@ def _group(loader):
     return dist
 
 
-def _drain(loader):
-    """Local rank 0: pops every ready batch and returns copies of them, so
-    that their ranges are known and the ranks can yield them later."""
-    drained = []
-    while True:
-        try:
-            batch = loader.ring.pop(through_epoch=None, timeout=0)
-        except tailcut.Empty:
-            break
-        if batch is None:
-            break
-        try:
-            drained.append(Held(loader._tensors(batch, copy=True), batch.records,
-                                batch_ranges(batch.data, batch.header), batch.epoch))
-        finally:
-            loader.ring.release(batch)
-    return drained
+def _ring_ranges(loader):
+    """Local rank 0: the ranges and records of the batches ready in the ring,
+    read in place (BatchRing.peek_ready) while no rank pops."""
+    ranges, count = [], [0, 0]
+
+    def read(header, data, epoch, records):
+        ranges.extend(batch_ranges(data, header))
+        count[0] += 1
+        count[1] += records
+
+    if loader.ring.peek_ready(read):
+        raise tailcut.InvalidArgumentError(
+            f"PooledLoader.state_dict(): a rank popped a batch of ring '{loader.name}' while "
+            f"the state was taken: every local rank must call state_dict() at the same step")
+    return ranges, count[0], count[1]
 
 
 class Held:
-    """A batch a rank holds unused outside the ring: owned tensors, its
-    record count, ranges and epoch (carried over, or copied out by _drain)."""
+    """A leftover batch a rank carries into the next epoch: owned tensors,
+    its record count, ranges and epoch."""
 
     def __init__(self, tensors, records, ranges, epoch):
         self.tensors, self.records, self.ranges, self.epoch = tensors, records, ranges, epoch
@@ -177,7 +176,7 @@ class Held:
 
 def _unused(loader):
     """(ranges, batches, records) of what this rank holds and has not used."""
-    held = list(loader._drained) + list(loader._carried_now) + list(loader._carried)
+    held = list(loader._carried_now) + list(loader._carried)
     ranges, records = [], 0
     for h in held:
         ranges += h.ranges
@@ -194,22 +193,14 @@ def state_dict(loader):
     dist = _group(loader)
     if dist is not None:
         dist.barrier()  # every rank is here: nobody pops until the exchange below
-    mine, drained = {}, []
+    mine = dict(ranges=[], batches=0, records=0)
     if loader.local_rank == 0:
         mine["queue"] = loader.queue.state_dict()  # first: see the module's comment
-        drained = _drain(loader)
-    if dist is None:
-        loader._drained += drained
-    else:
-        # The copies go round-robin to the ranks, who yield them next: held
-        # by one rank, those left when another finds the epoch's end would
-        # be left over.
-        n = dist.get_world_size()
-        share = [None]
-        shares = [drained[r::n] for r in range(n)] if loader.local_rank == 0 else None
-        dist.scatter_object_list(share, shares, src=0)  # one host: local rank 0 is rank 0
-        loader._drained += share[0]
-    mine["ranges"], mine["batches"], mine["records"] = _unused(loader)
+        mine["ranges"], mine["batches"], mine["records"] = _ring_ranges(loader)
+    ranges, batches, records = _unused(loader)
+    mine["ranges"] += ranges
+    mine["batches"] += batches
+    mine["records"] += records
     if dist is None:
         every = [mine]
     else:

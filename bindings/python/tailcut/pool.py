@@ -468,7 +468,7 @@ def _remove_spec(ring_name, writer_pid):
 
 # ---- PooledLoader ------------------------------------------------------------------------------
 
-_Held = _pool_state.Held  # a batch held outside the ring: carried over, or copied by a checkpoint
+_Held = _pool_state.Held  # a leftover batch carried into the next epoch
 
 
 class PooledLoader:
@@ -535,7 +535,8 @@ class PooledLoader:
         self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
                                     max_clients=_RING_MAX_CLIENTS,
                                     cuda_register=_cuda_initialized())
-        self.epoch = 0
+        s = self.queue.summary()  # a resumed queue's epoch, else 0
+        self.epoch = min(s["epoch"], s["done"] // max(s["num_items"], 1))
         self.reports = []
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave
@@ -545,8 +546,7 @@ class PooledLoader:
         self._stash = None
         self._carried = []  # _Held leftovers for the next epoch
         self._carried_now = []  # those not yet yielded in this epoch
-        self._drained = []  # _Held batches a checkpoint copied out of the ring
-        self._position = (0, 0)  # (epoch, steps done in it), for state_dict()
+        self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
 
     def state_dict(self):
         """The pool's data position, the same dict on every local rank: call it
@@ -640,10 +640,6 @@ class PooledLoader:
                 if self._stash.epoch > epoch:
                     return None
                 batch, self._stash = self._stash, None
-            elif self._drained:
-                if self._drained[0].epoch > epoch:
-                    return None
-                batch = self._drained.pop(0)
             else:
                 batch = self.ring.pop(through_epoch=epoch, timeout=self.timeout)
                 if batch is None:
@@ -767,7 +763,7 @@ class PooledLoader:
         if self._stash is not None:
             self.ring.release(self._stash)
             self._stash = None
-        self._carried = self._carried_now = self._drained = []
+        self._carried = self._carried_now = []
         if self.local_rank == 0:
             self.ring.end_epoch(None)
         if self._spec_removal is not None:
