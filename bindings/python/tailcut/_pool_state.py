@@ -129,6 +129,18 @@ def reopen(state, ranges):
     return _encode(head, words, pieces + added), len(added)
 
 
+def restored_epoch(dataset):
+    """The epoch a QueueDataset's queue opened with restore_state (a
+    checkpoint, or a resumed queue's state) starts in: that of its lowest
+    ticket not done then; else 0. Where a loop over epochs starts. From the
+    state, not the live queue, which other ranks' loaders may have moved on."""
+    state = getattr(dataset, "_queue_args", {}).get("restore_state")
+    if not state:
+        return 0
+    head, _, _ = _decode(state["state"] if isinstance(state, dict) else bytes(state))
+    return head[4] // head[1]  # low // num_items
+
+
 # ---- Gathering the pool's state -----------------------------------------------------------
 
 

@@ -535,8 +535,7 @@ class PooledLoader:
         self.ring = _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
                                     max_clients=_RING_MAX_CLIENTS,
                                     cuda_register=_cuda_initialized())
-        s = self.queue.summary()  # a resumed queue's epoch, else 0
-        self.epoch = min(s["epoch"], s["done"] // max(s["num_items"], 1))
+        self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave

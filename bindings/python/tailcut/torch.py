@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
+from tailcut import _pool_state
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
 
@@ -782,7 +783,7 @@ class EqualSteps:
         if group is None and dist.is_available() and dist.is_initialized():
             if dist.get_world_size() > self.world_size:
                 self._group = dist.group.WORLD
-        self.epoch = _current_epoch(queue)  # a resumed queue's, else 0
+        self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
         self._carried = []
         self._epoch_end_state = None
