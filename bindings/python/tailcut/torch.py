@@ -32,7 +32,6 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _pool_state
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
 
@@ -165,11 +164,6 @@ def _stale(name):
     return summary
 
 
-def _stale_epoch(stale):
-    """The epoch of a stale queue's first item not done (see _current_epoch)."""
-    return min(stale["epoch"], stale["done"] // max(stale["num_items"], 1))
-
-
 def _describe(name, stale):
     return (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
             f"{stale['done']} of {stale['total']} items done)")
@@ -177,12 +171,10 @@ def _describe(name, stale):
 
 def _carry_over(queue_args):
     """The state of a stale queue (finished items, progress within open ones),
-    after which the queue is removed; None if another process joined it
-    meanwhile (it is then resumed as it is). Quiet: the notice of its own
-    close ("removed unfinished ...") would contradict the resume."""
-    args = {k: v for k, v in queue_args.items() if k != "restore_state"}
-    args["on_notice"] = lambda line: None
-    q = tailcut.WorkQueue(**args)
+    after which it is removed, quietly (a notice would belie the resume); None
+    if another process joined it meanwhile (it is then resumed as it is)."""
+    args = {k: v for k, v in queue_args.items() if k not in ("restore_state", "on_notice")}
+    q = tailcut.WorkQueue(**args, on_notice=lambda line: None)
     try:
         state = q.state_dict()
     finally:
@@ -199,11 +191,9 @@ def _carry_over(queue_args):
 def _prepare(queue_args, resume, restarted, torchrun_default):
     """What local rank 0 does before a job opens its queue: remove the queues of
     earlier attempts (or, in a new run, those a crashed run left under later
-    attempts' names), and decide what becomes of a queue an earlier run left
-    unfinished, in one line: discard it when the job restores a checkpoint
-    (restore_state decides where it goes on) or was not told to resume
-    (resume=True): a run without a checkpoint trains a fresh model, which
-    must see every record; resume it only when told to.
+    attempts' names), and, in one line, resume a queue an earlier run left
+    unfinished (resume=True) or discard it: a checkpoint (restore_state)
+    decides where the job goes on, and without one a fresh model is trained.
 
     A queue is resumed in a fresh queue of the same name created from its
     state (as restore_state would), not joined as it is: the steps EqualSteps
@@ -226,14 +216,13 @@ def _prepare(queue_args, resume, restarted, torchrun_default):
         if state is not None:
             queue_args["restore_state"] = state
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
-                      f"and the job goes on at epoch {_stale_epoch(stale)} (EqualSteps and "
-                      f"PooledLoader start there: loop from their .epoch)", RuntimeWarning,
-                      stacklevel=4)
+                      f"and the job goes on at epoch {stale['done'] // stale['num_items']} "
+                      f"(EqualSteps and PooledLoader start there: loop from their .epoch)",
+                      RuntimeWarning, 4)
     else:
         tailcut.remove_queue(name, force=True)
         _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "
-                     "(restore_state=); resume=True or TAILCUT_RESUME=1 would go on with its "
-                     "data", what)
+                     "(restore_state=); resume=True or TAILCUT_RESUME=1 resumes its data", what)
 
 
 def _current_epoch(q):
@@ -246,10 +235,8 @@ def _current_epoch(q):
 
 
 def _resume_default(resume):
-    if resume is not None:
-        return bool(resume)
-    value = os.environ.get("TAILCUT_RESUME", "0").strip().lower()
-    return value in ("1", "true", "yes", "on")
+    value = os.environ.get("TAILCUT_RESUME", "0") if resume is None else str(bool(resume))
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 # ---- Reading without waiting for other processes at the end of the data -------------------
@@ -789,8 +776,7 @@ class EqualSteps:
         self._epoch_end_state = None
 
     def set_epoch(self, epoch):
-        """The epoch the next iteration runs (the queue's current epoch at
-        first, 0 unless it was resumed, then one more each time)."""
+        """The epoch the next iteration runs (first a restored queue's, else 0; then one more)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < (1 << 30):
             raise ValueError(f"epoch must be an int in [0, 2**30), got {epoch!r}")
         self.epoch = epoch
@@ -933,4 +919,4 @@ class EqualSteps:
                 f"carry_over={self.carry_over})")
 
 
-from .pool import PooledLoader  # noqa: E402  (docs/pooled.md)
+from .pool import PooledLoader, _pool_state  # noqa: E402  (docs/pooled.md; EqualSteps)
