@@ -68,24 +68,31 @@ def group_alive(pgid):
 
 
 def kill_job(proc):
-    """SIGKILLs every process of the job (torchrun, ranks, loaders)."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    """SIGKILLs every process of the job (torchrun, ranks, loaders); returns its output."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    log = proc.communicate()[0] or ""
     deadline = time.monotonic() + 30
     while group_alive(proc.pid):
         assert time.monotonic() < deadline, "a process of the killed job is still running"
         time.sleep(0.05)
+    return log
 
 
 def finish(proc, timeout=120):
+    """Waits for the job; fails, leaving no process of it behind, unless it
+    exits 0 and no process of it outlives it."""
     try:
         log, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail("the job did not finish:\n" + log[-4000:])
+        pytest.fail("the job did not finish within its time:\n" + kill_job(proc)[-4000:])
+    outlived = group_alive(proc.pid)
+    if outlived or proc.returncode != 0:
+        kill_job(proc)  # a failed rank's loaders, say
     assert proc.returncode == 0, log[-6000:]
-    assert not group_alive(proc.pid), "a process of the job outlived it"
+    assert not outlived, "a process of the job outlived it"
     return log
 
 
@@ -174,8 +181,9 @@ def run_killed(data, out, name, delay, *extra):
     proc = start(data, out, name, *extra)
     deadline = time.monotonic() + 120
     while not ckpt_path.exists() or ckpt_path.stat().st_mtime_ns == before:
-        assert proc.poll() is None, proc.communicate()[0][-4000:]
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log = kill_job(proc)
+            pytest.fail(f"no checkpoint (exit status {proc.returncode}):\n{log[-4000:]}")
         time.sleep(0.01)
     time.sleep(delay)
     kill_job(proc)
