@@ -451,6 +451,28 @@ void DefineBatchRing(py::module_& m) {
           py::arg("batch"),
           "Trainer: gives the batch's slot back to the loaders; its views raise from now on.")
       .def(
+          "peek_ready",
+          [](const RingPtr& h, const py::function& fn) {
+            tc::BatchRing& ring = Usable(*h);
+            return ring.PeekReady([&](const tc::ReadyBatch& b) {
+              py::object header = ViewOf(h, b.user_header.data(), b.user_header.size(), true);
+              py::object data = ViewOf(h, b.data.data(), b.data.size(), true);
+              try {
+                fn(header, data, b.epoch, b.records);
+              } catch (...) {
+                ReleaseView(header);
+                ReleaseView(data);
+                throw;
+              }
+              ReleaseView(header);
+              ReleaseView(data);
+            });
+          },
+          py::arg("fn"),
+          "Calls fn(header, data, epoch, records) for each batch ready now, without taking it "
+          "(read-only memoryviews, released after the call). Call it while no trainer pops: "
+          "returns how many batches were popped while fn read them.")
+      .def(
           "end_epoch",
           [](const RingPtr& h, py::object epoch) {
             tc::BatchRing& ring = Usable(*h);

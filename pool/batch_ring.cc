@@ -670,6 +670,32 @@ RingStatus BatchRing::Pop(uint64_t through_epoch, ReadyBatch* out, Deadline dead
   });
 }
 
+int BatchRing::PeekReady(const std::function<void(const ReadyBatch&)>& fn) const {
+  const Impl& d = *impl_;
+  int moved = 0;
+  for (uint32_t i = 0; i < d.core.geometry().num_slots; ++i) {
+    detail::SlotHeader& sh = d.core.slot(i);
+    // acquire: pairs with the acq_rel CAS that made the slot READY (MoveOwned, or a recovery):
+    // the loader's writes to the header and the data before it are visible.
+    uint64_t w = sh.word.load(std::memory_order_acquire);
+    if (detail::SlotStateOf(w) != detail::kSlotReady) continue;
+    ReadyBatch b;
+    // relaxed: ordered by the acquire above.
+    uint64_t bytes = sh.bytes.load(std::memory_order_relaxed);
+    b.token = {i, detail::SlotGenOf(w)};
+    b.data = {reinterpret_cast<const std::byte*>(d.core.slot_data(i)),
+              std::min(bytes, d.core.geometry().slot_bytes)};  // never past the slot
+    b.user_header = {reinterpret_cast<const std::byte*>(sh.user_header), detail::kUserHeaderBytes};
+    b.epoch = sh.epoch.load(std::memory_order_relaxed);
+    b.records = sh.records.load(std::memory_order_relaxed);
+    b.loader = static_cast<uint32_t>(sh.loader.load(std::memory_order_relaxed));
+    fn(b);
+    // acquire: a pop (acq_rel CAS) while fn read means the read may be torn.
+    if (sh.word.load(std::memory_order_acquire) != w) ++moved;
+  }
+  return moved;
+}
+
 RingStatus BatchRing::Release(const SlotToken& token) noexcept {
   Impl& d = *impl_;
   if (d.owner.forked()) return RingStatus::kForked;

@@ -37,8 +37,11 @@ std::string Fixed(double v, int decimals) {
   return buf;
 }
 
+// Rates count what a client reads, not what it acks: a reader that shuffles
+// records acks an item only once its last record has left the buffer, so an
+// acked rate stays at 0 while it reads. Records are those its readers report.
 struct Sample {
-  uint64_t items_acked = 0, bytes_acked = 0, at_ns = 0;
+  uint64_t items_taken = 0, records = 0, bytes_acked = 0, at_ns = 0, joined_ns = 0;
 };
 
 // One frame. `previous` holds the last sample per client slot (rates are the
@@ -46,9 +49,14 @@ struct Sample {
 std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* previous) {
   std::string out;
   uint64_t remaining = s.total - std::min(s.total, s.done + s.in_flight);
+  uint64_t live = static_cast<uint64_t>(
+      std::count_if(s.clients.begin(), s.clients.end(), [](const auto& c) { return c.alive; }));
+  // Live processes, and every join since the start: DataLoader workers open
+  // the queue again each epoch, each a new client, so the second grows.
   out += "queue " + s.name + "   epoch " + std::to_string(std::min(s.epoch + 1, s.num_epochs)) +
-         "/" + std::to_string(s.num_epochs) + "   clients " + std::to_string(s.clients_joined) +
-         " joined (" + std::to_string(s.num_clients) + " expected)\n";
+         "/" + std::to_string(s.num_epochs) + "   clients " + std::to_string(live) + " live, " +
+         std::to_string(s.clients_joined) + " joined since the start (" +
+         std::to_string(s.num_clients) + " expected)\n";
   out += Bar(s.done, s.total, 40) + " " + Fixed(s.total ? 100.0 * s.done / s.total : 100.0, 1) +
          "%   done " + std::to_string(s.done) + "   in flight " + std::to_string(s.in_flight) +
          "   remaining " + std::to_string(remaining) + " of " + std::to_string(s.total) + "\n";
@@ -57,22 +65,33 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
 
   struct Row {
     const tailcut::ClientStats* c;
-    double items_per_s, mb_per_s, idle_pct;
+    double items_per_s, records_per_s, mb_per_s, idle_pct;
   };
   std::vector<Row> rows;
   std::vector<double> live_rates;
+  uint64_t gone_clean = 0;
   for (const tailcut::ClientStats& c : s.clients) {
-    Sample now{c.items_acked, c.bytes_acked, s.now_ns};
+    Sample now{c.items_taken, c.records, c.bytes_acked, s.now_ns, c.joined_ns};
     auto it = previous->find(c.slot);
-    Sample before = it != previous->end() && it->second.items_acked <= c.items_acked
+    // A slot another client joined since is a new client: its rates start
+    // at its join.
+    Sample before = it != previous->end() && it->second.joined_ns == c.joined_ns
                         ? it->second
-                        : Sample{0, 0, c.joined_ns};
+                        : Sample{0, 0, 0, c.joined_ns, c.joined_ns};
     double secs = now.at_ns > before.at_ns ? (now.at_ns - before.at_ns) / 1e9 : 0;
-    Row r{&c, secs > 0 ? (now.items_acked - before.items_acked) / secs : 0,
-          secs > 0 ? (now.bytes_acked - before.bytes_acked) / secs / 1e6 : 0,
+    auto rate = [&](uint64_t a, uint64_t b) { return secs > 0 && a >= b ? (a - b) / secs : 0; };
+    Row r{&c, rate(now.items_taken, before.items_taken), rate(now.records, before.records),
+          rate(now.bytes_acked, before.bytes_acked) / 1e6,
           c.busy_ns + c.idle_ns ? 100.0 * c.idle_ns / (c.busy_ns + c.idle_ns) : 0};
     (*previous)[c.slot] = now;
     if (c.alive) live_rates.push_back(r.items_per_s);
+    // A client gone cleanly (a DataLoader worker at its epoch's end) is
+    // counted, not listed: one listed per epoch and worker buries the live.
+    bool recovered = c.items_taken > c.items_acked + c.items_given_back;
+    if (!c.alive && !recovered) {
+      ++gone_clean;
+      continue;
+    }
     rows.push_back(r);
   }
   // The straggler: the slowest live client still holding items, when it
@@ -91,8 +110,8 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
       }
   }
   char line[256];
-  std::snprintf(line, sizeof(line), "%5s %8s %-8s %9s %8s %6s %6s %7s %6s  %s\n", "slot", "pid",
-                "state", "items/s", "MB/s", "acked", "open", "idle%", "splits", "");
+  std::snprintf(line, sizeof(line), "%5s %8s %-8s %9s %9s %8s %6s %6s %7s %6s  %s\n", "slot", "pid",
+                "state", "items/s", "recs/s", "MB/s", "acked", "open", "idle%", "splits", "");
   out += line;
   for (const Row& r : rows) {
     const tailcut::ClientStats& c = *r.c;
@@ -101,13 +120,16 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
     if (&c == straggler) note = "<- straggler";
     if (c.alive && c.open_items == 0 && r.items_per_s == 0) note = "idle";
     if (!c.alive && c.items_taken > c.items_acked + c.items_given_back) note = "items recovered";
-    std::snprintf(line, sizeof(line), "%5u %8d %-8s %9s %8s %6llu %6llu %7s %6llu  %s\n", c.slot,
-                  c.pid, state.c_str(), Fixed(r.items_per_s, 1).c_str(),
-                  Fixed(r.mb_per_s, 1).c_str(), static_cast<unsigned long long>(c.items_acked),
+    std::snprintf(line, sizeof(line), "%5u %8d %-8s %9s %9s %8s %6llu %6llu %7s %6llu  %s\n",
+                  c.slot, c.pid, state.c_str(), Fixed(r.items_per_s, 1).c_str(),
+                  Fixed(r.records_per_s, 0).c_str(), Fixed(r.mb_per_s, 1).c_str(),
+                  static_cast<unsigned long long>(c.items_acked),
                   static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
                   static_cast<unsigned long long>(c.splits), note.c_str());
     out += line;
   }
+  if (gone_clean > 0)
+    out += "(" + std::to_string(gone_clean) + " more gone: closed the queue with nothing open)\n";
   return out;
 }
 

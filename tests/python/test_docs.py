@@ -1,5 +1,5 @@
-"""Runs every ```python block of docs/python.md and docs/pytorch.md as a program in an empty
-directory."""
+"""Runs every ```python block of docs/python.md, docs/pytorch.md and docs/pooled.md as a
+program in an empty directory."""
 
 import importlib.util
 import os
@@ -12,7 +12,7 @@ import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 # doc -> (fewest examples it must have, module the examples need)
-PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch")}
+PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch"), "pooled.md": (3, "torch")}
 
 
 def python_blocks(page):
@@ -52,7 +52,7 @@ def test_doc_example_runs(code, tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 0, f"stdout:\n{stdout}\nstderr:\n{stderr}"
-    # Examples name their queues after their pid and clean up after themselves.
-    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut.{os.geteuid()}.*")
+    # Examples name their queues (and rings) after their pid and clean up after themselves.
+    left = [p.name for p in pathlib.Path("/dev/shm").glob("tailcut*")
             if f"-{proc.pid}" in p.name]
-    assert not left, f"the example left queues behind: {left}"
+    assert not left, f"the example left queues, rings or pool descriptions behind: {left}"

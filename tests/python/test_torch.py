@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -490,7 +491,7 @@ def test_a_rerun_under_standalone_resumes_or_restores_the_crashed_run(tmp_path, 
     name = torchrun_env("22222222-2222-4222-8222-222222222222")
     assert name == first
     with pytest.warns(RuntimeWarning, match=rf"resuming queue '{name}', left unfinished"):
-        ds = tt.QueueDataset(works, 100, **opts)
+        ds = tt.QueueDataset(works, 100, resume=True, **opts)
     steps = tt.EqualSteps(ds, rank=0, world_size=1)
     assert 0 < sum(len(ids_of(b)) for b in steps) < 800
     ds.close()
@@ -541,41 +542,77 @@ def test_len_is_exact_for_fixed_records_and_estimated_for_lines(tmp_path, qname)
     assert not os.path.exists(tailcut.segment_path(qname + "-t"))
 
 
-def test_rerun_resumes_a_stale_queue_with_a_warning_or_starts_over(tmp_path, qname, monkeypatch):
+def test_rerun_starts_over_in_one_line_or_resumes_when_told_to(tmp_path, qname, monkeypatch,
+                                                                caplog, capfd):
     works = [write_records(tmp_path / "a.bin", range(800))]
     # File order: which records come again after the "crash" below is known exactly.
     opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, name=qname,
-                num_clients=1, on_notice=quiet, **FILE_ORDER)
-    # keep_unfinished=True keeps the unfinished queue at close, as a process that died
-    # would (a clean close of every process removes it).
-    crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
-    it = iter(crashed)
-    first = [ids_of(next(it)) for _ in range(2)]
-    del it
-    crashed.queue.close()  # the "crash": the queue stays, unfinished
+                num_clients=1, **FILE_ORDER)
+
+    def crash():
+        # keep_unfinished=True keeps the unfinished queue at close, as a process that died
+        # would (a clean close of every process removes it).
+        crashed = tt.QueueDataset(works, 100, keep_unfinished=True, on_notice=quiet, **opts)
+        it = iter(crashed)
+        first = [ids_of(next(it)) for _ in range(2)]
+        del it
+        crashed.queue.close()  # the "crash": the queue stays, unfinished
+        return {i for b in first for i in b}
+
+    before = crash()
+    capfd.readouterr()
     with pytest.warns(RuntimeWarning, match=r"resuming queue .*left unfinished by an earlier "
-                      r"run \(epoch 0, [12] of 8 items done\).*resume=False"):
-        resumed = tt.QueueDataset(works, 100, **opts)
+                      r"run \(epoch 0, [12] of 8 items done\).*goes on at epoch 0"):
+        resumed = tt.QueueDataset(works, 100, resume=True, **opts)
+    # One line: the notice of the state's reader ("removed unfinished ... to resume it
+    # later") no longer contradicts it.
+    assert "unfinished" not in capfd.readouterr().err
     got = [i for b in resumed for i in ids_of(b)]
-    before = {i for b in first for i in b}
     # The rest; records of the item open at the crash come again (from its
     # last reported progress), a finished item's do not.
     assert len(set(got)) == len(got) and set(got) | before == set(range(800))
     assert len(got) < 800
     resumed.close()
-    crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
-    next(iter(crashed))
-    crashed.queue.close()
-    monkeypatch.setenv("TAILCUT_RESUME", "0")
+    crash()
+    monkeypatch.setenv("TAILCUT_RESUME", "1")
+    with pytest.warns(RuntimeWarning, match="resuming"):
+        tt.QueueDataset(works, 100, on_notice=quiet, **opts).close()
+    monkeypatch.delenv("TAILCUT_RESUME")
+    # By default a rerun without a checkpoint starts over (a fresh model sees every
+    # record), and says so once.
+    crash()
+    capfd.readouterr()
+    caplog.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fresh = tt.QueueDataset(works, 100, **opts)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tailcut.torch"]
+    assert len(lines) == 1 and re.search(r"starting over: discarded queue .*left unfinished by an "
+                                         r"earlier run .*restore_state", lines[0]), lines
+    assert "unfinished" not in capfd.readouterr().err
     assert len([i for b in fresh for i in ids_of(b)]) == 800
     fresh.close()
-    monkeypatch.delenv("TAILCUT_RESUME")
+
+
+def test_a_resumed_queue_starts_the_epoch_counters_at_its_epoch(tmp_path, qname):
+    """A rerun told to resume a queue left in epoch 1 runs epoch 1 first, not an
+    epoch 0 of no steps."""
+    works = [write_records(tmp_path / "a.bin", range(800))]
+    opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, name=qname,
+                num_clients=1, num_epochs=2, on_notice=quiet, **FILE_ORDER)
     crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
-    next(iter(crashed))
+    steps = tt.EqualSteps(crashed, rank=0, world_size=1)
+    assert steps.epoch == 0
+    assert sum(1 for _ in steps) == 8  # epoch 0, whole
+    it = iter(steps)
+    next(it)
+    del it
     crashed.queue.close()
-    fresh = tt.QueueDataset(works, 100, resume=False, **opts)
-    assert len([i for b in fresh for i in ids_of(b)]) == 800
-    fresh.close()
+    with pytest.warns(RuntimeWarning, match="goes on at epoch 1"):
+        ds = tt.QueueDataset(works, 100, resume=True, **opts)
+    steps = tt.EqualSteps(ds, rank=0, world_size=1)
+    pooled = tt.PooledLoader(ds, num_workers=0, rank=0, world_size=1, local_rank=0)
+    assert steps.epoch == pooled.epoch == 1
+    pooled.close()
+    assert 0 < sum(1 for _ in steps) <= 8  # the rest of epoch 1, not an empty epoch 0
+    ds.close()

@@ -1,10 +1,12 @@
 // tests/tools/hold_queue.cc: a queue client for the CLI test.
 //
-//   hold_queue NAME DIR [--take N] [--ack M]
+//   hold_queue NAME DIR [--take N] [--ack M] [--records R]
 //
 // Writes three small work files into DIR (if they are not there yet), opens
 // the queue NAME over them (16 slices, 2 epochs, fixed seed), takes N items
-// (default 3) and acks the first M of them (default 2), prints
+// (default 3) and acks the first M of them (default 2), reports R records
+// read of the first item it did not ack (as a reader that shuffles does
+// before it acks anything), prints
 // "ready <pid>" on stdout, and then holds the queue until stdin reaches end
 // of file (it then closes the queue and exits 0) or the process is killed.
 // Several holders of the same NAME and DIR join the same queue.
@@ -61,7 +63,7 @@ std::vector<std::string> MakeWorks(const std::filesystem::path& dir) {
 }
 
 int Usage() {
-  std::cerr << "usage: hold_queue NAME DIR [--take N] [--ack M]\n";
+  std::cerr << "usage: hold_queue NAME DIR [--take N] [--ack M] [--records R]\n";
   return 2;
 }
 
@@ -73,10 +75,13 @@ int main(int argc, char** argv) {
   const std::string dir = argv[2];
   uint64_t take = 3;
   uint64_t ack = 2;
+  uint64_t records = 0;
   for (int i = 3; i < argc; ++i) {
     const std::string flag = argv[i];
-    if ((flag == "--take" || flag == "--ack") && i + 1 < argc) {
-      (flag == "--take" ? take : ack) = std::strtoull(argv[++i], nullptr, 10);
+    if ((flag == "--take" || flag == "--ack" || flag == "--records") && i + 1 < argc) {
+      (flag == "--take"  ? take
+       : flag == "--ack" ? ack
+                         : records) = std::strtoull(argv[++i], nullptr, 10);
     } else {
       return Usage();
     }
@@ -108,6 +113,12 @@ int main(int argc, char** argv) {
         std::cerr << "hold_queue: ack " << i << " was refused\n";
         return 1;
       }
+    }
+
+    if (records > 0 && ack < items.size() &&
+        queue->Progress(items[ack], items[ack].begin, records) != tailcut::AckStatus::kOk) {
+      std::cerr << "hold_queue: progress was refused\n";
+      return 1;
     }
 
     std::printf("ready %d\n", static_cast<int>(::getpid()));

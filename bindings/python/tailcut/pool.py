@@ -11,12 +11,10 @@ any shell of the host (main() below), which reads the pool's description
 (pool_spec_path: the queue's options, the ring's size, how to build a batch)
 that local rank 0 writes when it starts its loaders.
 
-Batch layout in a slot (numpy arrays or torch tensors only): the batch is one
-array or a tuple/list of arrays. The slot's 256-byte user header holds
-    magic b"TCB1", u8 version (1), u8 count, 2 bytes padding,
-then per array: u8 dtype code (_DTYPES), u8 ndim (<= 4), 2 bytes padding,
-u64 offset into the slot data, ndim u64 dims. Array bytes are C-contiguous,
-each starting at a multiple of 64 in the slot data.
+Batch layout in a slot: tailcut._batch_layout (encode_batch, decode_batch).
+Each batch also carries the (ticket, begin, end) ranges of its records, so
+that PooledLoader.state_dict() (tailcut._pool_state) can have the batches
+not yet used read again after a restore.
 
 Unit of recovery: the work item. A loader acks an item only after the batch
 holding its last record is published. A loader killed while it holds items
@@ -45,7 +43,6 @@ import os
 import pickle
 import re
 import signal
-import struct
 import sys
 import time
 import weakref
@@ -53,87 +50,20 @@ import weakref
 import numpy as np
 
 import tailcut
-from tailcut import _args, _core, _job, _lifecycle, _pool_spec
+from tailcut import _args, _core, _job, _lifecycle, _pool_spec, _pool_state
+from tailcut._batch_layout import HEADER_BYTES, decode_batch, encode_batch
+from tailcut._batch_layout import _DTYPES  # noqa: F401 (docs/pooled.md names it here)
 
 __all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
            "HEADER_BYTES"]
 
-HEADER_BYTES = 256
-_MAGIC = b"TCB1"
-_ALIGN = 64
-_DTYPES = [np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64", "float16",
-                                 "float32", "float64", "bool", "uint16", "uint32", "uint64")]
-_CODE = {d: i for i, d in enumerate(_DTYPES)}
 _DEFAULT_BATCH_SIZE = 32
 _RING_MAX_CLIENTS = 64
 # A loader with nothing to do looks for a leave request (and a closed ring)
 # this often; it bounds how long SIGTERM takes to be noticed.
 _WAIT_SLICE = 0.1
 _ACQUIRE_SLICE = 1.0
-
-
-def _as_numpy(x):
-    if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x)
-    numpy = getattr(x, "numpy", None)  # torch.Tensor, without importing torch here
-    if numpy is not None:
-        return np.ascontiguousarray(x.detach().cpu().numpy())
-    raise TypeError(f"a pooled batch holds numpy arrays or torch tensors, got {type(x).__name__}")
-
-
-def encode_batch(batch, data, header):
-    """Writes `batch` (an array, or a tuple/list of arrays) into the writable
-    memoryviews `data` and `header` of a slot; returns the bytes used."""
-    arrays = [_as_numpy(a) for a in (batch if isinstance(batch, (tuple, list)) else (batch,))]
-    meta = bytearray(_MAGIC + struct.pack("<BB2x", 1, len(arrays)))
-    offset = 0
-    out = np.frombuffer(data, dtype=np.uint8)
-    for a in arrays:
-        if a.dtype not in _CODE or a.ndim > 4:
-            raise TypeError(f"pooled batches hold arrays of dtypes {[str(d) for d in _DTYPES]} "
-                            f"and at most 4 dimensions, got {a.dtype} with {a.ndim}")
-        offset = -(-offset // _ALIGN) * _ALIGN
-        if offset + a.nbytes > len(out):
-            raise ValueError(f"a batch of {offset + a.nbytes} bytes does not fit a slot of "
-                             f"{len(out)} bytes: pass a larger slot_bytes")
-        meta += struct.pack("<BB2xQ", _CODE[a.dtype], a.ndim, offset)
-        meta += struct.pack(f"<{a.ndim}Q", *a.shape)
-        out[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
-        offset += a.nbytes
-    if len(meta) > HEADER_BYTES:
-        raise ValueError(f"a batch of {len(arrays)} arrays does not fit the {HEADER_BYTES}-byte "
-                         f"slot header: use fewer arrays")
-    header[:len(meta)] = meta
-    return offset
-
-
-def decode_batch(data, header):
-    """The arrays of a batch, read-only numpy views over `data` (no copy): one
-    array, or a tuple if the batch was a tuple/list."""
-    h = bytes(header)
-    if h[:4] != _MAGIC:
-        raise tailcut.CorruptError(f"pooled batch: bad header magic {h[:4]!r}")
-    count = h[5]
-    pos, arrays = 8, []
-    n = len(data)
-    for _ in range(count):
-        if pos + 12 > len(h):
-            raise tailcut.CorruptError("pooled batch: header too short for its arrays")
-        code, ndim, offset = struct.unpack_from("<BB2xQ", h, pos)
-        pos += 12
-        if code >= len(_DTYPES) or ndim > 4 or pos + 8 * ndim > len(h):
-            raise tailcut.CorruptError(f"pooled batch: bad array entry (dtype {code}, ndim {ndim})")
-        shape = struct.unpack_from(f"<{ndim}Q", h, pos)
-        pos += 8 * ndim
-        dtype = _DTYPES[code]
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.uint64))
-        if offset + nbytes > n:
-            raise tailcut.CorruptError(f"pooled batch: array at {offset} of {nbytes} bytes is "
-                                       f"beyond the batch's {n} bytes")
-        arrays.append(np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize,
-                                    offset=offset).reshape(shape))
-    return arrays[0] if count == 1 else tuple(arrays)
 
 
 def _cuda_initialized():
@@ -270,7 +200,7 @@ def _load(queue, ring, recipe, leave, poll):
     gate = _EpochGate(queue, ring)
     gate.try_end()  # a loader that joins late starts at the job's epoch
     counts = dict(batches=0, records=0, items=0, stopped="end")
-    pending, done_items = [], []
+    pending, done_items, spans = [], [], _pool_state.Spans()
     epoch = None
 
     def acquire():
@@ -289,7 +219,7 @@ def _load(queue, ring, recipe, leave, poll):
             batch = recipe.build(pending, fmt)
             slot = acquire()
             try:
-                nbytes = encode_batch(batch, slot.data, slot.header)
+                nbytes = encode_batch(batch, slot.data, slot.header, spans.ranges)
             except BaseException:
                 ring.abandon(slot)
                 raise
@@ -311,6 +241,7 @@ def _load(queue, ring, recipe, leave, poll):
             item.commit(min(offset, item.end))
         counts["items"] += len(done_items)
         pending, done_items = [], []
+        spans.clear()
         gate.try_end()
 
     try:
@@ -343,8 +274,11 @@ def _load(queue, ring, recipe, leave, poll):
             epoch = item.epoch
             records, ends = item_records(item.path, item.begin, item.end, fmt, with_ends=True,
                                           item=item)
+            start = item.begin
             for record, end in zip(records, ends):
                 pending.append(record)
+                spans.add(item.ticket, start, min(end, item.end))
+                start = end
                 if len(pending) == recipe.batch_size:
                     flush((item, end))
             done_items.append(item)
@@ -509,12 +443,7 @@ def _remove_spec(ring_name, writer_pid):
 
 # ---- PooledLoader ------------------------------------------------------------------------------
 
-
-class _Carried:
-    """A leftover batch kept for the next epoch: owned tensors and its record count."""
-
-    def __init__(self, tensors, records):
-        self.tensors, self.records = tensors, records
+_Held = _pool_state.Held  # a leftover batch carried into the next epoch
 
 
 class PooledLoader:
@@ -591,7 +520,7 @@ class PooledLoader:
             lambda: _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
                                     max_clients=_RING_MAX_CLIENTS,
                                     cuda_register=_cuda_initialized()))
-        self.epoch = 0
+        self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave
@@ -605,7 +534,24 @@ class PooledLoader:
         atexit.register(self._end)
         self._current = None
         self._stash = None
-        self._carried = []
+        self._carried = []  # _Held leftovers for the next epoch
+        self._carried_now = []  # those not yet yielded in this epoch
+        self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
+
+    def state_dict(self):
+        """The pool's data position, the same dict on every local rank: call it
+        on every local rank at the same step (after the step: the batch a rank
+        holds counts as used) and save rank 0's. Batches published but not
+        used (in the ring, held for the next epoch, carried over) and records
+        loaders read ahead are read again after a restore; see docs/pooled.md,
+        "Restarts and checkpoints". More than one local rank: collective over
+        torch.distributed."""
+        return _pool_state.state_dict(self)
+
+    def load_state_dict(self, state):
+        """Resumes at state['epoch']: the dataset's queue must have been opened
+        with restore_state=state['queue'] (InvalidArgumentError otherwise)."""
+        _pool_state.load_state_dict(self, state)
 
     def set_epoch(self, epoch):
         """The epoch the next iteration runs."""
@@ -715,7 +661,7 @@ class PooledLoader:
         report["leftover_records"] += batch.records
         report["dropped_batches"] += 1
         report["dropped_records"] += batch.records
-        if isinstance(batch, _Carried):
+        if isinstance(batch, _Held):
             if self.on_leftover is not None:
                 self.on_leftover(batch.tensors)
             return
@@ -732,11 +678,13 @@ class PooledLoader:
             return
         report["leftover_records"] += batch.records
         report["carried_out"] += 1
-        if isinstance(batch, _Carried):
+        if isinstance(batch, _Held):
             self._carried.append(batch)
             return
         try:
-            self._carried.append(_Carried(self._tensors(batch, copy=True), batch.records))
+            self._carried.append(_Held(self._tensors(batch, copy=True), batch.records,
+                                       _pool_state.batch_ranges(batch.data, batch.header),
+                                       batch.epoch))
         finally:
             self.ring.release(batch)
 
@@ -759,6 +707,8 @@ class PooledLoader:
         self.epoch = epoch + 1
         last_epoch = epoch + 1 >= self.queue.num_epochs
         carried, self._carried = self._carried, []
+        self._carried_now = carried
+        self._position = (epoch, 0)
         report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
                       leftover_records=0, late_batches=0, carried_out=0, dropped_batches=0,
                       dropped_records=0)
@@ -779,7 +729,8 @@ class PooledLoader:
                 if self._agree(epoch, step, batch is not None):
                     step += 1
                     report["steps"] = step
-                    if isinstance(batch, _Carried):
+                    self._position = (epoch, step)
+                    if isinstance(batch, _Held):
                         yield batch.tensors
                     else:
                         self._current = batch
@@ -788,6 +739,7 @@ class PooledLoader:
                 while batch is not None:  # the group ended the epoch: the rest is left over
                     self._leftover(batch, report, last_epoch)
                     batch = next_batch()
+                self._position = (epoch + 1, 0)
                 break
         finally:
             self._release_current()
@@ -814,7 +766,7 @@ class PooledLoader:
         if self._stash is not None:
             self.ring.release(self._stash)
             self._stash = None
-        self._carried = []
+        self._carried = self._carried_now = []
         self._end()
 
     def __enter__(self):

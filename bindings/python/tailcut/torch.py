@@ -126,10 +126,10 @@ def _describe(name, stale):
 
 def _carry_over(queue_args):
     """The state of a stale queue (finished items, progress within open ones),
-    after which the queue is removed; None if another process joined it
-    meanwhile (it is then resumed as it is)."""
-    args = {k: v for k, v in queue_args.items() if k != "restore_state"}
-    q = tailcut.WorkQueue(**args)
+    after which it is removed, quietly (a notice would belie the resume); None
+    if another process joined it meanwhile (it is then resumed as it is)."""
+    args = {k: v for k, v in queue_args.items() if k not in ("restore_state", "on_notice")}
+    q = tailcut.WorkQueue(**args, on_notice=lambda line: None)
     try:
         state = q.state_dict()
     finally:
@@ -146,9 +146,9 @@ def _carry_over(queue_args):
 def _prepare(queue_args, resume, restarted, torchrun_default):
     """What local rank 0 does before a job opens its queue: remove the queues of
     earlier attempts (or, in a new run, those a crashed run left under later
-    attempts' names), and say plainly what it resumes -- or discard it, when
-    told to (resume=False) or when the job restores a checkpoint
-    (restore_state), which then decides where the job goes on.
+    attempts' names), and, in one line, resume a queue an earlier run left
+    unfinished (resume=True) or discard it: a checkpoint (restore_state)
+    decides where the job goes on, and without one a fresh model is trained.
 
     A queue is resumed in a fresh queue of the same name created from its
     state (as restore_state would), not joined as it is: the steps EqualSteps
@@ -171,11 +171,13 @@ def _prepare(queue_args, resume, restarted, torchrun_default):
         if state is not None:
             queue_args["restore_state"] = state
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
-                      f"(pass resume=False or set TAILCUT_RESUME=0 to start over)",
-                      RuntimeWarning, stacklevel=4)
+                      f"and the job goes on at epoch {stale['done'] // stale['num_items']} "
+                      f"(EqualSteps and PooledLoader start there: loop from their .epoch)",
+                      RuntimeWarning, 4)
     else:
         tailcut.remove_queue(name, force=True)
-        _log.warning("tailcut.torch: discarded %s (resume=False)", what)
+        _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "
+                     "(restore_state=); resume=True or TAILCUT_RESUME=1 resumes its data", what)
 
 
 def _current_epoch(q):
@@ -188,10 +190,8 @@ def _current_epoch(q):
 
 
 def _resume_default(resume):
-    if resume is not None:
-        return bool(resume)
-    value = os.environ.get("TAILCUT_RESUME", "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
+    value = os.environ.get("TAILCUT_RESUME", "0") if resume is None else str(bool(resume))
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 # ---- Reading without waiting for other processes at the end of the data -------------------
@@ -722,13 +722,13 @@ class EqualSteps:
         if group is None and dist.is_available() and dist.is_initialized():
             if dist.get_world_size() > self.world_size:
                 self._group = dist.group.WORLD
-        self.epoch = 0
+        self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
         self._carried = []
         self._epoch_end_state = None
 
     def set_epoch(self, epoch):
-        """The epoch the next iteration runs (0 at first, then one more each time)."""
+        """The epoch the next iteration runs (first a restored queue's, else 0; then one more)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < (1 << 30):
             raise ValueError(f"epoch must be an int in [0, 2**30), got {epoch!r}")
         self.epoch = epoch
@@ -871,4 +871,4 @@ class EqualSteps:
                 f"carry_over={self.carry_over})")
 
 
-from .pool import PooledLoader  # noqa: E402  (docs/pooled.md)
+from .pool import PooledLoader, _pool_state  # noqa: E402  (docs/pooled.md; EqualSteps)

@@ -197,6 +197,13 @@ class TAILCUT_EXPORT BatchRing {
   }
   // Trainer: gives the batch's slot back to the loaders. kOk, kStale.
   RingStatus Release(const SlotToken& token) noexcept;
+  // Any role: calls `fn` with each batch READY now, without taking it (a
+  // checkpoint reads what waits in the ring). The spans are the slot's and
+  // valid during the call only; a trainer may pop and release the batch
+  // meanwhile, so call it when none pops. Returns how many batches left
+  // READY while `fn` read them (their contents may be torn). Not the hot
+  // path: it allocates nothing but makes a pass over every slot.
+  int PeekReady(const std::function<void(const ReadyBatch&)>& fn) const;
 
   // Any role: no batch of epoch <= `epoch` will be published any more (the
   // caller knows, e.g. from the WorkQueue's end). Wakes waiting trainers.
