@@ -1400,7 +1400,7 @@ TEST_F(WorkQueueTest, CloseWithoutTheAdminLockLeavesTheSegmentInPlace) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   for (int fd : {locked[0], locked[1], release[0], release[1]}) close(fd);
   WorkItem it;
-  EXPECT_EQ(q->TryTake(&it), TakeStatus::kEnd) << "closed all the same";
+  EXPECT_EQ(q->TryTake(&it), TakeStatus::kClosed) << "closed all the same";
   const QueueStats st = InspectQueue(o.name);
   ASSERT_EQ(st.clients.size(), 1u);
   EXPECT_FALSE(st.clients[0].alive) << "its client slot is free";

@@ -157,11 +157,11 @@ TAILCUT_EXPORT std::string DescribeFileChange(const FileIdentity& then, const Fi
 struct WorkItem {
   uint64_t ticket = 0;  // epoch * num_items + position
   uint64_t epoch = 0;
-  uint64_t index = 0;     // item index in [0, num_items): which slice
-  uint32_t file = 0;      // index into works
-  std::string_view path;  // prefix + works[file]
-  uint64_t begin = 0;     // byte range [begin, end) of the file; an item handed
-  uint64_t end = 0;       // out again begins at its floor (see Commit)
+  uint64_t index = 0;       // item index in [0, num_items): which slice
+  uint32_t file = 0;        // index into works
+  std::string_view path;    // prefix + works[file]
+  uint64_t begin = 0;       // byte range [begin, end) of the file; an item handed
+  uint64_t end = 0;         // out again begins at its floor (see Commit)
   uint32_t lease = 0;       // lease slot, for Ack/GiveBack/Progress
   uint64_t generation = 0;  // lease generation, to refuse stale acks
   bool piece = false;       // a tail split off another process's item
