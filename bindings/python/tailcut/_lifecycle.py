@@ -274,6 +274,9 @@ def pop(ring, ring_name, epoch, timeout, own_loaders, started):
             if time.monotonic() >= deadline:
                 raise
             if own_loaders:
+                # A loader that failed records why before it exits: look again before
+                # saying that no loader is left.
+                raise_if_failed(ring_name)
                 alone_since = _check_loaders(ring, ring_name, started, alone_since)
             continue
         if batch is None:
