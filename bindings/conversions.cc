@@ -66,10 +66,10 @@ uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value, ui
   return CheckedU64(value, what, min_value, max_value, IntRule(min_value, max_value));
 }
 
-std::optional<uint64_t> ToU64OrNone(const py::handle& value, const char* what, uint64_t min_value) {
+std::optional<uint64_t> ToU64OrNone(const py::handle& value, const char* what, uint64_t min_value,
+                                    uint64_t max_value) {
   if (value.is_none()) return std::nullopt;
-  return CheckedU64(value, what, min_value, UINT64_MAX,
-                    IntRule(min_value, UINT64_MAX) + " or None");
+  return CheckedU64(value, what, min_value, max_value, IntRule(min_value, max_value) + " or None");
 }
 
 uint32_t ToU32(const py::handle& value, const char* what, uint32_t min_value) {

@@ -34,7 +34,7 @@ uint64_t ToU64(const py::handle& value, const char* what, uint64_t min_value = 0
                uint64_t max_value = UINT64_MAX);
 // None, or ToU64's int.
 std::optional<uint64_t> ToU64OrNone(const py::handle& value, const char* what,
-                                    uint64_t min_value = 0);
+                                    uint64_t min_value = 0, uint64_t max_value = UINT64_MAX);
 // A count the engine keeps in 32 bits: larger values are refused, not cut.
 uint32_t ToU32(const py::handle& value, const char* what, uint32_t min_value = 0);
 // A finite number of seconds >= 0 (or None, as nullopt, where or_none).

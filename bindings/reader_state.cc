@@ -26,26 +26,23 @@ const ReaderOption kReaderOptions[] = {
                        const char* name) { ro.chunk_bytes = ToU64(v, name, 1); }},
     {"queue_depth",
      [](tc::ReaderOptions& ro, py::handle v, const char* name) {
-       ro.queue_depth = static_cast<uint32_t>(v.is_none() ? 0 : ToU64(v, name));
+       // None (and 0): the Reader picks the depth.
+       ro.queue_depth = static_cast<uint32_t>(ToU64OrNone(v, name, 0, UINT32_MAX).value_or(0));
      }},
-    {"prefetch_items",
-     [](tc::ReaderOptions& ro, py::handle v, const char* name) {
-       ro.prefetch_items = static_cast<uint32_t>(ToU64(v, name));
-     }},
+    {"prefetch_items", [](tc::ReaderOptions& ro, py::handle v,
+                          const char* name) { ro.prefetch_items = ToU32(v, name); }},
     {"direct",
-     [](tc::ReaderOptions& ro, py::handle v, const char*) { ro.direct = py::cast<bool>(v); }},
+     [](tc::ReaderOptions& ro, py::handle v, const char* name) { ro.direct = ToFlag(v, name); }},
     {"backend",
      [](tc::ReaderOptions& ro, py::handle v, const char*) { ro.backend = ToBackend(v); }},
     {"max_record_bytes", [](tc::ReaderOptions& ro, py::handle v,
                             const char* name) { ro.format.max_record_bytes = ToU64(v, name, 1); }},
     {"uring_async_buffered", [](tc::ReaderOptions& ro, py::handle v,
-                                const char*) { ro.uring_async_buffered = py::cast<bool>(v); }},
-    {"pread_threads",
-     [](tc::ReaderOptions& ro, py::handle v, const char* name) {
-       ro.pread_threads = static_cast<uint32_t>(ToU64(v, name));
-     }},
+                                const char* name) { ro.uring_async_buffered = ToFlag(v, name); }},
+    {"pread_threads", [](tc::ReaderOptions& ro, py::handle v,
+                         const char* name) { ro.pread_threads = ToU32(v, name); }},
     {"cuda_register", [](tc::ReaderOptions& ro, py::handle v,
-                         const char*) { ro.cuda_register = py::cast<bool>(v); }},
+                         const char* name) { ro.cuda_register = ToFlag(v, name); }},
     {"on_notice",
      [](tc::ReaderOptions& ro, py::handle v, const char*) {
        ro.on_notice = WrapNotice(py::reinterpret_borrow<py::object>(v));

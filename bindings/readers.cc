@@ -436,8 +436,10 @@ void DefineReaderMethods(QueueClass& queue) {
       .def(
           "batches",
           [](const HandlePtr& h, py::object batch_size, py::object format, py::object record_bytes,
-             bool copy, bool drop_last, py::kwargs options) {
+             const py::object& copy_arg, const py::object& drop_last_arg, py::kwargs options) {
             uint64_t bs = ToU64(batch_size, "batch_size", 1);
+            const bool copy = ToFlag(copy_arg, "copy");
+            const bool drop_last = ToFlag(drop_last_arg, "drop_last");
             auto it = std::make_shared<BatchIterator>();
             it->max_epoch = PopMaxEpoch(options);
             tc::BatcherOptions bo;
@@ -446,7 +448,7 @@ void DefineReaderMethods(QueueClass& queue) {
             bo.split_epochs = it->max_epoch.has_value();
             bo.drop_last = drop_last;
             if (options.contains("short_at_end")) {
-              bo.short_at_end = py::cast<bool>(options["short_at_end"]);
+              bo.short_at_end = ToFlag(options["short_at_end"], "short_at_end");
               if (PyDict_DelItemString(options.ptr(), "short_at_end") != 0)
                 throw py::error_already_set();
             }
@@ -466,8 +468,8 @@ void DefineReaderMethods(QueueClass& queue) {
             return it;
           },
           py::arg("batch_size"), py::arg("format") = py::none(),
-          py::arg("record_bytes") = py::none(), py::kw_only(), py::arg("copy") = false,
-          py::arg("drop_last") = false,
+          py::arg("record_bytes") = py::none(), py::kw_only(), py::arg("copy") = py::bool_(false),
+          py::arg("drop_last") = py::bool_(false),
           "Like records() but yields batches of batch_size records (the last may be smaller "
           "unless drop_last): for 'fixed' a (n, record_bytes) uint8 array, else a (data, offsets) "
           "pair of numpy arrays. Valid until the next batch unless copy=True. max_epoch=e: as in "

@@ -14,12 +14,12 @@ namespace tailcut::python {
 
 namespace {
 
-// Pops `key` from the keywords; nullopt when absent or None.
+// Pops `key` from the keywords; nullopt when absent. None is a value like
+// any other: only shuffle_seed takes it (the queue's seed, docs/python.md).
 std::optional<py::object> Pop(py::kwargs& options, const char* key) {
   if (!options.contains(key)) return std::nullopt;
   py::object v = options[key];
   if (PyDict_DelItemString(options.ptr(), key) != 0) throw py::error_already_set();
-  if (v.is_none()) return std::nullopt;
   return v;
 }
 
@@ -42,7 +42,7 @@ ShuffleArgs PopShuffleArgs(py::kwargs& options) {
                                         ", got " + std::to_string(k));
     args.interleave = static_cast<uint32_t>(k);
   }
-  if (auto v = Pop(options, "shuffle_seed")) args.seed = ToU64(*v, "shuffle_seed");
+  if (auto v = Pop(options, "shuffle_seed")) args.seed = ToU64OrNone(*v, "shuffle_seed");
   return args;
 }
 

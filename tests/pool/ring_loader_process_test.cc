@@ -9,6 +9,9 @@
 // TAILCUT_CRASH_TRIALS kill trials (default 6) each way, TAILCUT_TEST_SEED
 // fixes the kill moments. With split_tail, loaders that run dry split the
 // tails of the others' items (at least one split per run is required).
+// ring_loader_process_stress_test (TAILCUT_CRASH_STRESS) runs trials until
+// TAILCUT_STRESS_SECONDS (default 45) are spent, half of them each way, and
+// prints one line of totals for each.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -36,6 +39,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+#ifdef TAILCUT_CRASH_STRESS
+constexpr bool kStress = true;
+#else
+constexpr bool kStress = false;
+#endif
 
 uint64_t EnvU64(const char* name, uint64_t fallback) {
   const char* v = std::getenv(name);
@@ -77,8 +86,8 @@ int Trainer(const std::string& ring_name, SharedLog* log) {
   auto ring = BatchRing::Open(RingOptions(ring_name), RingRole::kTrainer);
   ReadyBatch batch;
   RingStatus status;
-  while ((status = ring->Pop(BatchRing::kAllEpochs, Clock::now() + std::chrono::seconds(60),
-                             &batch)) == RingStatus::kOk) {
+  while ((status = ring->Pop(BatchRing::kAllEpochs, &batch,
+                             Clock::now() + std::chrono::seconds(60))) == RingStatus::kOk) {
     for (size_t at = 0; at + kLineBytes <= batch.data.size(); at += kLineBytes) {
       char line[kLineBytes + 1] = {};
       std::memcpy(line, batch.data.data() + at, kLineBytes);
@@ -111,7 +120,7 @@ int Loader(const WorkQueueOptions& queue_options, const std::string& ring_name, 
   ReadStatus status;
   while ((status = reader->NextBatch(records, kMaxBatchRecords, &n)) == ReadStatus::kOk) {
     WritableBatch slot;
-    if (ring->AcquireSlot(Clock::now() + std::chrono::seconds(60), &slot) != RingStatus::kOk)
+    if (ring->AcquireSlot(&slot, Clock::now() + std::chrono::seconds(60)) != RingStatus::kOk)
       return 3;
     size_t used = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -190,12 +199,17 @@ int WaitFor(pid_t pid, Clock::time_point deadline) {
 
 TEST_P(RingLoaderProcessTest, KilledLoadersLoseNoRecordAndRepeatAtMostOneBatchEach) {
   const bool split_tail = GetParam();
-  const uint64_t trials = EnvU64("TAILCUT_CRASH_TRIALS", 6);
+  const uint64_t max_trials = kStress ? ~0ull : EnvU64("TAILCUT_CRASH_TRIALS", 6);
+  // Stress: half the budget each way (split_tail off, on); at least one trial.
+  const auto budget = std::chrono::seconds(EnvU64("TAILCUT_STRESS_SECONDS", 45)) / 2;
+  const auto start = Clock::now();
   const uint64_t seed = EnvU64("TAILCUT_TEST_SEED", std::random_device{}());
   RecordProperty("seed", std::to_string(seed));
   std::mt19937_64 rng(seed);
-  uint64_t kills_mid_run = 0, repeated_total = 0, splits = 0;
-  for (uint64_t trial = 0; trial < trials; ++trial) {
+  uint64_t trials = 0, kills_mid_run = 0, repeated_total = 0, lost_total = 0, splits = 0;
+  for (uint64_t trial = 0;
+       trial < max_trials && (!kStress || trial == 0 || Clock::now() - start < budget);
+       ++trial, ++trials) {
     SharedLog* log = MapLog();
     ASSERT_NE(log, nullptr);
     const std::string tag = std::to_string(::getpid()) + "_" + std::to_string(trial);
@@ -249,6 +263,7 @@ TEST_P(RingLoaderProcessTest, KilledLoadersLoseNoRecordAndRepeatAtMostOneBatchEa
       repeated += c > 1 ? c - 1 : 0;
     }
     repeated_total += repeated;
+    lost_total += lost;
     splits += log->splits.load();
     EXPECT_EQ(lost, 0u) << "trial " << trial << " (TAILCUT_TEST_SEED=" << seed << ")";
     EXPECT_LE(repeated, killed ? kMaxBatchRecords : 0)
@@ -266,13 +281,15 @@ TEST_P(RingLoaderProcessTest, KilledLoadersLoseNoRecordAndRepeatAtMostOneBatchEa
   }
   RecordProperty("kills_mid_run", std::to_string(kills_mid_run));
   RecordProperty("records_repeated", std::to_string(repeated_total));
+  RecordProperty("records_lost", std::to_string(lost_total));
   RecordProperty("splits", std::to_string(splits));
   std::printf(
       "split_tail=%d: %llu trials, %llu loaders killed mid-run, %llu records repeated, %llu "
-      "tails split\n",
+      "lost, %llu tails split (TAILCUT_TEST_SEED=%llu)\n",
       split_tail, static_cast<unsigned long long>(trials),
       static_cast<unsigned long long>(kills_mid_run),
-      static_cast<unsigned long long>(repeated_total), static_cast<unsigned long long>(splits));
+      static_cast<unsigned long long>(repeated_total), static_cast<unsigned long long>(lost_total),
+      static_cast<unsigned long long>(splits), static_cast<unsigned long long>(seed));
   if (split_tail) EXPECT_GT(splits, 0u) << "no tail was split: the test split nothing";
 }
 

@@ -384,10 +384,25 @@ _TYPE_CASES = (
        for key in ("name", "format", "coordinator", "host_id")]
     + _rule_cases("take", "timeout", _WAIT, none_ok=True)
     + _rule_cases("agree_step", "step", "an int >= 0") + _flag_cases("agree_step", "has_batch")
-    # records(): None is the default of these two.
-    + _rule_cases("records", "interleave", "an int >= 1", minimum=1, none_ok=True)
-    + _rule_cases("records", "shuffle_buffer", "an int >= 0", none_ok=True)
+    # records(): None is no default of interleave or shuffle_buffer (docs/python.md); it is
+    # shuffle_seed's (the queue's seed) and queue_depth's (automatic).
+    + _rule_cases("records", "interleave", "an int >= 1", minimum=1)
+    + _rule_cases("records", "shuffle_buffer", "an int >= 0")
+    + _rule_cases("records", "shuffle_seed", "an int >= 0 or None", none_ok=True)
+    + _rule_cases("records", "queue_depth", "an int in [0, 4294967295] or None", none_ok=True)
+    + _rule_cases("records", "prefetch_items", "an int in [0, 4294967295]")
+    + _rule_cases("records", "pread_threads", "an int in [0, 4294967295]")
+    # The reader keeps these in 32 bits: 2**32 is refused, not cut to 0.
+    + [("records", key, 2**32, tailcut.InvalidArgumentError,
+        f"{key} must be {rule}, got 4294967296 (int)")
+       for key, rule in (("queue_depth", "an int in [0, 4294967295] or None"),
+                         ("prefetch_items", "an int in [0, 4294967295]"),
+                         ("pread_threads", "an int in [0, 4294967295]"))]
+    + _flag_cases("records", "direct") + _flag_cases("records", "uring_async_buffered")
+    + _flag_cases("records", "cuda_register")
     + _rule_cases("batches", "batch_size", "an int >= 1", minimum=1)
+    + _flag_cases("batches", "copy") + _flag_cases("batches", "drop_last")
+    + _flag_cases("batches", "short_at_end")
     + _rule_cases("BatchRing", "slot_bytes", "an int >= 1", minimum=1)
     + _rule_cases("BatchRing", "num_slots", "an int in [1, 4294967295]", minimum=1)
     + _rule_cases("BatchRing", "max_clients", "an int in [1, 4294967295]", minimum=1)
@@ -447,8 +462,10 @@ def _call(entry, arg, value, data_file, uniq, tt):
                 q.agree_step(**{"rank": 0, "ranks": 1, "step": 0, "has_batch": True, **kw})
             elif entry == "records":
                 q.records(**kw)
-            else:
+            elif arg == "batch_size":
                 q.batches(value)
+            else:
+                q.batches(8, **kw)
         return
     if entry == "BatchRing":
         args = dict(name=uniq, slot_bytes=4096, num_slots=2, role="trainer")
