@@ -8,6 +8,7 @@
 
 #include "blocking.h"
 #include "conversions.h"
+#include "engine/checkpoint.h"
 #include "errors.h"
 #include "items.h"
 #include "module.h"
@@ -454,6 +455,41 @@ void DefineQueueFunctions(py::module_& m) {
   m.def(
       "segment_path", [](const py::object& name) { return tc::SegmentPath(ToQueueName(name)); },
       py::arg("name"), "The shared-memory object path of a queue name for this user.");
+  m.def(
+      "_reopen_state",
+      [](const py::object& state, const py::iterable& ranges, const py::object& queue_name) {
+        std::vector<tc::detail::Piece> pieces;
+        for (const py::handle& r : ranges) {
+          if (!py::isinstance<py::sequence>(r) || py::len(r) != 3)
+            RaiseType("_reopen_state: a range", "a (ticket, begin, end) sequence", r);
+          py::sequence t = py::reinterpret_borrow<py::sequence>(r);
+          pieces.push_back({ToU64(t[0], "_reopen_state: a range's ticket"),
+                            ToU64(t[1], "_reopen_state: a range's begin"),
+                            ToU64(t[2], "_reopen_state: a range's end")});
+        }
+        tc::detail::Reopened out = tc::detail::ReopenRanges(
+            ToQueueName(queue_name), ToBytes(state, "_reopen_state: state"), pieces);
+        return py::make_tuple(py::bytes(out.state), out.ranges);
+      },
+      py::arg("state"), py::arg("ranges"), py::arg("queue"),
+      "(state, reopened): the queue checkpoint `state` (WorkQueue.state_dict()['state']) with "
+      "every (ticket, begin, end) record range in `ranges` open again, and how many ranges were "
+      "added as pieces. A range of a ticket the checkpoint counts as consumed (done, or below an "
+      "open piece's begin) becomes a piece, minus what open pieces already cover; tickets at or "
+      "past the cursor, and tickets neither done nor open (handed out whole after a restore), "
+      "need nothing. `queue` names the queue in errors. Raises CorruptError (state is not a "
+      "checkpoint) and InvalidArgumentError (a range with begin >= end or a ticket the checkpoint "
+      "does not have).");
+  m.def(
+      "_state_epoch",
+      [](const py::object& state, const py::object& queue_name) {
+        tc::detail::SavedState s = tc::detail::DeserializeState(
+            ToQueueName(queue_name), ToBytes(state, "_state_epoch: state"));
+        return s.low / s.num_items;
+      },
+      py::arg("state"), py::arg("queue"),
+      "The epoch a queue restored from checkpoint `state` starts in: that of its lowest ticket "
+      "not done. `queue` names the queue in errors. Raises CorruptError.");
   m.def(
       "_close_all",
       []() {

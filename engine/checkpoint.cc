@@ -1,6 +1,10 @@
 #include "engine/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
 
 #include "engine/config.h"
 #include "tailcut/error.h"
@@ -81,6 +85,58 @@ SavedState DeserializeState(const std::string& name, const std::string& bytes) {
   for (const Piece& p : s.pieces)
     if (p.ticket >= total || p.begin > p.end) throw corrupt("piece out of range");
   return s;
+}
+
+Reopened ReopenRanges(const std::string& name, const std::string& bytes,
+                      const std::vector<Piece>& ranges) {
+  SavedState s = DeserializeState(name, bytes);
+  const uint64_t total = s.num_items * s.num_epochs;  // DeserializeState checked the product
+  std::vector<Piece> sorted = ranges;
+  for (const Piece& r : sorted) {
+    if (r.begin < r.end && r.ticket < total) continue;
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "queue '" + name + "': cannot reopen range (ticket " + std::to_string(r.ticket) +
+            ", begin " + std::to_string(r.begin) + ", end " + std::to_string(r.end) + "): " +
+            (r.begin >= r.end ? "begin must be below end"
+                              : "the checkpoint has tickets 0.." + std::to_string(total - 1)) +
+            "; pass the (ticket, begin, end) ranges of records taken from this queue");
+  }
+  auto key = [](const Piece& p) { return std::tie(p.ticket, p.begin, p.end); };
+  std::sort(sorted.begin(), sorted.end(),
+            [&](const Piece& a, const Piece& b) { return key(a) < key(b); });
+  sorted.erase(std::unique(sorted.begin(), sorted.end(),
+                           [&](const Piece& a, const Piece& b) { return key(a) == key(b); }),
+               sorted.end());
+
+  // What a restored queue reads anyway: the open pieces, and the ranges
+  // added below, per ticket.
+  std::map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> covered;
+  for (const Piece& p : s.pieces) covered[p.ticket].emplace_back(p.begin, p.end);
+  const uint64_t first = s.low / 64 * 64;  // the ticket of the first done bit
+  Reopened out;
+  for (Piece r : sorted) {
+    if (r.ticket >= s.cursor) continue;  // never handed out: read whole after a restore
+    const uint64_t bit = r.ticket - first;
+    const bool done = r.ticket < first || (s.words[bit / 64] >> (bit % 64) & 1) != 0;
+    auto open = covered.find(r.ticket);
+    if (!done && open == covered.end()) continue;  // neither: handed out whole again
+    if (open != covered.end()) {
+      std::sort(open->second.begin(), open->second.end());
+      for (const auto& [lo, hi] : open->second) {
+        if (lo <= r.begin && r.begin < hi)
+          r.begin = hi;
+        else if (r.begin < lo && lo < r.end)
+          r.end = lo;
+      }
+    }
+    if (r.begin >= r.end) continue;
+    covered[r.ticket].emplace_back(r.begin, r.end);
+    s.pieces.push_back(r);
+    ++out.ranges;
+  }
+  out.state = SerializeState(s);
+  return out;
 }
 
 }  // namespace tailcut::detail

@@ -7,14 +7,23 @@
 // that fills it from a live segment is state_scan.h's; this file only
 // encodes and decodes, and refuses bytes that are not a checkpoint.
 //
+// ReopenRanges edits a checkpoint's pieces so that records handed out but
+// not used (a pooled loader's batches in flight) are read again after a
+// restore.
+//
 // Errors: DeserializeState throws tailcut::Error (kCorrupt) naming the queue
-// and what is wrong (truncated, bad magic, version, checksum, counts).
+// and what is wrong (truncated, bad magic, version, checksum, counts);
+// ReopenRanges throws that too, and kInvalidArgument naming a range that is
+// empty or whose ticket the checkpoint does not have. Pure functions: safe
+// from any thread.
 #ifndef TAILCUT_ENGINE_CHECKPOINT_H_
 #define TAILCUT_ENGINE_CHECKPOINT_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "tailcut/export.h"
 
 namespace tailcut::detail {
 
@@ -29,8 +38,24 @@ struct SavedState {
 };
 
 std::string SerializeState(const SavedState& state);
-// `name` is the queue's, for the message.
-SavedState DeserializeState(const std::string& name, const std::string& bytes);
+// `name` is the queue's, for the message. Exported (as ReopenRanges) for
+// the Python bindings.
+TAILCUT_EXPORT SavedState DeserializeState(const std::string& name, const std::string& bytes);
+
+struct Reopened {
+  std::string state;    // the checkpoint with the new pieces
+  uint64_t ranges = 0;  // how many pieces were added
+};
+
+// The checkpoint `bytes` with every (ticket, begin, end) range in `ranges`
+// open again: a range of a ticket the checkpoint counts as consumed (done,
+// or below an open piece's begin) becomes a piece of its own, minus what
+// open pieces (and ranges added before it) already cover. Tickets at or past
+// the cursor, and tickets neither done nor open (handed out whole after a
+// restore), need nothing. Duplicate ranges count once. `name` is the
+// queue's, for the messages.
+TAILCUT_EXPORT Reopened ReopenRanges(const std::string& name, const std::string& bytes,
+                                     const std::vector<Piece>& ranges);
 
 }  // namespace tailcut::detail
 

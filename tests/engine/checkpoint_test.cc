@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "engine/config.h"
 #include "tailcut/error.h"
@@ -142,6 +144,92 @@ TEST(CheckpointRestoreTest, AResumeOffsetInsideAFixedSizeRecordIsRefused) {
     EXPECT_EQ(item.begin, 800u);
   }
   ::unlink(path);
+}
+
+// Tickets 0..9 handed out of 20: 0 and 2 done, 3 open from offset 100
+// (records below it consumed), 1 and 4..9 neither done nor open. Past the
+// cursor, a done bit (12) and a piece (15), as states of older builds had
+// for items acked or split while the state was saved: no range there is
+// reopened.
+std::string Handed() {
+  SavedState s;
+  s.num_items = 10;
+  s.num_epochs = 2;
+  s.cursor = 10;
+  s.words = {0b101 | 1ull << 12};
+  s.pieces = {{3, 100, 200}, {15, 0, 10}};
+  return SerializeState(s);
+}
+
+// The pieces ReopenRanges added to Handed(), as (ticket, begin, end).
+std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> Added(const std::vector<Piece>& ranges,
+                                                            uint64_t* count = nullptr) {
+  const Reopened r = ReopenRanges("q", Handed(), ranges);
+  if (count != nullptr) *count = r.ranges;
+  const SavedState s = DeserializeState("q", r.state);
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> out;
+  for (size_t i = 2; i < s.pieces.size(); ++i)  // after Handed()'s own
+    out.emplace_back(s.pieces[i].ticket, s.pieces[i].begin, s.pieces[i].end);
+  EXPECT_EQ(out.size(), r.ranges);
+  return out;
+}
+
+using Ranges = std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>;
+
+TEST(ReopenRangesTest, ARangeOfADoneTicketBecomesAPieceOnce) {
+  uint64_t count = 0;
+  EXPECT_EQ(Added({{2, 10, 20}, {0, 5, 9}, {2, 10, 20}}, &count), (Ranges{{0, 5, 9}, {2, 10, 20}}));
+  EXPECT_EQ(count, 2u);
+  // Below low / 64 * 64 a ticket is done without a bit.
+  const SavedState s{.num_items = 100, .num_epochs = 2, .low = 70, .cursor = 80, .words = {0}};
+  const Reopened r = ReopenRanges("q", SerializeState(s), {{10, 0, 4}, {70, 0, 4}});
+  EXPECT_EQ(r.ranges, 1u);
+  EXPECT_EQ(DeserializeState("q", r.state).pieces[0].ticket, 10u);
+}
+
+TEST(ReopenRangesTest, WhatAnOpenPieceCoversIsNotReopened) {
+  EXPECT_EQ(Added({{3, 50, 150}}), (Ranges{{3, 50, 100}})) << "the piece covers the range's end";
+  EXPECT_EQ(Added({{3, 150, 250}}), (Ranges{{3, 200, 250}})) << "the piece covers its begin";
+  EXPECT_EQ(Added({{3, 120, 180}}), Ranges{}) << "the piece covers all of it";
+  EXPECT_EQ(Added({{3, 0, 50}, {3, 40, 150}}), (Ranges{{3, 0, 50}, {3, 50, 100}}))
+      << "a range added first covers the next one's begin";
+}
+
+TEST(ReopenRangesTest, TicketsPastTheCursorOrNeitherDoneNorOpenNeedNothing) {
+  const Reopened r = ReopenRanges(
+      "q", Handed(), {{10, 0, 5}, {12, 0, 5}, {15, 20, 30}, {19, 0, 5}, {1, 0, 5}, {4, 0, 5}});
+  EXPECT_EQ(r.ranges, 0u);
+  EXPECT_EQ(r.state, Handed());
+}
+
+TEST(ReopenRangesTest, BadInputIsRefusedNamingWhat) {
+  try {
+    ReopenRanges("q", Handed().substr(8), {});
+    ADD_FAILURE() << "truncated bytes were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+  }
+  auto refusal = [](const Piece& p) -> std::string {
+    try {
+      ReopenRanges("q", Handed(), {{2, 10, 20}, p});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      return e.what();
+    }
+    return "";
+  };
+  const std::string tail =
+      "; pass the (ticket, begin, end) ranges of records taken from this queue";
+  EXPECT_EQ(refusal({2, 20, 20}),
+            "queue 'q': cannot reopen range (ticket 2, begin 20, end 20): begin must be below end" +
+                tail);
+  EXPECT_EQ(refusal({2, 30, 20}),
+            "queue 'q': cannot reopen range (ticket 2, begin 30, end 20): begin must be below end" +
+                tail);
+  EXPECT_EQ(refusal({20, 0, 5}),
+            "queue 'q': cannot reopen range (ticket 20, begin 0, end 5): the checkpoint has "
+            "tickets 0..19" +
+                tail);
 }
 
 std::string WithWord(std::string bytes, size_t index, uint64_t value) {

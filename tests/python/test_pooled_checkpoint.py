@@ -329,6 +329,39 @@ def test_load_state_dict_refuses_a_queue_not_opened_from_the_state(tmp_path):
         tailcut.remove_batch_ring(name + ".pool")
 
 
+def test_reopen_state_opens_a_done_range_again_and_refuses_bad_input(tmp_path):
+    """The engine edits the checkpoint (engine/checkpoint.h ReopenRanges;
+    checkpoint_test has every case): a range of an acked item is handed out
+    again by the restored queue; bad input raises the engine's text."""
+    from tailcut import _core
+    path = write_ids(tmp_path / "ids.bin", 320)
+    name = f"pytest-reopen-{os.getpid()}"
+    args = dict(name=name, format="fixed", record_bytes=16, num_slices=1, shuffle=False,
+                on_notice=lambda _: None)
+    with tailcut.WorkQueue([path], **args) as q:
+        item = q.take()
+        ticket = item.ticket
+        item.ack()
+        state = q.state_dict()
+    reopened, count = _core._reopen_state(state["state"], [(ticket, 160, 480), [ticket, 160, 480]],
+                                          name)
+    assert count == 1
+    with tailcut.WorkQueue([path], **dict(args, name=name + "-r"), restore_state=reopened) as q:
+        item = q.take()
+        assert (item.ticket, item.begin, item.end) == (ticket, 160, 480)
+        item.ack()
+    with pytest.raises(tailcut.InvalidArgumentError) as e:
+        _core._reopen_state(state["state"], [(ticket, 480, 160)], name)
+    assert str(e.value) == (f"queue '{name}': cannot reopen range (ticket {ticket}, begin 480, "
+                            f"end 160): begin must be below end; pass the (ticket, begin, end) "
+                            f"ranges of records taken from this queue")
+    with pytest.raises(tailcut.CorruptError, match="not a valid tailcut checkpoint"):
+        _core._reopen_state(state["state"][8:], [], name)
+    with pytest.raises(tailcut.CorruptError, match="not a valid tailcut checkpoint"):
+        _core._state_epoch(b"\0" * 88, name)
+    assert _core._state_epoch(state["state"], name) == 1  # its only item is done
+
+
 def test_peek_ready_reads_the_ready_batches_in_place_without_taking_them():
     name = f"pytest-peek-{os.getpid()}"
     loader = tailcut.BatchRing(name, slot_bytes=4096, num_slots=4, role="loader")

@@ -23,19 +23,17 @@ same state. The queue's state comes first: a batch published after it holds
 records the saved state does not count as consumed anyway, and a batch that
 is ready then stays ready until every rank has left state_dict().
 
-The queue checkpoint's byte layout is the engine's (engine/checkpoint.cc,
-TCSTATE1): read and written here to edit its pieces; the engine checks it
-again (checksum, counts, pieces inside their items) when it restores.
+The queue checkpoint is edited by the engine (_core._reopen_state,
+engine/checkpoint.h ReopenRanges), which owns its byte layout: this module
+never reads it. The engine checks the edited state again (checksum, counts,
+pieces inside their items) when it restores.
 """
 
-import struct
-
 import tailcut
+from tailcut import _core
 from tailcut._batch_layout import batch_ranges
 
 STATE_VERSION = 1
-_STATE_MAGIC = 0x3145544154534354  # "TCSTATE1"
-_MASK64 = (1 << 64) - 1
 
 
 class Spans:
@@ -59,74 +57,11 @@ class Spans:
 # ---- The queue checkpoint's pieces ---------------------------------------------------------
 
 
-def _splitmix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _hash(data):
-    h = 0xCBF29CE484222325  # FNV-1a, finished with SplitMix64 (engine HashBytes)
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & _MASK64
-    return _splitmix64(h)
-
-
-def _decode(state):
-    n = len(state) // 8
-    if len(state) < 88 or len(state) % 8:
-        raise tailcut.CorruptError(f"queue state: {len(state)} bytes is not a tailcut checkpoint")
-    v = struct.unpack(f"<{n}Q", state)
-    if v[0] != _STATE_MAGIC or v[1] != 1 or _hash(state[:-8]) != v[-1]:
-        raise tailcut.CorruptError("queue state: bad magic, version or checksum (pass what "
-                                   "WorkQueue.state_dict() returned)")
-    head = list(v[2:8])  # fingerprint, items, epochs, seed, low, cursor
-    nwords = v[8]
-    words = list(v[9:9 + nwords])
-    npieces = v[9 + nwords]
-    flat = v[10 + nwords:10 + nwords + 3 * npieces]
-    pieces = [list(flat[i:i + 3]) for i in range(0, len(flat), 3)]
-    return head, words, pieces
-
-
-def _encode(head, words, pieces):
-    values = [_STATE_MAGIC, 1, *head, len(words), *words, len(pieces)]
-    for p in pieces:
-        values += p
-    body = struct.pack(f"<{len(values)}Q", *values)
-    return body + struct.pack("<Q", _hash(body))
-
-
-def reopen(state, ranges):
-    """The queue state `state` (bytes) with every record range in `ranges`
-    open again: a range of a ticket the state counts as consumed (done, or
-    below an open piece's begin) becomes a piece of its own, minus what open
-    pieces already cover. Tickets at or past the state's cursor, and tickets
-    neither done nor open (handed out whole after a restore), need nothing.
-    Returns (bytes, ranges reopened)."""
-    head, words, pieces = _decode(state)
-    low, cursor = head[4], head[5]
-    first = low // 64 * 64
-    covered = {}
-    for t, b, e in pieces:
-        covered.setdefault(t, []).append((b, e))
-    added = []
-    for t, b, e in sorted(set(tuple(r) for r in ranges)):
-        if t >= cursor or b >= e:
-            continue
-        done = t < first or (words[(t - first) // 64] >> ((t - first) % 64)) & 1
-        if not done and t not in covered:
-            continue
-        for lo, hi in sorted(covered.get(t, [])):  # what open pieces of t re-read anyway
-            if lo <= b < hi:
-                b = hi
-            elif b < lo < e:
-                e = lo
-        if b < e:
-            covered.setdefault(t, []).append((b, e))
-            added.append([t, b, e])
-    return _encode(head, words, pieces + added), len(added)
+def reopen(state, ranges, queue):
+    """The queue state `state` (bytes) of queue `queue` with every record
+    range in `ranges` open again (see _core._reopen_state). Returns (bytes,
+    ranges reopened)."""
+    return _core._reopen_state(state, ranges, queue)
 
 
 def restored_epoch(dataset):
@@ -134,11 +69,12 @@ def restored_epoch(dataset):
     checkpoint, or a resumed queue's state) starts in: that of its lowest
     ticket not done then; else 0. Where a loop over epochs starts. From the
     state, not the live queue, which other ranks' loaders may have moved on."""
-    state = getattr(dataset, "_queue_args", {}).get("restore_state")
+    args = getattr(dataset, "_queue_args", {})
+    state = args.get("restore_state")
     if not state:
         return 0
-    head, _, _ = _decode(state["state"] if isinstance(state, dict) else bytes(state))
-    return head[4] // head[1]  # low // num_items
+    return _core._state_epoch(state["state"] if isinstance(state, dict) else bytes(state),
+                              str(args.get("name", "")))
 
 
 # ---- Gathering the pool's state -----------------------------------------------------------
@@ -219,7 +155,8 @@ def state_dict(loader):
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
     queue = next(g["queue"] for g in every if "queue" in g)
-    state, reopened = reopen(queue["state"], [r for g in every for r in g["ranges"]])
+    state, reopened = reopen(queue["state"], [r for g in every for r in g["ranges"]],
+                             queue["name"])
     epoch, step = loader._position
     return dict(version=STATE_VERSION, ring=loader.name, epoch=epoch, step=step,
                 queue=dict(queue, state=state),
