@@ -32,6 +32,7 @@ it reads in /dev/shm are checked to be this user's and private first.
 
 import base64
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -97,6 +98,9 @@ def remove_pool(ring_name):
     tailcut.remove_batch_ring(ring_name)
     _unlink(pool_spec_path(ring_name))
     _unlink(failure_path(ring_name))
+    # A loader killed while it wrote its record leaves its temporary file.
+    for tmp in glob.glob(glob.escape(failure_path(ring_name)) + ".*.tmp"):
+        _unlink(tmp)
 
 
 def _live_trainers(ring_name):
@@ -201,10 +205,10 @@ def report_failure(ring_name, pid, exc, who="loader"):
         json.dump(record, f)
     try:
         os.link(tmp, path)  # fails when another loader's record is there
-    except FileExistsError:
+    except (FileExistsError, FileNotFoundError):  # or the pool was removed meanwhile
         pass
     finally:
-        os.unlink(tmp)
+        _unlink(tmp)
 
 
 class LoaderTraceback(Exception):
