@@ -365,7 +365,10 @@ class CrashTrialRunner {
     // Sends the signals of `events` (time after start, child, signal) in
     // time order; a child that already ended is a zombie until reaped, so
     // its pid cannot be reused meanwhile. Signal 0 stands for "child stops
-    // itself": its SIGCONT is sent `cont_us` after it did.
+    // itself": its SIGCONT is sent `cont_us` after it did. That wait is
+    // polled between the other events, never blocked on: the self-stopper
+    // may be waiting at the start gate for a child whose SIGSTOP came before
+    // it closed its end of the gate, and whose SIGCONT is a later event.
     using Event = std::tuple<int64_t, size_t, int>;
     auto send = [&](std::vector<Event> events, Clock::time_point start, size_t self_stopper,
                     int64_t cont_us) {
@@ -381,12 +384,16 @@ class CrashTrialRunner {
           kids.Kill(i, sig);
           continue;
         }
-        if (kids.WaitStopped(self_stopper, milliseconds(20000))) {
-          const int64_t now_us =
-              std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+        const int64_t now_us =
+            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
+        if (kids.WaitStopped(self_stopper, milliseconds(0))) {
           events.emplace_back(now_us + cont_us, self_stopper, SIGCONT);
-          std::push_heap(events.begin(), events.end(), later);
+        } else if (!kids.Reaped(self_stopper) && now_us < 20'000'000) {
+          events.emplace_back(now_us + 200, self_stopper, 0);  // look again
+        } else {
+          continue;  // it ended, or never stopped itself: nothing to resume
         }
+        std::push_heap(events.begin(), events.end(), later);
       }
     };
     auto kill_after = [&](size_t i, Clock::time_point start, int64_t us) {
