@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "tailcut/work_queue.h"
@@ -41,6 +43,12 @@ tailcut::WorkQueueOptions Options(const std::string& name) {
 void Init() {
   char tmpl[] = "/tmp/tailcut-fuzz-XXXXXX";
   g_dir = ::mkdtemp(tmpl);
+  // The work files go when the fuzzer exits (a crash leaves them for the
+  // artifact to be replayed against).
+  std::atexit([] {
+    std::error_code ignored;
+    std::filesystem::remove_all(g_dir, ignored);
+  });
   for (int i = 0; i < 3; ++i) {
     std::string p = g_dir + "/w" + std::to_string(i);
     int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
