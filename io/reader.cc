@@ -1,6 +1,7 @@
 // The Reader: takes items, keeps reads in flight, joins records across chunks.
-// This file: setup, the items a Reader holds, and the public class; the
-// state and its invariants are in reader_impl.h.
+// This file: setup (option checks, item slots and parsers, the arena, the
+// I/O backend), the items a Reader holds, and the public class; the state
+// and its invariants are in reader_impl.h.
 #include "tailcut/reader.h"
 
 #include <fcntl.h>
@@ -37,7 +38,19 @@ void SetText(std::string* out, const char* format, ...) noexcept {
 
 }  // namespace detail
 
+// ---- Setup -----------------------------------------------------------------
+
+// Each step may throw tailcut::Error, naming the option or file and the fix;
+// a Reader whose Open throws is destroyed half set up (Close allows for it).
 void Reader::Impl::Open() {
+  CheckGeometry();
+  SetUpItems();  // a bad format is an argument error before any memory is mapped
+  SetUpArena();
+  SetUpBackend();
+  SetUpChunks();
+}
+
+void Reader::Impl::CheckGeometry() {
   if (options_.buffer_budget_bytes == 0 || options_.chunk_bytes == 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "reader: buffer_budget_bytes and chunk_bytes must be > 0");
@@ -65,8 +78,9 @@ void Reader::Impl::Open() {
                      ? options_.queue_depth
                      : std::min<uint32_t>(16, std::max<uint32_t>(1, num_chunks_ / 2));
   queue_depth_ = std::min(queue_depth_, num_chunks_ - 2);
+}
 
-  // Parsers first: a bad format is an argument error before any memory is mapped.
+void Reader::Impl::SetUpItems() {
   uint32_t slots = options_.prefetch_items + 3;  // current + prefetched + retiring
   items_.resize(slots);
   if (options_.mode == ReadMode::kRecords) {
@@ -92,32 +106,40 @@ void Reader::Impl::Open() {
     if (item.file < file_sizes_.size())
       file_sizes_[item.file] = std::max(file_sizes_[item.file], item.end);
   }
+}
 
+void Reader::Impl::SetUpArena() {
   auto notice = [this](const std::string& line) { Notice(line); };
   arena_ = std::make_unique<BufferArena>(chunk_bytes_, num_chunks_, options_.cuda_register, notice);
+}
 
-  IoBackend choice = options_.backend;
-  bool forced = choice != IoBackend::kDefault;
-  bool forced_by_env = false;
-  if (choice == IoBackend::kDefault) {
-    const char* env = std::getenv("TAILCUT_IO");
-    if (env && *env) {
-      forced = forced_by_env = true;
-      if (std::strcmp(env, "uring") == 0) {
-        choice = IoBackend::kUring;
-      } else if (std::strcmp(env, "pread") == 0) {
-        choice = IoBackend::kPread;
-      } else {
-        throw Error(ErrorKind::kInvalidArgument,
-                    std::string("TAILCUT_IO='") + env + "' is not 'uring' or 'pread'");
-      }
-    } else {
-      choice = IoBackend::kUring;
-    }
-  }
+namespace {
+
+// The backend asked for: ReaderOptions::backend, else TAILCUT_IO, else
+// io_uring (which falls back to pread threads unless it was asked for).
+struct BackendChoice {
+  IoBackend backend;
+  bool forced;
+  bool forced_by_env;
+};
+
+BackendChoice ChooseBackend(IoBackend asked) {
+  if (asked != IoBackend::kDefault) return {asked, true, false};
+  const char* env = std::getenv("TAILCUT_IO");
+  if (!env || !*env) return {IoBackend::kUring, false, false};
+  if (std::strcmp(env, "uring") == 0) return {IoBackend::kUring, true, true};
+  if (std::strcmp(env, "pread") == 0) return {IoBackend::kPread, true, true};
+  throw Error(ErrorKind::kInvalidArgument,
+              std::string("TAILCUT_IO='") + env + "' is not 'uring' or 'pread'");
+}
+
+}  // namespace
+
+void Reader::Impl::SetUpBackend() {
+  const BackendChoice choice = ChooseBackend(options_.backend);
   uint32_t threads = options_.pread_threads == 0 ? 2 : options_.pread_threads;
   bool registered = false;
-  if (choice == IoBackend::kUring) {
+  if (choice.backend == IoBackend::kUring) {
     detail::UringSettings settings;
     settings.queue_depth = queue_depth_;
     settings.arena = arena_->data();
@@ -132,7 +154,7 @@ void Reader::Impl::Open() {
                          : err == EPERM  ? " (kernel.io_uring_disabled, or seccomp)"
                          : err == ENOMEM ? " (RLIMIT_MEMLOCK too low for the ring)"
                                          : "";
-      if (forced_by_env) {
+      if (choice.forced_by_env) {
         throw Error(ErrorKind::kIo,
                     "reader: io_uring was asked for (TAILCUT_IO=uring) but is "
                     "unavailable: " +
@@ -140,7 +162,7 @@ void Reader::Impl::Open() {
                         "; unset TAILCUT_IO to fall back to pread threads, or "
                         "set TAILCUT_IO=pread");
       }
-      if (forced) {
+      if (choice.forced) {
         throw Error(ErrorKind::kIo,
                     "reader: io_uring was asked for (backend 'uring') but is "
                     "unavailable: " +
@@ -159,7 +181,9 @@ void Reader::Impl::Open() {
   }
   if (!backend_) backend_ = detail::MakePreadBackend(threads, queue_depth_);
   memory_state_ = arena_->Describe(registered, std::strcmp(backend_->name(), "io_uring") == 0);
+}
 
+void Reader::Impl::SetUpChunks() {
   chunks_.resize(num_chunks_);
   free_.reserve(num_chunks_);
   for (uint32_t i = num_chunks_; i-- > 0;) free_.push_back(i);

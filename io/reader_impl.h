@@ -261,6 +261,19 @@ class Reader::Impl {
     }
   }
 
+  // Setup, in the order Open calls them (reader.cc).
+  // The geometry options: chunk_bytes_, num_chunks_, queue_depth_.
+  void CheckGeometry();
+  // Item slots, with a parser each and the carry buffer for records, and the
+  // file sizes the queue sliced.
+  void SetUpItems();
+  // The chunk buffers: mapped, locked, CUDA-registered where possible.
+  void SetUpArena();
+  // io_uring, or pread threads where it is unavailable and was not asked for.
+  void SetUpBackend();
+  // Chunk slots, all free, and the consumer's window at the arena's start.
+  void SetUpChunks();
+
   ItemSlot& Current() { return items_[held_[held_head_]]; }
   uint32_t HeldAt(uint32_t i) const { return held_[(held_head_ + i) % held_.size()]; }
 

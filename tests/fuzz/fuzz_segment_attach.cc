@@ -1,24 +1,24 @@
 // Fuzzes what a process does with a segment it finds under a queue's name:
 // attach, validate, inspect, recover dead clients, take and ack. The input
-// patches a valid segment image (so that fuzzing gets past the magic number)
-// as records of [u32 offset][u8 length][length bytes]; an input starting
-// with 0xFF is written raw instead. Anything may fail with tailcut::Error;
-// nothing may crash, hang or touch memory outside the segment. A queue that
-// opens is drained to its end under a bound: a Take that finds nothing while
-// no other client is registered is a hang (a damaged lease nobody can finish
-// once made every Take wait for ever), and aborts.
+// patches a valid segment image (fuzz_attach.h says how). Anything may fail
+// with tailcut::Error; nothing may crash, hang or touch memory outside the
+// segment. A queue that opens is drained to its end under a bound: a Take
+// that finds nothing while no other client is registered is a hang (a damaged
+// lease nobody can finish once made every Take wait for ever), and aborts.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "tailcut/work_queue.h"
+#include "tests/fuzz/fuzz_attach.h"
 
 namespace {
 
@@ -43,6 +43,12 @@ tailcut::WorkQueueOptions Options(const std::string& name) {
 void Init() {
   char tmpl[] = "/tmp/tailcut-fuzz-XXXXXX";
   g_dir = ::mkdtemp(tmpl);
+  // The work files go when the fuzzer exits (a crash leaves them for the
+  // artifact to be replayed against).
+  std::atexit([] {
+    std::error_code ignored;
+    std::filesystem::remove_all(g_dir, ignored);
+  });
   for (int i = 0; i < 3; ++i) {
     std::string p = g_dir + "/w" + std::to_string(i);
     int fd = ::open(p.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
@@ -57,12 +63,7 @@ void Init() {
   q->Take(&a);
   q->Take(&b);
   q->Ack(a);
-  std::string path = tailcut::SegmentPath(name);
-  int fd = ::open(path.c_str(), O_RDONLY);
-  off_t size = ::lseek(fd, 0, SEEK_END);
-  g_template.resize(static_cast<size_t>(size));
-  if (::pread(fd, g_template.data(), g_template.size(), 0) != size) std::abort();
-  ::close(fd);
+  g_template = tailcut::fuzz::ReadImage(tailcut::SegmentPath(name));
   q->GiveBack(b);
   q.reset();
   try {
@@ -114,48 +115,22 @@ void Drain(tailcut::WorkQueue& q) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static bool initialised = (Init(), true);
   (void)initialised;
-  std::string image;
-  if (size > 0 && data[0] == 0xFF) {
-    image.assign(reinterpret_cast<const char*>(data + 1), size - 1);
-  } else {
-    image = g_template;
-    size_t pos = 0;
-    while (pos + 5 <= size) {
-      uint32_t offset;
-      std::memcpy(&offset, data + pos, 4);
-      size_t len = data[pos + 4];
-      pos += 5;
-      len = std::min(len, size - pos);
-      offset %= static_cast<uint32_t>(image.size());
-      len = std::min(len, image.size() - offset);
-      std::memcpy(image.data() + offset, data + pos, len);
-      pos += len;
-    }
-  }
-  std::string name = "fuzz-" + std::to_string(::getpid());
-  std::string path = tailcut::SegmentPath(name);
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  if (fd < 0 || ::write(fd, image.data(), image.size()) != static_cast<ssize_t>(image.size()))
-    std::abort();
-  ::close(fd);
-  try {
-    tailcut::InspectQueue(name);
-  } catch (const tailcut::Error&) {
-  }
-  try {
-    auto q = tailcut::WorkQueue::Open(Options(name));
-    tailcut::WorkItem item;
-    for (int i = 0; i < 20 && q->TryTake(&item) == tailcut::TakeStatus::kOk; ++i) {
-      if (i % 3 == 0)
-        q->GiveBack(item);
-      else
-        q->Ack(item);
-    }
-    q->SaveState();
-    q->Stats();
-    Drain(*q);
-  } catch (const tailcut::Error&) {
-  }
-  ::unlink(path.c_str());
+  const std::string name = "fuzz-" + std::to_string(::getpid());
+  tailcut::fuzz::AttachImage(
+      tailcut::SegmentPath(name), tailcut::fuzz::PatchedImage(g_template, data, size),
+      [&] { tailcut::InspectQueue(name); },
+      [&] {
+        auto q = tailcut::WorkQueue::Open(Options(name));
+        tailcut::WorkItem item;
+        for (int i = 0; i < 20 && q->TryTake(&item) == tailcut::TakeStatus::kOk; ++i) {
+          if (i % 3 == 0)
+            q->GiveBack(item);
+          else
+            q->Ack(item);
+        }
+        q->SaveState();
+        q->Stats();
+        Drain(*q);
+      });
   return 0;
 }
