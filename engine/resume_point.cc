@@ -41,7 +41,8 @@ AckStatus MoveOffsetWord(SharedAtomic<uint64_t>& word, uint64_t ours, uint64_t o
 AckStatus CheckOffset(const LeaseSlot& ls, uint64_t ours, uint64_t offset,
                       uint64_t record_bytes) noexcept {
   // acquire: pairs with the CASes that may have moved the lease on (ReturnToOrphan, ReassignHung
-  // in queue_core.cc); a write that lands after them is caught by the tags of the offset words.
+  // in lease.cc and housekeeper.cc); a write that lands after them is caught by the tags of the
+  // offset words.
   if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
   // An offset past the end would make a checkpoint skip the rest of the
   // item. The lease's own range, not the caller's copy of it, is the item.

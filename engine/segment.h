@@ -113,7 +113,7 @@ class Segment {
   }
   bool IsDone(uint64_t ticket) const {
     // acquire: pairs with FinishAck's acq_rel fetch_or of the bit
-    // (queue_core.cc).
+    // (lease.cc).
     return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;
   }
   // A fed queue only (geometry().fed): tickets this host must not hand out,

@@ -10,7 +10,7 @@
 //   | FileEntry[num_files] | ItemEntry[num_items] | path bytes | done bitmap (u64 words)
 //   [ | FedBlock[kFedBlocks] | skip bitmap (u64 words) ]   only in a fed queue
 //
-// Invariants (the numbers are referred to in work_queue.cc):
+// Invariants (the numbers are referred to in lease.cc and housekeeper.cc):
 //  I1. Ticket t in [0, total) is handed out by the cursor at most once: the
 //      cursor only grows (fetch_add).
 //  I2. A ticket's done bit is set at most once per item completion and never
@@ -37,7 +37,7 @@
 //      trylock gets EOWNERDEAD and recovers it exactly once; a recoverer that
 //      dies passes EOWNERDEAD on to the next).
 //
-// Memory order, in short (each operation in queue_core.cc and work_queue.cc
+// Memory order, in short (each operation in lease.cc and housekeeper.cc
 // names its partner): a lease's fields are written only by its holder and
 // published by the release half of the CAS on its word, or by the release
 // store of its ticket, which is written last; whoever reads them acquires
@@ -318,7 +318,7 @@ struct alignas(kCacheLine) StepSlot {
 // (TakeOnce, TrySplit, PublishOrphan), loaded with acquire by recoverers,
 // sweeps and reassigners, which may read a TAKING lease before its word
 // changes. extent: changed only by acq_rel CAS (Claim, TrySplit, FinishAck,
-// SettleSplit, ClaimOrphan). flags: see ReadTicketAndFlags (queue_core.h).
+// SettleSplit, ClaimOrphan). flags: see ReadTicketAndFlags (lease.h).
 // floor and progress: stored by whoever fills the lease (with the fields
 // above), then changed only by acq_rel CAS (Progress, Commit, and
 // ReturnToOrphan, which retags the floor for the orphan word, so that a late

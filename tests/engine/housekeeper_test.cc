@@ -1,8 +1,8 @@
-// Tests of engine/queue_core.h that look into the segment. QueueCore::Stats
+// Tests of engine/housekeeper.h that look into the segment. Housekeeper::Stats
 // fills QueueStats and ClientStats field by field; the field list
 // (tailcut/stats_fields.h) checks at compile time that the structs and the
 // list agree, and these tests check that Stats fills every listed field.
-#include "engine/queue_core.h"
+#include "engine/housekeeper.h"
 
 #include <gtest/gtest.h>
 
@@ -29,11 +29,11 @@ bool Filled(const T& value) {
   }
 }
 
-class QueueCoreStatsTest : public test::QueueTest {};
+class HousekeeperStatsTest : public test::QueueTest {};
 
 // Every counter of the segment is made nonzero, by calls or by hand, so a
 // listed field that Stats leaves unset reads zero and fails here.
-TEST_F(QueueCoreStatsTest, StatsFillsEveryFieldOfTheList) {
+TEST_F(HousekeeperStatsTest, StatsFillsEveryFieldOfTheList) {
   auto o = BaseOptions(NewName("stats"), dir_.Files("f", 2, {1 << 20}));
   o.num_epochs = 2;
   o.seed = 7;
