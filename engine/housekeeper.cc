@@ -13,7 +13,7 @@ namespace tailcut::detail {
 
 void Housekeeper::ReleaseSettledAnchors() noexcept {
   for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire (word): pairs with FinishAck's release CAS to DONE_WAIT. acquire (extent): pairs with
     // TrySplit's split CAS (lease.cc) that set pending, so the thief's anchor and flags
     // stores, made before that CAS, are visible below.
@@ -24,7 +24,7 @@ void Housekeeper::ReleaseSettledAnchors() noexcept {
     // otherwise the mark is left over from a crash that was settled.
     bool live_piece = false;
     if (thief < num_leases_) {
-      LeaseSlot& ts = seg_->lease(thief);
+      LeaseEntry& ts = seg_->lease(thief);
       // acquire: pairs with the thief's CASes on its own word (ReserveLease, then TAKING to OPEN in
       // TrySplit). flags and anchor may be relaxed: the acquire of the anchor's extent above read
       // the thief's split CAS, which the thief made after storing them.
@@ -38,7 +38,7 @@ void Housekeeper::ReleaseSettledAnchors() noexcept {
 }
 
 void Housekeeper::RecoverClient(uint64_t slot, bool admin_held) noexcept {
-  ClientSlot& cs = seg_->client(slot);
+  ClientEntry& cs = seg_->client(slot);
   // Before anything else: should this recovery be cut short, the segment is
   // kept for the next run all the same.
   // relaxed: Close reads keep_reasons under the admin mutex (work_queue.cc); the mutex, taken below
@@ -80,7 +80,7 @@ int Housekeeper::RepairLeases(uint64_t self, bool admin_held, bool just_register
   if (self >= max_clients) return 0;
   int count = 0;
   for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with the owner's CASes on the word. The owner's state is acquired below too:
     // it pairs with the release stores of state in Register, Close (work_queue.cc), RecoverClient.
     uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -134,7 +134,7 @@ int Housekeeper::CheckClients(uint64_t self, bool admin_held) noexcept {
   int recovered = 0;
   for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
     if (s == self) continue;
-    ClientSlot& cs = seg_->client(s);
+    ClientEntry& cs = seg_->client(s);
     // acquire: pairs with the release stores of state in Register, Close (work_queue.cc) and
     // RecoverClient; a filter only, the trylock decides.
     if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
@@ -160,7 +160,7 @@ std::vector<int> Housekeeper::LivePidsImpl(uint64_t self, bool admin_held) noexc
   std::vector<int> live;
   for (uint64_t s = 0; s < seg_->geometry().max_clients; ++s) {
     if (s == self) continue;
-    ClientSlot& cs = seg_->client(s);
+    ClientEntry& cs = seg_->client(s);
     // acquire: as in CheckClients; pid is for people, never for decisions, so relaxed.
     if (cs.state.load(std::memory_order_acquire) != kClientActive) continue;
     int rc = TryLockRobust(&cs.life);
@@ -179,7 +179,7 @@ int Housekeeper::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
   int reassigned = 0;
   uint64_t now = MonotonicNs();
   for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with the owner's CASes on the word (ReserveLease, TakeOnce, ClaimOrphan,
     // TrySplit), so an OPEN lease's fields are read after they were written.
     uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -188,7 +188,7 @@ int Housekeeper::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
     if ((state != kLeaseOpen && state != kLeaseTaking) || owner == self ||
         owner >= seg_->geometry().max_clients)
       continue;
-    ClientSlot& cs = seg_->client(owner);
+    ClientEntry& cs = seg_->client(owner);
     // relaxed: a timestamp; a stale one only moves the reassignment by one housekeeping round, and
     // the CAS on the word decides.
     uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
@@ -240,7 +240,7 @@ void Housekeeper::TrySweep(uint64_t self) noexcept {
   for (;;) {
     bool in_window = false;
     for (uint64_t l = 0; l < num_leases_ && !in_window; ++l) {
-      LeaseSlot& ls = seg_->lease(l);
+      LeaseEntry& ls = seg_->lease(l);
       // acquire (word): pairs with ReserveLease's CAS to TAKING. acquire (ticket): pairs with
       // TakeOnce's release store of the ticket (lease.cc).
       uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -354,7 +354,7 @@ QueueStats Housekeeper::Stats(const std::string& name) noexcept {
   std::vector<uint64_t> open_by_client(seg_->geometry().max_clients, 0);
   std::vector<uint64_t> held;  // tickets of leases still out
   for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // seq_cst (acquire would do): a FREE read from FinishAck's release CAS makes the done bit it
     // set visible to the bitmap loads below. ticket is relaxed: written before the OPEN or ORPHAN
     // CAS that this load read.
@@ -390,7 +390,7 @@ QueueStats Housekeeper::Stats(const std::string& name) noexcept {
   s.done = s.done > not_yet ? s.done - not_yet : 0;
   s.now_ns = MonotonicNs();
   for (uint64_t i = 0; i < seg_->geometry().max_clients; ++i) {
-    ClientSlot& cs = seg_->client(i);
+    ClientEntry& cs = seg_->client(i);
     // relaxed: statistics only, except state, whose acquire pairs with the release stores of state
     // in Register, Close (work_queue.cc) and RecoverClient; pid is for people, never for decisions.
     uint64_t joined = cs.joined_ns.load(std::memory_order_relaxed);

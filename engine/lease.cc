@@ -51,18 +51,19 @@ void LeaseTable::WakeWaiters() noexcept {
   FutexWake(c.wake_seq, INT_MAX);
 }
 
-bool LeaseTable::MarkOrphan(LeaseSlot& ls, uint64_t* expected, uint64_t orphan_word) noexcept {
+bool LeaseTable::MarkOrphan(LeaseEntry& ls, uint64_t* expected, uint64_t orphan_word) noexcept {
   // seq_cst: the release half publishes the lease's fields to ClaimOrphan's acquire CAS;
   // seq_cst, with the bump below, for the orphan_seq argument.
   bool ok = ls.word.compare_exchange_strong(*expected, orphan_word, std::memory_order_seq_cst);
   // After the CAS: a scan that missed this orphan read orphan_seq before it changes (seq_cst total
   // order), so its process scans again. Pairs with the seq_cst loads of orphan_seq in ClaimOrphan,
-  // TakeOnce and Take (work_queue.cc); a scan that reads the bumped value acquires this CAS too.
+  // TakeOnce and OrphanSeqMoved (Take's re-check before it sleeps); a scan that reads the bumped
+  // value acquires this CAS too.
   if (ok) seg_->counters().orphan_seq.fetch_add(1, std::memory_order_seq_cst);
   return ok;
 }
 
-bool LeaseTable::ReturnToOrphan(LeaseSlot& ls, uint64_t* expected) noexcept {
+bool LeaseTable::ReturnToOrphan(LeaseEntry& ls, uint64_t* expected) noexcept {
   const uint64_t orphan = NextLeaseWord(*expected, kLeaseOrphan, kNoOwner);
   // The item goes back at its floor; nothing else of the lease changes (a
   // claimed item keeps its extent): ClaimOrphan starts the next owner there.
@@ -74,7 +75,7 @@ bool LeaseTable::ReturnToOrphan(LeaseSlot& ls, uint64_t* expected) noexcept {
 
 bool LeaseTable::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t ticket,
                                uint64_t begin, uint64_t end, uint32_t flags) noexcept {
-  LeaseSlot& ls = seg_->lease(lease);
+  LeaseEntry& ls = seg_->lease(lease);
   const uint64_t orphan = NextLeaseWord(expected_word, kLeaseOrphan, kNoOwner);
   // relaxed: only the lease's holder writes these (I6); the release of ticket and MarkOrphan's CAS
   // below publish them.
@@ -94,7 +95,7 @@ bool LeaseTable::PublishOrphan(uint64_t lease, uint64_t expected_word, uint64_t 
 
 void LeaseTable::SettleSplit(uint64_t anchor, uint64_t thief) noexcept {
   if (anchor >= num_leases_) return;
-  LeaseSlot& as = seg_->lease(anchor);
+  LeaseEntry& as = seg_->lease(anchor);
   // acquire: pairs with the extent CASes in TrySplit and ClaimOrphan.
   uint64_t e = as.extent.load(std::memory_order_acquire);
   for (;;) {
@@ -123,7 +124,7 @@ void LeaseTable::SettleSplit(uint64_t anchor, uint64_t thief) noexcept {
 }
 
 void LeaseTable::FinishAck(uint64_t lease, uint64_t acking) noexcept {
-  LeaseSlot& ls = seg_->lease(lease);
+  LeaseEntry& ls = seg_->lease(lease);
   // Seal: claim everything, so that no split can start any more; the same
   // CAS tells whether one is in flight.
   // acquire: pairs with the extent CASes of TrySplit and Claim.
@@ -179,7 +180,7 @@ void LeaseTable::FinishAck(uint64_t lease, uint64_t acking) noexcept {
 }
 
 void LeaseTable::RecoverLease(uint64_t lease, uint64_t word) noexcept {
-  LeaseSlot& ls = seg_->lease(lease);
+  LeaseEntry& ls = seg_->lease(lease);
   Counters& c = seg_->counters();
   uint64_t state = LeaseStateOf(word);
   // acquire: pairs with the release stores of ticket in TakeOnce, TrySplit and
@@ -279,7 +280,7 @@ bool LeaseTable::ReassignTaking(uint64_t lease, uint64_t word, uint64_t ticket,
 bool LeaseTable::Reissue(uint64_t self, uint64_t ticket) noexcept {
   const uint64_t first = self * seg_->geometry().leases_per_client;
   for (uint64_t l = first; l < first + seg_->geometry().leases_per_client; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with the release CAS that freed the lease (FinishAck, SettleSplit,
     // RecoverLease): its ticket is cleared (I6).
     uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -299,7 +300,7 @@ bool LeaseTable::Reissue(uint64_t self, uint64_t ticket) noexcept {
 std::vector<uint64_t> LeaseTable::HeldTickets() const noexcept {
   std::vector<uint64_t> held;
   for (uint64_t l = 0; l < num_leases_; ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     for (;;) {
       // acquire, all three: the ticket load pairs with the release stores of ticket (TakeOnce,
       // TrySplit, PublishOrphan), and acquire keeps the second word load after it, so w1 == w2
@@ -359,7 +360,7 @@ bool ClientLeases::ClaimOrphan(WorkItem* out) noexcept {
   uint64_t start = orphan_scan_start_.fetch_add(1, std::memory_order_relaxed) % n;
   for (uint64_t k = 0; k < n; ++k) {
     uint64_t l = (start + k) % n;
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with MarkOrphan's CAS to ORPHAN; a
     // filter only, the CAS below decides.
     uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -474,7 +475,7 @@ bool ClientLeases::TakeOnce(WorkItem* out, bool* limit) noexcept {
       *limit = true;
       return false;
     }
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     CrashPoint("take.after_reserve");
     // acq_rel: the release half pairs with the acquire loads of the cursor
     // in TrySweep and AllDone (housekeeper.cc): who sees the ticket taken sees
@@ -564,7 +565,7 @@ bool ClientLeases::ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept
 
 double ClientLeases::ClientRate(uint64_t slot) const noexcept {
   if (slot >= seg_->geometry().max_clients) return 0;
-  const ClientSlot& cs = seg_->client(slot);
+  const ClientEntry& cs = seg_->client(slot);
   uint64_t bytes = cs.bytes_acked.load(std::memory_order_relaxed);
   uint64_t joined = cs.joined_ns.load(std::memory_order_relaxed);
   uint64_t idle = cs.idle_ns.load(std::memory_order_relaxed);
@@ -583,7 +584,7 @@ bool ClientLeases::TrySplit(WorkItem* out) noexcept {
     bool victim_piece = false;
     uint64_t victim_owner = kNoOwner;
     for (uint64_t l = 0; l < table_->num_leases(); ++l) {
-      LeaseSlot& ls = seg_->lease(l);
+      LeaseEntry& ls = seg_->lease(l);
       // acquire: pairs with the owner's CAS to OPEN (TakeOnce, ClaimOrphan,
       // TrySplit), so the fields read below were written before it.
       uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -642,7 +643,7 @@ bool ClientLeases::TrySplit(WorkItem* out) noexcept {
     // Our piece first, complete, in a lease of our own (I7).
     uint64_t mine, taking;
     if (!ReserveLease(&mine, &taking)) return false;
-    LeaseSlot& ps = seg_->lease(mine);
+    LeaseEntry& ps = seg_->lease(mine);
     // Mark it a piece before it names a ticket: a recoverer must never take
     // it for an ordinary TAKING lease and re-issue the whole item.
     ps.anchor.store(static_cast<uint32_t>(victim), std::memory_order_relaxed);
@@ -706,18 +707,18 @@ bool ClientLeases::TrySplit(WorkItem* out) noexcept {
   return false;
 }
 
-AckStatus ClientLeases::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
-  LeaseSlot& ls = seg_->lease(item.lease);
+ItemStatus ClientLeases::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+  LeaseEntry& ls = seg_->lease(item.lease);
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
   // acquire: pairs with the CASes that may have moved the lease on
   // (ReturnToOrphan, ReassignHung in housekeeper.cc); still ours, its fields
   // below are ours.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  if (ls.word.load(std::memory_order_acquire) != ours) return ItemStatus::kStale;
   uint64_t begin = ls.begin.load(std::memory_order_relaxed);
   uint64_t limit = ls.end.load(std::memory_order_relaxed);
   if ((ls.flags.load(std::memory_order_relaxed) & kLeasePreset) || begin > limit) {
     *end = item.end;  // restored items are never split
-    return AckStatus::kOk;
+    return ItemStatus::kOk;
   }
   uint64_t unit = SplitUnit(limit - begin);
   uint64_t want = up_to <= begin ? 0 : ExtentUnits(std::min(up_to, limit) - begin, unit);
@@ -727,7 +728,7 @@ AckStatus ClientLeases::Claim(const WorkItem& item, uint64_t up_to, uint64_t* en
   for (;;) {
     // Paused past a lease timeout, we may find the lease another owner's:
     // its extent then carries that owner's tag, and we touch nothing.
-    if (x.tag != GenTag(ours, 8)) return AckStatus::kStale;
+    if (x.tag != GenTag(ours, 8)) return ItemStatus::kStale;
     Extent y = x;
     y.splittable = true;
     y.claim = std::max(x.claim, std::min(want, x.end));
@@ -742,14 +743,14 @@ AckStatus ClientLeases::Claim(const WorkItem& item, uint64_t up_to, uint64_t* en
   // The fields above may be another owner's if the lease moved on after
   // our first check; then the end would be theirs.
   // acquire: as the first check.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  if (ls.word.load(std::memory_order_acquire) != ours) return ItemStatus::kStale;
   *end = std::min(limit, begin + x.end * unit);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
-  return AckStatus::kOk;
+  return ItemStatus::kOk;
 }
 
-AckStatus ClientLeases::Ack(const WorkItem& item) noexcept {
-  LeaseSlot& ls = seg_->lease(item.lease);
+ItemStatus ClientLeases::Ack(const WorkItem& item) noexcept {
+  LeaseEntry& ls = seg_->lease(item.lease);
   uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
   uint64_t acking = NextLeaseWord(expected, kLeaseAcking, slot_);
   // acq_rel: fails if a recoverer or ReassignHung moved the lease on (the
@@ -758,34 +759,34 @@ AckStatus ClientLeases::Ack(const WorkItem& item) noexcept {
   if (!ls.word.compare_exchange_strong(expected, acking, std::memory_order_acq_rel)) {
     me().stale_acks.fetch_add(1, std::memory_order_relaxed);
     seg_->counters().stale_acks.fetch_add(1, std::memory_order_relaxed);
-    return AckStatus::kStale;
+    return ItemStatus::kStale;
   }
   CrashPoint("ack.after_mark");
   table_->FinishAck(item.lease, acking);
-  ClientSlot& cs = me();
+  ClientEntry& cs = me();
   cs.items_acked.fetch_add(1, std::memory_order_relaxed);
   cs.bytes_acked.fetch_add(item.end - item.begin, std::memory_order_relaxed);
   cs.last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   table_->WakeWaiters();
-  return AckStatus::kOk;
+  return ItemStatus::kOk;
 }
 
-AckStatus ClientLeases::GiveBack(const WorkItem& item) noexcept {
-  LeaseSlot& ls = seg_->lease(item.lease);
+ItemStatus ClientLeases::GiveBack(const WorkItem& item) noexcept {
+  LeaseEntry& ls = seg_->lease(item.lease);
   uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
   // acquire: pairs with the CASes that may have moved the lease on
   // (ReturnToOrphan, ReassignHung); ReturnToOrphan's CAS below decides.
-  if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
+  if (ls.word.load(std::memory_order_acquire) != expected) return ItemStatus::kStale;
   CrashPoint("giveback.after_mark");
-  if (!table_->ReturnToOrphan(ls, &expected)) return AckStatus::kStale;
+  if (!table_->ReturnToOrphan(ls, &expected)) return ItemStatus::kStale;
   me().items_given_back.fetch_add(1, std::memory_order_relaxed);
   table_->WakeWaiters();
-  return AckStatus::kOk;
+  return ItemStatus::kOk;
 }
 
 void ClientLeases::ReturnAll() noexcept {
   for (uint64_t l = 0; l < table_->num_leases(); ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with the CASes that may have moved our leases on
     // (ReassignHung, recoverers); ReturnToOrphan's CAS decides.
     uint64_t w = ls.word.load(std::memory_order_acquire);
@@ -796,20 +797,21 @@ void ClientLeases::ReturnAll() noexcept {
   }
 }
 
-AckStatus ClientLeases::Commit(const WorkItem& item, uint64_t offset) noexcept {
+ItemStatus ClientLeases::Commit(const WorkItem& item, uint64_t offset) noexcept {
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  AckStatus s = RecordCommit(seg_->lease(item.lease), ours, offset, options_.record_bytes);
-  if (s == AckStatus::kOk) me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
+  ItemStatus s = RecordCommit(seg_->lease(item.lease), ours, offset, options_.record_bytes);
+  if (s == ItemStatus::kOk) me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
   return s;
 }
 
-AckStatus ClientLeases::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+ItemStatus ClientLeases::Progress(const WorkItem& item, uint64_t offset,
+                                  uint64_t records) noexcept {
   const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  AckStatus s = RecordProgress(seg_->lease(item.lease), ours, offset, options_.record_bytes);
-  if (s != AckStatus::kOk) return s;
+  ItemStatus s = RecordProgress(seg_->lease(item.lease), ours, offset, options_.record_bytes);
+  if (s != ItemStatus::kOk) return s;
   if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
   me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
-  return AckStatus::kOk;
+  return ItemStatus::kOk;
 }
 
 }  // namespace tailcut::detail

@@ -89,7 +89,7 @@ namespace tailcut::detail {
 // of one moment and the flags of another and mistake a would-be piece for a
 // whole item. The flags read on both sides of the ticket tell: false when
 // they differ (read again, or skip the lease this time).
-inline bool ReadTicketAndFlags(const LeaseSlot& ls, uint64_t* ticket, uint32_t* flags) noexcept {
+inline bool ReadTicketAndFlags(const LeaseEntry& ls, uint64_t* ticket, uint32_t* flags) noexcept {
   // acquire, all three: the ticket load pairs with the release stores of ticket in TakeOnce,
   // TrySplit and PublishOrphan, so the flags stored before it are seen by the second flags load,
   // which also pairs with TrySplit's release store of flags when it undoes a split. Acquire keeps
@@ -140,12 +140,12 @@ class LeaseTable {
                      uint64_t end, uint32_t flags) noexcept;
   // Moves a lease to ORPHAN by CAS from *expected to orphan_word, then bumps
   // orphan_seq. Returns whether the CAS succeeded.
-  bool MarkOrphan(LeaseSlot& lease, uint64_t* expected, uint64_t orphan_word) noexcept;
+  bool MarkOrphan(LeaseEntry& lease, uint64_t* expected, uint64_t orphan_word) noexcept;
   // OPEN -> ORPHAN: hands an OPEN lease (word *expected) back, to be read
   // again from its floor (its begin, raised by its owner's commits): the
   // floor is retagged for the orphan word, then MarkOrphan. Returns whether
   // the lease became ORPHAN (false: it moved on meanwhile).
-  bool ReturnToOrphan(LeaseSlot& lease, uint64_t* expected) noexcept;
+  bool ReturnToOrphan(LeaseEntry& lease, uint64_t* expected) noexcept;
   // ACKING -> FREE or DONE_WAIT: completes an ack whose owner set ACKING
   // (the owner itself, or whoever recovers it): seals the extent, sets the
   // done bit unless the lease is a piece or preset, and frees the lease (or
@@ -216,11 +216,11 @@ class ClientLeases {
 
   // The item calls on a lease this client holds; `item.lease` is checked
   // against the table by the caller.
-  AckStatus Ack(const WorkItem& item) noexcept;
-  AckStatus GiveBack(const WorkItem& item) noexcept;
-  AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
-  AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
-  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
+  ItemStatus Ack(const WorkItem& item) noexcept;
+  ItemStatus GiveBack(const WorkItem& item) noexcept;
+  ItemStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
+  ItemStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
+  ItemStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
   // Returns every OPEN lease of this client to ORPHAN (Close).
   void ReturnAll() noexcept;
 
@@ -233,7 +233,7 @@ class ClientLeases {
   double ClientRate(uint64_t slot) const noexcept;
   void FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket, uint64_t begin,
                 uint64_t end, uint64_t index = kNoTicket) const noexcept;
-  ClientSlot& me() const { return seg_->client(slot_); }
+  ClientEntry& me() const { return seg_->client(slot_); }
 
   LeaseTable* table_;
   Segment* seg_;

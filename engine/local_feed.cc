@@ -186,7 +186,7 @@ int LocalFeed::Drop(const FedBlockInfo& block, std::span<const uint64_t> tickets
   // whoever claims the orphan sees the skip bit and completes it unread.
   int taken = 0;
   for (uint64_t l = 0; l < table_->num_leases(); ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with the owner's CASes on the word, so the ticket read next is its own.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOpen) continue;

@@ -40,7 +40,7 @@ void ScanState(const LeaseTable& table, const std::string& name, SavedState* sta
     // seq_cst: pairs with TrySplit's two seq_cst bumps (see above).
     uint64_t split_seq = seg.counters().split_seq.load(std::memory_order_seq_cst);
     for (uint64_t l = 0; l < num_leases; ++l) {
-      LeaseSlot& ls = seg.lease(l);
+      LeaseEntry& ls = seg.lease(l);
       Seen& v = seen[l];
       for (;;) {
         // acquire: pairs with the owners' CASes on the word, made after the
@@ -68,7 +68,7 @@ void ScanState(const LeaseTable& table, const std::string& name, SavedState* sta
     for (uint64_t l = 0; l < num_leases && still; ++l) {
       Seen& v = seen[l];
       if (LeaseStateOf(v.word) != kLeaseTaking || !(v.flags & kLeasePiece)) continue;
-      LeaseSlot& ls = seg.lease(l);
+      LeaseEntry& ls = seg.lease(l);
       still = ReadTicketAndFlags(ls, &v.ticket, &v.flags);
       v.anchor = ls.anchor.load(std::memory_order_relaxed);
       v.begin = ls.begin.load(std::memory_order_relaxed);

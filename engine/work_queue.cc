@@ -60,20 +60,20 @@ class WorkQueue::Impl {
                   std::chrono::steady_clock::time_point deadline) noexcept;
   // The item calls: kInvalid unless the queue is open and its table has the
   // item's lease; then the lease's transition (lease.h).
-  AckStatus Ack(const WorkItem& item) noexcept {
-    return Valid(item) ? leases_->Ack(item) : AckStatus::kInvalid;
+  ItemStatus Ack(const WorkItem& item) noexcept {
+    return Valid(item) ? leases_->Ack(item) : ItemStatus::kInvalid;
   }
-  AckStatus GiveBack(const WorkItem& item) noexcept {
-    return Valid(item) ? leases_->GiveBack(item) : AckStatus::kInvalid;
+  ItemStatus GiveBack(const WorkItem& item) noexcept {
+    return Valid(item) ? leases_->GiveBack(item) : ItemStatus::kInvalid;
   }
-  AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
-    return Valid(item) ? leases_->Progress(item, offset, records) : AckStatus::kInvalid;
+  ItemStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+    return Valid(item) ? leases_->Progress(item, offset, records) : ItemStatus::kInvalid;
   }
-  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept {
-    return Valid(item) ? leases_->Commit(item, offset) : AckStatus::kInvalid;
+  ItemStatus Commit(const WorkItem& item, uint64_t offset) noexcept {
+    return Valid(item) ? leases_->Commit(item, offset) : ItemStatus::kInvalid;
   }
-  AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
-    return Valid(item) ? leases_->Claim(item, up_to, end) : AckStatus::kInvalid;
+  ItemStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+    return Valid(item) ? leases_->Claim(item, up_to, end) : ItemStatus::kInvalid;
   }
   StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                        std::chrono::steady_clock::time_point deadline) noexcept;
@@ -93,9 +93,9 @@ class WorkQueue::Impl {
   HandleChecks handle;  // fork, second acks, Dependents: the public calls use it
   // An item call behind the handle's checks (handle_checks.h).
   template <typename Call>
-  AckStatus ItemCall(const WorkItem& item, bool finishes, Call call) noexcept {
-    AckStatus s = handle.Check(item, closed_);
-    return s != AckStatus::kOk ? s : handle.Explain(item, call(), finishes, timeout_ns_ > 0);
+  ItemStatus ItemCall(const WorkItem& item, bool finishes, Call call) noexcept {
+    ItemStatus s = handle.Check(item, closed_);
+    return s != ItemStatus::kOk ? s : handle.Explain(item, call(), finishes, timeout_ns_ > 0);
   }
 
  private:
@@ -117,7 +117,7 @@ class WorkQueue::Impl {
   void MakeTable(std::vector<WorkQueue::Item> items, uint64_t num_epochs, uint64_t seed,
                  bool shuffle);
   void Housekeep() noexcept;
-  ClientSlot& me() const { return segment_->client(slot_); }
+  ClientEntry& me() const { return segment_->client(slot_); }
 
   WorkQueueOptions options_;
   QueueConfig config_;
@@ -437,7 +437,7 @@ bool WorkQueue::Impl::TryAttach() {
 void WorkQueue::Impl::Register() {
   Geometry g = segment_->geometry();
   for (uint64_t s = 0; s < g.max_clients; ++s) {
-    ClientSlot& cs = segment_->client(s);
+    ClientEntry& cs = segment_->client(s);
     // acquire: pairs with the release stores of FREE in Close and
     // RecoverClient (housekeeper.cc): a slot seen FREE had its leases returned
     // or recovered. A filter only: locking the slot's life mutex decides.
@@ -510,7 +510,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     if (leases_->ClaimOrphan(out)) break;
     if (leases_->TrySplit(out)) break;
     if (keeper_->AllDone()) return TakeStatus::kEnd;
-    if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kEmpty;
+    if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kTimeout;
     uint64_t t0 = MonotonicNs();
     if (wait_start == 0) wait_start = t0;
     // seq_cst: read before announcing ourselves; pairs with WakeWaiters'
@@ -684,19 +684,19 @@ TakeStatus WorkQueue::TryTake(WorkItem* item) noexcept {
   return item ? impl_->Take(item, false, std::chrono::steady_clock::time_point::min())
               : TakeStatus::kInvalidArgument;
 }
-AckStatus WorkQueue::Ack(const WorkItem& item) noexcept {
+ItemStatus WorkQueue::Ack(const WorkItem& item) noexcept {
   return impl_->ItemCall(item, true, [&] { return impl_->Ack(item); });
 }
-AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept {
+ItemStatus WorkQueue::GiveBack(const WorkItem& item) noexcept {
   return impl_->ItemCall(item, true, [&] { return impl_->GiveBack(item); });
 }
-AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+ItemStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
   return impl_->ItemCall(item, false, [&] { return impl_->Progress(item, offset, records); });
 }
-AckStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
+ItemStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
   return impl_->ItemCall(item, false, [&] { return impl_->Commit(item, offset); });
 }
-AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+ItemStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
   return impl_->ItemCall(item, false, [&] { return impl_->Claim(item, up_to, end); });
 }
 StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
