@@ -456,7 +456,7 @@ void TailcutRounds(benchmark::State& state, QueueShape shape) {
           if (queue->Take(&item, deadline) != tailcut::TakeStatus::kOk) {
             throw std::runtime_error("Take found no item after " + std::to_string(n));
           }
-          if (queue->Ack(item) != tailcut::AckStatus::kOk) {
+          if (queue->Ack(item) != tailcut::ItemStatus::kOk) {
             throw std::runtime_error("Ack refused after " + std::to_string(n));
           }
         }

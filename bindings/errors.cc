@@ -43,7 +43,7 @@ constexpr Wording kPythonWording[] = {
     // ResolveConfig (engine/config.cc): num_slices is 0.
     {"; leave it unset (one item per file) or give 1 or more",
      "; pass None (one item per file) or >= 1"},
-    // CompareConfig (engine/queue_core.cc): "<option> differs: <value> here,
+    // CompareConfig (engine/segment_config.cc): "<option> differs: <value> here,
     // <value> in segment", for num_slices, shuffle and seed.
     {"num_slices differs: unset here, ", "num_slices differs: None here, "},
     {" here, unset in segment", " here, None in segment"},  // num_slices

@@ -18,7 +18,7 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
         Use use(h);
         Taken t;
         t.status = h.queue->Take(&t.item, end);
-        return t.status == tc::TakeStatus::kEmpty ? std::nullopt : std::optional<Taken>(t);
+        return t.status == tc::TakeStatus::kTimeout ? std::nullopt : std::optional<Taken>(t);
       });
   if (!taken)
     Raise(g_exc.empty, "queue '" + h.name +
@@ -37,7 +37,7 @@ std::optional<tc::WorkItem> TakeBlocking(QueueHandle& h, const py::object& timeo
       h.CheckPid();
       break;
     case tc::TakeStatus::kEnd:
-    case tc::TakeStatus::kEmpty:
+    case tc::TakeStatus::kTimeout:
     case tc::TakeStatus::kInvalidArgument:  // never: the item is ours
       break;
   }

@@ -69,20 +69,20 @@ struct PyWorkItem {
                                         ": it is already " + StateName(state));
   }
   // offset: the one Progress or Commit was given, to say why it was refused.
-  void Check(tc::AckStatus status, const char* action, uint64_t offset = 0) {
-    if (status == tc::AckStatus::kOk) return;
-    if (status == tc::AckStatus::kStale) {
+  void Check(tc::ItemStatus status, const char* action, uint64_t offset = 0) {
+    if (status == tc::ItemStatus::kOk) return;
+    if (status == tc::ItemStatus::kStale) {
       state = ItemState::kStale;
       Raise(g_exc.stale, std::string(action) + " of " + Describe() +
                              " refused: the item was reassigned to another process after a lease "
                              "timeout (its records may be read twice); stop reading it");
     }
-    if (status == tc::AckStatus::kAlreadyDone)
+    if (status == tc::ItemStatus::kAlreadyDone)
       Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
                                         " refused: this process already acked or gave it back");
-    if (status == tc::AckStatus::kClosed) throw h->ClosedError();
-    if (status == tc::AckStatus::kForked) h->CheckPid();
-    if (status == tc::AckStatus::kOutOfRange && h->format &&
+    if (status == tc::ItemStatus::kClosed) throw h->ClosedError();
+    if (status == tc::ItemStatus::kForked) h->CheckPid();
+    if (status == tc::ItemStatus::kOutOfRange && h->format &&
         h->format->kind == tc::RecordFormatKind::kFixed && offset >= item.begin &&
         offset <= item.end)
       Raise(g_exc.invalid_argument,
@@ -90,7 +90,7 @@ struct PyWorkItem {
                 std::to_string(offset) + " is inside a record (format '" + h->format->Tag() +
                 "': records start at multiples of " + std::to_string(h->format->record_bytes) +
                 "); nothing was recorded");
-    if (status == tc::AckStatus::kOutOfRange)
+    if (status == tc::ItemStatus::kOutOfRange)
       Raise(g_exc.invalid_argument, std::string(action) + " of " + Describe() +
                                         " refused: the offset is outside the item's byte range "
                                         "(begin <= offset <= end); nothing was recorded");
@@ -99,7 +99,7 @@ struct PyWorkItem {
   }
   void Ack() {
     RequireOpen("ack");
-    tc::AckStatus s;
+    tc::ItemStatus s;
     {
       Use use(*h);
       s = h->queue->Ack(item);
@@ -109,7 +109,7 @@ struct PyWorkItem {
   }
   void GiveBack() {
     RequireOpen("give back");
-    tc::AckStatus s;
+    tc::ItemStatus s;
     {
       Use use(*h);
       s = h->queue->GiveBack(item);
@@ -121,7 +121,7 @@ struct PyWorkItem {
     RequireOpen("report progress of");
     uint64_t off = ToU64(offset, "offset");
     uint64_t recs = ToU64(records, "records");
-    tc::AckStatus s;
+    tc::ItemStatus s;
     {
       Use use(*h);
       s = h->queue->Progress(item, off, recs);
@@ -131,7 +131,7 @@ struct PyWorkItem {
   void Commit(const py::object& offset) {
     RequireOpen("commit");
     uint64_t off = ToU64(offset, "offset");
-    tc::AckStatus s;
+    tc::ItemStatus s;
     {
       Use use(*h);
       s = h->queue->Commit(item, off);

@@ -193,7 +193,7 @@ class Producer : public Child, public std::enable_shared_from_this<Producer> {
           cv_.wait_for(lock, std::chrono::milliseconds(20),
                        [&] { return stop_ || gets_ != asked; });
           break;
-        case tc::TakeStatus::kEmpty:
+        case tc::TakeStatus::kTimeout:
           break;
       }
     }

@@ -5,18 +5,18 @@
 
 namespace tailcut::detail {
 
-AckStatus HandleChecks::Check(const WorkItem& item, bool closed) const noexcept {
-  if (owner_.forked()) return AckStatus::kForked;
-  if (closed) return AckStatus::kClosed;
-  if (!finished_.Valid(item.lease) || item.generation == 0) return AckStatus::kInvalid;
-  if (finished_.Finished(item.lease, item.generation)) return AckStatus::kAlreadyDone;
-  return AckStatus::kOk;
+ItemStatus HandleChecks::Check(const WorkItem& item, bool closed) const noexcept {
+  if (owner_.forked()) return ItemStatus::kForked;
+  if (closed) return ItemStatus::kClosed;
+  if (!finished_.Valid(item.lease) || item.generation == 0) return ItemStatus::kInvalid;
+  if (finished_.Finished(item.lease, item.generation)) return ItemStatus::kAlreadyDone;
+  return ItemStatus::kOk;
 }
 
-AckStatus HandleChecks::Explain(const WorkItem& item, AckStatus status, bool finishes,
-                                bool reassignable) noexcept {
-  if (status == AckStatus::kOk && finishes) finished_.Record(item.lease, item.generation);
-  if (status == AckStatus::kStale && !reassignable) return AckStatus::kAlreadyDone;
+ItemStatus HandleChecks::Explain(const WorkItem& item, ItemStatus status, bool finishes,
+                                 bool reassignable) noexcept {
+  if (status == ItemStatus::kOk && finishes) finished_.Record(item.lease, item.generation);
+  if (status == ItemStatus::kStale && !reassignable) return ItemStatus::kAlreadyDone;
   return status;
 }
 

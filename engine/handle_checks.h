@@ -29,13 +29,13 @@ class HandleChecks {
     return forked || closed;
   }
   // kOk, or why a call about `item` is refused before it reaches the lease.
-  AckStatus Check(const WorkItem& item, bool closed) const noexcept;
+  ItemStatus Check(const WorkItem& item, bool closed) const noexcept;
   // What an item call returned, told apart: a refusal of an item this
   // process finished itself is kAlreadyDone, not kStale. `finishes`: an Ack
   // or GiveBack, remembered when it succeeds. `reassignable`: the queue has
   // a lease timeout (without one nothing takes a live process's item away).
-  AckStatus Explain(const WorkItem& item, AckStatus status, bool finishes,
-                    bool reassignable) noexcept;
+  ItemStatus Explain(const WorkItem& item, ItemStatus status, bool finishes,
+                     bool reassignable) noexcept;
 
   // WorkQueue::Dependent objects alive.
   void AddDependent(int delta) noexcept {

@@ -35,7 +35,7 @@ std::vector<FedBlockInfo> LocalFeed::Blocks(std::vector<std::vector<uint64_t>>* 
                    e.generation.load(std::memory_order_relaxed)};
     bool applied = e.applied.load(std::memory_order_acquire) == 1;
     // Never trust the segment: a block must lie inside the job.
-    if (!applied || b.first >= b.last || b.last > core_->total()) {
+    if (!applied || b.first >= b.last || b.last > table_->total()) {
       e.applied.store(0, std::memory_order_relaxed);
       e.first_plus1.store(0, std::memory_order_release);
       continue;
@@ -101,7 +101,7 @@ void LocalFeed::RaiseLimit(uint64_t to) noexcept {
 }
 
 bool LocalFeed::Grant(const FedBlockInfo& block, std::span<const uint64_t> tickets) noexcept {
-  if (block.first >= block.last || block.last > core_->total()) return false;
+  if (block.first >= block.last || block.last > table_->total()) return false;
   for (uint64_t t : tickets)
     if (t < block.first || t >= block.last) return false;
   // 1. Record the block (or find it again, for a repeated grant).
@@ -142,7 +142,7 @@ bool LocalFeed::Grant(const FedBlockInfo& block, std::span<const uint64_t> ticke
     // acq_rel: pairs with TrySweep's acquire load of sweeps_pending; the bits cleared above are
     // seen by its bitmap reads.
     seg_->counters().sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
-  core_->WakeWaiters();
+  table_->WakeWaiters();
   return true;
 }
 
@@ -150,10 +150,10 @@ std::vector<uint64_t> LocalFeed::Finished(std::span<const uint64_t> tickets) con
   // Leases before bits: an ack sets its bit before it frees its lease, so a
   // ticket seen neither held nor done is not finished yet, and one seen done
   // and not held is finished for good (a done ticket is never handed out).
-  std::vector<uint64_t> held = core_->HeldTickets();
+  std::vector<uint64_t> held = table_->HeldTickets();
   std::vector<uint64_t> finished;
   for (uint64_t t : tickets) {
-    if (t >= core_->total() || !seg_->IsDone(t)) continue;
+    if (t >= table_->total() || !seg_->IsDone(t)) continue;
     if (!std::binary_search(held.begin(), held.end(), t)) finished.push_back(t);
   }
   return finished;
@@ -185,8 +185,8 @@ int LocalFeed::Drop(const FedBlockInfo& block, std::span<const uint64_t> tickets
   // Take back the leases open on them: their owners' acks are refused, and
   // whoever claims the orphan sees the skip bit and completes it unread.
   int taken = 0;
-  for (uint64_t l = 0; l < core_->num_leases(); ++l) {
-    LeaseSlot& ls = seg_->lease(l);
+  for (uint64_t l = 0; l < table_->num_leases(); ++l) {
+    LeaseEntry& ls = seg_->lease(l);
     // acquire: pairs with the owner's CASes on the word, so the ticket read next is its own.
     uint64_t w = ls.word.load(std::memory_order_acquire);
     if (LeaseStateOf(w) != kLeaseOpen) continue;
@@ -194,18 +194,18 @@ int LocalFeed::Drop(const FedBlockInfo& block, std::span<const uint64_t> tickets
     // ReturnToOrphan fails if the lease moved on meanwhile.
     uint64_t t = ls.ticket.load(std::memory_order_relaxed);
     if (t < block.first || t >= block.last || !seg_->IsSkipped(t)) continue;
-    if (core_->ReturnToOrphan(ls, &w)) ++taken;
+    if (table_->ReturnToOrphan(ls, &w)) ++taken;
   }
-  if (taken > 0) core_->WakeWaiters();
+  if (taken > 0) table_->WakeWaiters();
   return taken;
 }
 
 void LocalFeed::End() noexcept {
-  RaiseLimit(core_->total());
+  RaiseLimit(table_->total());
   // release: pairs with AllDone's acquire load of fed_end: the skip bits set by RaiseLimit are
   // seen there.
   seg_->counters().fed_end.store(1, std::memory_order_release);
-  core_->WakeWaiters();
+  table_->WakeWaiters();
 }
 
 bool LocalFeed::ended() const noexcept {
@@ -221,7 +221,7 @@ void LocalFeed::Lose(uint32_t reason) noexcept {
   // (1) stays ended, and the first reason stays.
   seg_->counters().fed_end.compare_exchange_strong(expected, kFedLost | (reason & 0xff),
                                                    std::memory_order_seq_cst);
-  core_->WakeWaiters();
+  table_->WakeWaiters();
 }
 
 bool LocalFeed::BindRun(uint64_t run) noexcept {

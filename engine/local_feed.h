@@ -29,7 +29,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/queue_core.h"
+#include "engine/lease.h"
 #include "engine/segment.h"
 #include "tailcut/export.h"
 
@@ -47,7 +47,7 @@ inline constexpr uint32_t kFedLost = 0x100;
 
 class TAILCUT_EXPORT LocalFeed {
  public:
-  LocalFeed(Segment* segment, QueueCore* core) : seg_(segment), core_(core) {}
+  LocalFeed(Segment* segment, LeaseTable* table) : seg_(segment), table_(table) {}
 
   enum class Lead { kFollowing, kLeading, kTookOver };
   // Tries to become the host's feeder. kTookOver: the previous one died.
@@ -101,7 +101,7 @@ class TAILCUT_EXPORT LocalFeed {
   // Wakes a feeder in WaitForDemand (any process's: it looks and sleeps again).
   void WakeFeeder() noexcept;
   // The job's tickets (num_items * num_epochs).
-  uint64_t total() const noexcept { return core_->total(); }
+  uint64_t total() const noexcept { return table_->total(); }
 
  private:
   void SetSkip(uint64_t ticket, bool skip) noexcept;
@@ -111,7 +111,7 @@ class TAILCUT_EXPORT LocalFeed {
   void RaiseLimit(uint64_t to) noexcept;
 
   Segment* seg_;
-  QueueCore* core_;
+  LeaseTable* table_;
 };
 
 }  // namespace tailcut::detail

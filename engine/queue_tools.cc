@@ -7,8 +7,10 @@
 #include <cstring>
 
 #include "engine/config.h"
-#include "engine/queue_core.h"
+#include "engine/housekeeper.h"
+#include "engine/lease.h"
 #include "engine/segment.h"
+#include "engine/segment_config.h"
 #include "tailcut/work_queue.h"
 
 namespace tailcut {
@@ -19,7 +21,8 @@ namespace {
 
 struct Opened {
   std::unique_ptr<Segment> segment;
-  std::unique_ptr<QueueCore> core;
+  std::unique_ptr<LeaseTable> table;
+  std::unique_ptr<Housekeeper> keeper;
 };
 
 // Opens and fully validates a queue that is READY, without waiting for a
@@ -32,8 +35,9 @@ Opened OpenForTools(const std::string& name) {
   Opened o;
   o.segment = std::move(a.segment);
   const Header& h = o.segment->header();
-  o.core = std::make_unique<QueueCore>(o.segment.get(), ReadItems(*o.segment), h.num_epochs, h.seed,
-                                       h.shuffle != 0);
+  o.table = std::make_unique<LeaseTable>(o.segment.get(), ReadItems(*o.segment), h.num_epochs,
+                                         h.seed, h.shuffle != 0);
+  o.keeper = std::make_unique<Housekeeper>(o.table.get());
   return o;
 }
 
@@ -61,8 +65,8 @@ std::vector<QueueListing> ListQueues() {
       const Header& h = o.segment->header();
       q.created_unix_ns = h.created_unix_ns;
       q.lease_timeout_ms = h.lease_timeout_ms;
-      q.live_clients = o.core->LiveClients(kNoOwner);
-      q.finished = o.core->AllDone();
+      q.live_clients = o.keeper->LiveClients(kNoOwner);
+      q.finished = o.keeper->AllDone();
       // A finished queue is kept only for processes that have yet to join.
       q.kept_reason = KeepReasonText(
           q.finished ? 0 : o.segment->counters().keep_reasons.load(std::memory_order_relaxed),
@@ -80,15 +84,15 @@ std::vector<QueueListing> ListQueues() {
 
 QueueStats InspectQueue(const std::string& name) {
   Opened o = OpenForTools(name);
-  o.core->CheckClients(kNoOwner);
-  return o.core->Stats(name);
+  o.keeper->CheckClients(kNoOwner);
+  return o.keeper->Stats(name);
 }
 
 void RemoveQueue(const std::string& name, bool force) {
   ValidateQueueName(name);
   try {
     Opened o = OpenForTools(name);
-    std::vector<int> pids = o.core->LivePids(kNoOwner);
+    std::vector<int> pids = o.keeper->LivePids(kNoOwner);
     if (!pids.empty() && !force) {
       std::string list;
       for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);

@@ -17,44 +17,45 @@ enum class OffsetMove {
 
 // Moves `word` of the lease held by `ours` to `offset` as `move` says.
 // kStale when its tag is not ours: the lease is being handed on.
-AckStatus MoveOffsetWord(SharedAtomic<uint64_t>& word, uint64_t ours, uint64_t offset,
-                         OffsetMove move) noexcept {
+ItemStatus MoveOffsetWord(SharedAtomic<uint64_t>& word, uint64_t ours, uint64_t offset,
+                          OffsetMove move) noexcept {
   // acquire: pairs with the acq_rel CASes of the word (the owner's other calls, and RetagFloor);
   // the CAS below decides.
   uint64_t w = word.load(std::memory_order_acquire);
   for (;;) {
     uint64_t at = 0;
-    if (!ProgressOffset(w, ours, &at)) return AckStatus::kStale;
+    if (!ProgressOffset(w, ours, &at)) return ItemStatus::kStale;
     const bool committed = IsCommitted(w);
-    if (move == OffsetMove::kProgress && committed) return AckStatus::kOk;
+    if (move == OffsetMove::kProgress && committed) return ItemStatus::kOk;
     const uint64_t next = move == OffsetMove::kCommit && !committed ? offset : std::max(at, offset);
     const uint64_t desired = ProgressWord(next, ours, committed || move == OffsetMove::kCommit);
-    if (desired == w) return AckStatus::kOk;
+    if (desired == w) return ItemStatus::kOk;
     // acq_rel: pairs with RetagFloor's CAS of the floor: either ours lands first and the item
     // resumes there, or its retag makes ours fail and the caller hears kStale.
-    if (word.compare_exchange_weak(w, desired, std::memory_order_acq_rel)) return AckStatus::kOk;
+    if (word.compare_exchange_weak(w, desired, std::memory_order_acq_rel)) return ItemStatus::kOk;
   }
 }
 
 // The checks Progress and Commit share: the lease is still held by `ours`,
 // and offset lies in it, on a record boundary where the format says.
-AckStatus CheckOffset(const LeaseSlot& ls, uint64_t ours, uint64_t offset,
-                      uint64_t record_bytes) noexcept {
+ItemStatus CheckOffset(const LeaseEntry& ls, uint64_t ours, uint64_t offset,
+                       uint64_t record_bytes) noexcept {
   // acquire: pairs with the CASes that may have moved the lease on (ReturnToOrphan, ReassignHung
-  // in queue_core.cc); a write that lands after them is caught by the tags of the offset words.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
+  // in lease.cc and housekeeper.cc); a write that lands after them is caught by the tags of the
+  // offset words.
+  if (ls.word.load(std::memory_order_acquire) != ours) return ItemStatus::kStale;
   // An offset past the end would make a checkpoint skip the rest of the
   // item. The lease's own range, not the caller's copy of it, is the item.
   // relaxed: written before the word CAS that made the lease ours.
   const uint64_t begin = ls.begin.load(std::memory_order_relaxed);
   const uint64_t end = ls.end.load(std::memory_order_relaxed);
-  if (offset < begin || offset > end) return AckStatus::kOutOfRange;
+  if (offset < begin || offset > end) return ItemStatus::kOutOfRange;
   // Fixed-size records start at multiples of their size: anything else
   // would resume mid-record. The range's own ends are always fine (a slice
   // owns the records that start in it).
   if (record_bytes != 0 && offset % record_bytes != 0 && offset != begin && offset != end)
-    return AckStatus::kOutOfRange;
-  return AckStatus::kOk;
+    return ItemStatus::kOutOfRange;
+  return ItemStatus::kOk;
 }
 
 // The floor's offset as a reader of the lease word `word` may trust it:
@@ -84,26 +85,26 @@ uint64_t FixedRecordBytes(std::string_view tag) noexcept {
   return n;
 }
 
-AckStatus RecordProgress(LeaseSlot& ls, uint64_t ours, uint64_t offset,
-                         uint64_t record_bytes) noexcept {
-  if (AckStatus s = CheckOffset(ls, ours, offset, record_bytes); s != AckStatus::kOk) return s;
+ItemStatus RecordProgress(LeaseEntry& ls, uint64_t ours, uint64_t offset,
+                          uint64_t record_bytes) noexcept {
+  if (ItemStatus s = CheckOffset(ls, ours, offset, record_bytes); s != ItemStatus::kOk) return s;
   return MoveOffsetWord(ls.progress, ours, offset, OffsetMove::kProgress);
 }
 
-AckStatus RecordCommit(LeaseSlot& ls, uint64_t ours, uint64_t offset,
-                       uint64_t record_bytes) noexcept {
-  if (AckStatus s = CheckOffset(ls, ours, offset, record_bytes); s != AckStatus::kOk) return s;
+ItemStatus RecordCommit(LeaseEntry& ls, uint64_t ours, uint64_t offset,
+                        uint64_t record_bytes) noexcept {
+  if (ItemStatus s = CheckOffset(ls, ours, offset, record_bytes); s != ItemStatus::kOk) return s;
   // The progress word first: from now on the owner's Progress no longer
   // moves a checkpoint (read is not delivered). Then the floor: a crash, a
   // give-back or a lease timeout resumes there. Between the two a
   // checkpoint resumes lower, which repeats, never skips.
-  if (AckStatus s = MoveOffsetWord(ls.progress, ours, offset, OffsetMove::kCommit);
-      s != AckStatus::kOk)
+  if (ItemStatus s = MoveOffsetWord(ls.progress, ours, offset, OffsetMove::kCommit);
+      s != ItemStatus::kOk)
     return s;
   return MoveOffsetWord(ls.floor, ours, offset, OffsetMove::kFloor);
 }
 
-bool RetagFloor(LeaseSlot& ls, uint64_t expected, uint64_t orphan, uint64_t begin) noexcept {
+bool RetagFloor(LeaseEntry& ls, uint64_t expected, uint64_t orphan, uint64_t begin) noexcept {
   // acquire: pairs with the owner's acq_rel CASes of the floor (RecordCommit); the CAS decides.
   uint64_t f = ls.floor.load(std::memory_order_acquire);
   for (;;) {

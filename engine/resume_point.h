@@ -39,16 +39,16 @@ uint64_t FixedRecordBytes(std::string_view format_tag) noexcept;
 // holds by the OPEN word `ours`; record_bytes as FixedRecordBytes. kStale
 // when the lease moved on (or is being handed on), kOutOfRange when offset
 // lies outside the lease's [begin, end] or inside a fixed-size record.
-AckStatus RecordProgress(LeaseSlot& ls, uint64_t ours, uint64_t offset,
-                         uint64_t record_bytes) noexcept;
-AckStatus RecordCommit(LeaseSlot& ls, uint64_t ours, uint64_t offset,
-                       uint64_t record_bytes) noexcept;
+ItemStatus RecordProgress(LeaseEntry& ls, uint64_t ours, uint64_t offset,
+                          uint64_t record_bytes) noexcept;
+ItemStatus RecordCommit(LeaseEntry& ls, uint64_t ours, uint64_t offset,
+                        uint64_t record_bytes) noexcept;
 
 // Retags the floor of the lease held by `expected` for `orphan`, the word
 // it is about to be handed back by (ReturnToOrphan), so that a late Commit
 // of a paused owner either landed before and counts, or fails. A floor of
 // another tag resumes at `begin`. False if the lease moved on meanwhile.
-bool RetagFloor(LeaseSlot& ls, uint64_t expected, uint64_t orphan, uint64_t begin) noexcept;
+bool RetagFloor(LeaseEntry& ls, uint64_t expected, uint64_t orphan, uint64_t begin) noexcept;
 
 // Where SaveState resumes a lease it read as (word, begin, floor, progress):
 // the floor, raised by an OPEN lease's progress until its owner commits.

@@ -76,11 +76,11 @@ Geometry ComputeGeometry(uint64_t num_files, uint64_t num_items, uint64_t total_
   g.cursor = off;
   off = AlignUp(off + sizeof(Cursor));
   g.clients = off;
-  off = AlignUp(off + sizeof(ClientSlot) * max_clients);
+  off = AlignUp(off + sizeof(ClientEntry) * max_clients);
   g.steps = off;
-  off = AlignUp(off + sizeof(StepSlot) * max_clients);
+  off = AlignUp(off + sizeof(StepEntry) * max_clients);
   g.leases = off;
-  off = AlignUp(off + sizeof(LeaseSlot) * g.num_leases());
+  off = AlignUp(off + sizeof(LeaseEntry) * g.num_leases());
   g.files = off;
   off = AlignUp(off + sizeof(FileEntry) * num_files);
   g.items = off;

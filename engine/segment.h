@@ -102,9 +102,9 @@ class Segment {
   Header& header() const { return *reinterpret_cast<Header*>(base_); }
   Counters& counters() const { return *At<Counters>(geometry_.counters); }
   Cursor& cursor() const { return *At<Cursor>(geometry_.cursor); }
-  ClientSlot& client(uint64_t i) const { return At<ClientSlot>(geometry_.clients)[i]; }
-  StepSlot& step(uint64_t i) const { return At<StepSlot>(geometry_.steps)[i]; }
-  LeaseSlot& lease(uint64_t i) const { return At<LeaseSlot>(geometry_.leases)[i]; }
+  ClientEntry& client(uint64_t i) const { return At<ClientEntry>(geometry_.clients)[i]; }
+  StepEntry& step(uint64_t i) const { return At<StepEntry>(geometry_.steps)[i]; }
+  LeaseEntry& lease(uint64_t i) const { return At<LeaseEntry>(geometry_.leases)[i]; }
   FileEntry& file(uint64_t i) const { return At<FileEntry>(geometry_.files)[i]; }
   ItemEntry& item(uint64_t i) const { return At<ItemEntry>(geometry_.items)[i]; }
   char* path_bytes() const { return At<char>(geometry_.paths); }
@@ -113,7 +113,7 @@ class Segment {
   }
   bool IsDone(uint64_t ticket) const {
     // acquire: pairs with FinishAck's acq_rel fetch_or of the bit
-    // (queue_core.cc).
+    // (lease.cc).
     return (done_word(ticket / 64).load(std::memory_order_acquire) >> (ticket % 64)) & 1;
   }
   // A fed queue only (geometry().fed): tickets this host must not hand out,

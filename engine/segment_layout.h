@@ -5,12 +5,12 @@
 // is bounds-checked before use. Offsets are never stored: an attacher
 // recomputes them from the counts and checks they match the object's size.
 //
-//   Header | Counters | Cursor | ClientSlot[max_clients] | StepSlot[max_clients]
-//   | LeaseSlot[max_clients * leases_per_client]
+//   Header | Counters | Cursor | ClientEntry[max_clients] | StepEntry[max_clients]
+//   | LeaseEntry[max_clients * leases_per_client]
 //   | FileEntry[num_files] | ItemEntry[num_items] | path bytes | done bitmap (u64 words)
 //   [ | FedBlock[kFedBlocks] | skip bitmap (u64 words) ]   only in a fed queue
 //
-// Invariants (the numbers are referred to in work_queue.cc):
+// Invariants (the numbers are referred to in lease.cc and housekeeper.cc):
 //  I1. Ticket t in [0, total) is handed out by the cursor at most once: the
 //      cursor only grows (fetch_add).
 //  I2. A ticket's done bit is set at most once per item completion and never
@@ -37,7 +37,7 @@
 //      trylock gets EOWNERDEAD and recovers it exactly once; a recoverer that
 //      dies passes EOWNERDEAD on to the next).
 //
-// Memory order, in short (each operation in queue_core.cc and work_queue.cc
+// Memory order, in short (each operation in lease.cc and housekeeper.cc
 // names its partner): a lease's fields are written only by its holder and
 // published by the release half of the CAS on its word, or by the release
 // store of its ticket, which is written last; whoever reads them acquires
@@ -284,7 +284,7 @@ enum KeepReason : uint32_t { kKeepRequested = 1, kKeepCrashed = 2 };
 // state: release stores (Register, Close, RecoverClient) pair with the
 // acquire loads of whoever checks a client's life; the life mutex decides.
 // The other fields are statistics and time stamps, relaxed.
-struct alignas(kCacheLine) ClientSlot {
+struct alignas(kCacheLine) ClientEntry {
   pthread_mutex_t life;          // held by the client's holder thread (I5)
   SharedAtomic<uint32_t> state;  // ClientState
   SharedAtomic<int32_t> pid;
@@ -307,7 +307,7 @@ struct alignas(kCacheLine) ClientSlot {
 // `decided`. A rank waits for all at every step, so it is at most one step
 // ahead of any other: a laggard reads its decision instead of guessing.
 // Both words are seq_cst on every access (AgreeStep).
-struct alignas(kCacheLine) StepSlot {
+struct alignas(kCacheLine) StepEntry {
   SharedAtomic<uint64_t> word;
   SharedAtomic<uint64_t> decided;
 };
@@ -318,12 +318,12 @@ struct alignas(kCacheLine) StepSlot {
 // (TakeOnce, TrySplit, PublishOrphan), loaded with acquire by recoverers,
 // sweeps and reassigners, which may read a TAKING lease before its word
 // changes. extent: changed only by acq_rel CAS (Claim, TrySplit, FinishAck,
-// SettleSplit, ClaimOrphan). flags: see ReadTicketAndFlags (queue_core.h).
+// SettleSplit, ClaimOrphan). flags: see ReadTicketAndFlags (lease.h).
 // floor and progress: stored by whoever fills the lease (with the fields
 // above), then changed only by acq_rel CAS (Progress, Commit, and
 // ReturnToOrphan, which retags the floor for the orphan word, so that a late
 // Commit of a paused owner either counts or fails); see ProgressWord.
-struct alignas(kCacheLine) LeaseSlot {
+struct alignas(kCacheLine) LeaseEntry {
   SharedAtomic<uint64_t> word;
   SharedAtomic<uint64_t> ticket;
   SharedAtomic<uint64_t> begin;
@@ -334,7 +334,7 @@ struct alignas(kCacheLine) LeaseSlot {
   SharedAtomic<uint32_t> flags;
   SharedAtomic<uint64_t> floor;  // resume offset when handed out again: ProgressWord
 };
-static_assert(sizeof(LeaseSlot) == kCacheLine, "a lease fills one cache line");
+static_assert(sizeof(LeaseEntry) == kCacheLine, "a lease fills one cache line");
 
 // A block of tickets a fed queue's feeder holds from the cross-host tier,
 // recorded so that a feeder that takes over after a death can renew and

@@ -8,10 +8,10 @@
 
 namespace tailcut::detail {
 
-void ScanState(const QueueCore& core, const std::string& name, SavedState* state) {
+void ScanState(const LeaseTable& table, const std::string& name, SavedState* state) {
   SavedState& s = *state;
-  Segment& seg = core.segment();
-  uint64_t total = core.total();
+  Segment& seg = table.segment();
+  uint64_t total = table.total();
   // acquire: pairs with the release half of TakeOnce's fetch_add and
   // ApplyRestore's store: the leases reserved below it are seen by the scan.
   s.cursor = std::min(seg.cursor().next_ticket.load(std::memory_order_acquire), total);
@@ -33,14 +33,14 @@ void ScanState(const QueueCore& core, const std::string& name, SavedState* state
              anchor = 0;
     uint32_t flags = 0;
   };
-  const uint64_t num_leases = core.num_leases();
+  const uint64_t num_leases = table.num_leases();
   std::vector<Seen> seen(num_leases);
   std::vector<uint64_t> acking;
   for (int scan = 0;; ++scan) {
     // seq_cst: pairs with TrySplit's two seq_cst bumps (see above).
     uint64_t split_seq = seg.counters().split_seq.load(std::memory_order_seq_cst);
     for (uint64_t l = 0; l < num_leases; ++l) {
-      LeaseSlot& ls = seg.lease(l);
+      LeaseEntry& ls = seg.lease(l);
       Seen& v = seen[l];
       for (;;) {
         // acquire: pairs with the owners' CASes on the word, made after the
@@ -68,7 +68,7 @@ void ScanState(const QueueCore& core, const std::string& name, SavedState* state
     for (uint64_t l = 0; l < num_leases && still; ++l) {
       Seen& v = seen[l];
       if (LeaseStateOf(v.word) != kLeaseTaking || !(v.flags & kLeasePiece)) continue;
-      LeaseSlot& ls = seg.lease(l);
+      LeaseEntry& ls = seg.lease(l);
       still = ReadTicketAndFlags(ls, &v.ticket, &v.flags);
       v.anchor = ls.anchor.load(std::memory_order_relaxed);
       v.begin = ls.begin.load(std::memory_order_relaxed);
@@ -100,13 +100,13 @@ void ScanState(const QueueCore& core, const std::string& name, SavedState* state
         s.pieces.push_back({v.ticket, v.begin, v.end});
     } else if (state == kLeaseTaking && !(seg.IsDone(v.ticket) && !(v.flags & kLeasePreset))) {
       const WorkQueue::Item& item =
-          core.items()[core.ItemAt(v.ticket / s.num_items, v.ticket % s.num_items)];
+          table.items()[table.ItemAt(v.ticket / s.num_items, v.ticket % s.num_items)];
       s.pieces.push_back({v.ticket, item.begin, item.end});
     }
   }
   uint64_t words = (s.cursor + 63) / 64;
   std::vector<uint64_t> bits(words);
-  // acquire: pairs with FinishAck's acq_rel fetch_or (queue_core.cc); read
+  // acquire: pairs with FinishAck's acq_rel fetch_or (lease.cc); read
   // after the leases (see above).
   for (uint64_t i = 0; i < words; ++i) bits[i] = seg.done_word(i).load(std::memory_order_acquire);
   // Only tickets below the cursor: one taken after we read it is handed

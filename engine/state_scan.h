@@ -10,14 +10,14 @@
 #include <string>
 
 #include "engine/checkpoint.h"
-#include "engine/queue_core.h"
+#include "engine/lease.h"
 
 namespace tailcut::detail {
 
 // Fills cursor, low, words and pieces of *state; the caller fills the rest
 // (fingerprint, num_items, num_epochs, seed). `name` is the queue's, for
 // the message. Throws tailcut::Error (kTimeout: tails kept being split).
-void ScanState(const QueueCore& core, const std::string& name, SavedState* state);
+void ScanState(const LeaseTable& table, const std::string& name, SavedState* state);
 
 }  // namespace tailcut::detail
 

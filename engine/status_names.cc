@@ -9,8 +9,8 @@ const char* TakeStatusName(TakeStatus status) noexcept {
       return "ok";
     case TakeStatus::kEnd:
       return "end";
-    case TakeStatus::kEmpty:
-      return "empty";
+    case TakeStatus::kTimeout:
+      return "timeout";
     case TakeStatus::kLimit:
       return "lease limit";
     case TakeStatus::kClosed:
@@ -43,21 +43,21 @@ const char* StepStatusName(StepStatus status) noexcept {
   return "?";
 }
 
-const char* AckStatusName(AckStatus status) noexcept {
+const char* ItemStatusName(ItemStatus status) noexcept {
   switch (status) {
-    case AckStatus::kOk:
+    case ItemStatus::kOk:
       return "ok";
-    case AckStatus::kStale:
+    case ItemStatus::kStale:
       return "stale";
-    case AckStatus::kInvalid:
+    case ItemStatus::kInvalid:
       return "invalid";
-    case AckStatus::kOutOfRange:
+    case ItemStatus::kOutOfRange:
       return "out of range";
-    case AckStatus::kAlreadyDone:
+    case ItemStatus::kAlreadyDone:
       return "already done";
-    case AckStatus::kClosed:
+    case ItemStatus::kClosed:
       return "closed";
-    case AckStatus::kForked:
+    case ItemStatus::kForked:
       return "forked";
   }
   return "?";

@@ -18,11 +18,13 @@
 #include "engine/feeder.h"
 #include "engine/futex.h"
 #include "engine/handle_checks.h"
+#include "engine/housekeeper.h"
+#include "engine/lease.h"
 #include "engine/local_feed.h"
-#include "engine/queue_core.h"
 #include "engine/resume_point.h"
 #include "engine/robust_mutex.h"
 #include "engine/segment.h"
+#include "engine/segment_config.h"
 #include "engine/state_scan.h"
 #include "engine/step_barrier.h"
 
@@ -56,15 +58,27 @@ class WorkQueue::Impl {
   void Open();
   TakeStatus Take(WorkItem* item, bool wait,
                   std::chrono::steady_clock::time_point deadline) noexcept;
-  AckStatus Ack(const WorkItem& item) noexcept;
-  AckStatus GiveBack(const WorkItem& item) noexcept;
-  AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept;
-  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
-  AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
+  // The item calls: kInvalid unless the queue is open and its table has the
+  // item's lease; then the lease's transition (lease.h).
+  ItemStatus Ack(const WorkItem& item) noexcept {
+    return Valid(item) ? leases_->Ack(item) : ItemStatus::kInvalid;
+  }
+  ItemStatus GiveBack(const WorkItem& item) noexcept {
+    return Valid(item) ? leases_->GiveBack(item) : ItemStatus::kInvalid;
+  }
+  ItemStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+    return Valid(item) ? leases_->Progress(item, offset, records) : ItemStatus::kInvalid;
+  }
+  ItemStatus Commit(const WorkItem& item, uint64_t offset) noexcept {
+    return Valid(item) ? leases_->Commit(item, offset) : ItemStatus::kInvalid;
+  }
+  ItemStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+    return Valid(item) ? leases_->Claim(item, up_to, end) : ItemStatus::kInvalid;
+  }
   StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                        std::chrono::steady_clock::time_point deadline) noexcept;
   std::string SaveState() const;
-  QueueStats Stats() const { return core_->Stats(options_.name); }
+  QueueStats Stats() const { return keeper_->Stats(options_.name); }
   std::string JobLossMessage() const { return closed_ || !feeder_ ? "" : feeder_->LossMessage(); }
   void Close() noexcept;
 
@@ -73,15 +87,15 @@ class WorkQueue::Impl {
     return std::chrono::milliseconds(timeout_ns_ / 1000000);
   }
   const QueueConfig& config() const { return config_; }
-  const QueueCore& core() const { return *core_; }
+  const LeaseTable& table() const { return *table_; }
   bool closed() const { return closed_; }
   void UnmapForked() noexcept { segment_.reset(); }
   HandleChecks handle;  // fork, second acks, Dependents: the public calls use it
   // An item call behind the handle's checks (handle_checks.h).
   template <typename Call>
-  AckStatus ItemCall(const WorkItem& item, bool finishes, Call call) noexcept {
-    AckStatus s = handle.Check(item, closed_);
-    return s != AckStatus::kOk ? s : handle.Explain(item, call(), finishes, timeout_ns_ > 0);
+  ItemStatus ItemCall(const WorkItem& item, bool finishes, Call call) noexcept {
+    ItemStatus s = handle.Check(item, closed_);
+    return s != ItemStatus::kOk ? s : handle.Explain(item, call(), finishes, timeout_ns_ > 0);
   }
 
  private:
@@ -95,29 +109,25 @@ class WorkQueue::Impl {
   bool TryCreate(const Geometry& g);
   bool TryAttach();
   void Register();  // admin held
+  bool Valid(const WorkItem& item) const noexcept {
+    return !closed_ && item.lease < table_->num_leases();
+  }
   void ApplyRestore(const SavedState& state);
-  bool TakeOnce(WorkItem* out, bool* limit) noexcept;
-  // A fed queue's next ticket below the cursor's limit, or kNoTicket.
-  uint64_t NextFedTicket() noexcept;
-  bool ClaimOrphan(WorkItem* out) noexcept;
-  bool TrySplit(WorkItem* out) noexcept;
-  // Bytes acked per busy nanosecond of a client, 0 if not known yet.
-  double ClientRate(uint64_t slot) const noexcept;
-  // Reserves a FREE lease of our region as TAKING. Returns false if none.
-  bool ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept;
-  void FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket, uint64_t begin,
-                uint64_t end, uint64_t index = kNoTicket) const noexcept;
+  // Makes the table and its housekeeper over segment_.
+  void MakeTable(std::vector<WorkQueue::Item> items, uint64_t num_epochs, uint64_t seed,
+                 bool shuffle);
   void Housekeep() noexcept;
-  ClientSlot& me() const { return segment_->client(slot_); }
+  ClientEntry& me() const { return segment_->client(slot_); }
 
   WorkQueueOptions options_;
   QueueConfig config_;
   std::unique_ptr<Segment> segment_;
-  std::unique_ptr<QueueCore> core_;
+  std::unique_ptr<LeaseTable> table_;
+  std::unique_ptr<Housekeeper> keeper_;
+  std::unique_ptr<ClientLeases> leases_;  // once registered
   LifeHolder holder_;
   SavedState restore_;
   uint64_t slot_ = kNoOwner;
-  uint64_t lease_base_ = 0;
   uint64_t timeout_ns_ = 0;
   // How often a busy Take looks after others, and the longest sleep at the
   // end of the data: half a short lease timeout, so that it is acted on in
@@ -125,11 +135,6 @@ class WorkQueue::Impl {
   uint64_t housekeeping_ns_ = kHousekeepingNs;
   uint64_t wait_slice_ns_ = kWaitSliceNs;
   std::atomic<uint64_t> next_housekeeping_ns_{0};
-  std::atomic<uint64_t> orphan_scan_start_{0};
-  // orphan_seq as read before this process's last scan that found no
-  // orphan (none at first): every orphan published up to it was visible to
-  // that scan, so the leases need scanning again only once it moves.
-  std::atomic<uint64_t> no_orphans_at_seq_{~uint64_t{0}};
   // A job across hosts: the tier's feeder (its thread runs while open) and
   // the queue's side of it.
   std::unique_ptr<Feeder> feeder_;
@@ -153,7 +158,7 @@ void WorkQueue::Impl::Open() {
     config_.fed = true;
     config_.seed = feeder_->seed();
     config_.seed_explicit = true;
-    options_.name += "." + ResolveHostId(options_);
+    options_.name.append(".").append(ResolveHostId(options_));
     options_.restore_state.clear();  // the tier's state: the feeder restored it
   }
   if (!options_.restore_state.empty()) {
@@ -194,7 +199,7 @@ void WorkQueue::Impl::Open() {
       }
       closed_ = false;
       if (feeder_) {
-        feed_ = std::make_unique<LocalFeed>(segment_.get(), core_.get());
+        feed_ = std::make_unique<LocalFeed>(segment_.get(), table_.get());
         try {
           feeder_->Start(feed_.get());
         } catch (...) {
@@ -238,8 +243,7 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
   }
   WriteLayout(segment_.get(), config_, g);
   h.lease_timeout_ms = static_cast<uint64_t>(options_.lease_timeout.count());
-  core_ = std::make_unique<QueueCore>(segment_.get(), config_.items, config_.num_epochs,
-                                      config_.seed, config_.shuffle);
+  MakeTable(config_.items, config_.num_epochs, config_.seed, config_.shuffle);
   if (restoring) {
     try {
       ApplyRestore(restore_);
@@ -260,6 +264,13 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
   return true;
 }
 
+void WorkQueue::Impl::MakeTable(std::vector<WorkQueue::Item> items, uint64_t num_epochs,
+                                uint64_t seed, bool shuffle) {
+  table_ =
+      std::make_unique<LeaseTable>(segment_.get(), std::move(items), num_epochs, seed, shuffle);
+  keeper_ = std::make_unique<Housekeeper>(table_.get());
+}
+
 void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
   Segment& seg = *segment_;
   uint64_t first_word = s.low / 64;
@@ -275,9 +286,7 @@ void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
   uint64_t lease = 0;
   for (const Piece& p : s.pieces) {
     if (p.ticket >= s.cursor) continue;
-    uint64_t epoch = p.ticket / core_->num_items();
-    const WorkQueue::Item& item =
-        config_.items[core_->ItemAt(epoch, p.ticket % core_->num_items())];
+    const WorkQueue::Item& item = table_->ItemOf(p.ticket);
     if (p.begin < item.begin || p.end > item.end)
       throw Error(ErrorKind::kCorrupt, "queue '" + options_.name +
                                            "': restore_state has a piece of "
@@ -293,18 +302,18 @@ void WorkQueue::Impl::ApplyRestore(const SavedState& s) {
     seg.done_word(p.ticket / 64)
         .fetch_or(uint64_t{1} << (p.ticket % 64), std::memory_order_relaxed);
     if (p.begin >= p.end) continue;  // consumed to its end: done
-    if (lease >= core_->num_leases())
+    if (lease >= table_->num_leases())
       throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "': restore_state has " +
                                                    std::to_string(s.pieces.size()) +
                                                    " open items but this queue has room for " +
-                                                   std::to_string(core_->num_leases()) +
+                                                   std::to_string(table_->num_leases()) +
                                                    "; raise max_clients or leases_per_client");
     uint64_t w = seg.lease(lease).word.load(std::memory_order_relaxed);
-    core_->PublishOrphan(lease, w, p.ticket, p.begin, p.end, kLeasePreset);
+    table_->PublishOrphan(lease, w, p.ticket, p.begin, p.end, kLeasePreset);
     ++lease;
   }
   // release: pairs with the acquire loads of the cursor in AllDone, TrySweep,
-  // Stats (queue_core.cc) and SaveState. Joiners see all of the above through
+  // Stats (housekeeper.cc) and SaveState. Joiners see all of the above through
   // TryCreate's release store of READY in any case.
   seg.cursor().next_ticket.store(s.low, std::memory_order_release);
 }
@@ -343,9 +352,8 @@ bool WorkQueue::Impl::TryAttach() {
   segment_ = std::move(a.segment);
   Header& h = segment_->header();
   RobustLock& admin = *a.admin;
-  core_ = std::make_unique<QueueCore>(segment_.get(), ReadItems(*segment_), h.num_epochs, h.seed,
-                                      h.shuffle != 0);
-  int live = core_->LiveClients(kNoOwner, /*admin_held=*/true);
+  MakeTable(ReadItems(*segment_), h.num_epochs, h.seed, h.shuffle != 0);
+  int live = keeper_->LiveClients(kNoOwner, /*admin_held=*/true);
   auto replace = [&](const std::string& why) {
     segment_->UnlinkIfSame();
     // release: pairs with the acquire load of state in AttachSegment
@@ -353,7 +361,8 @@ bool WorkQueue::Impl::TryAttach() {
     // sees REMOVED and starts over.
     h.state.store(kRemoved, std::memory_order_release);
     Notice("queue '" + options_.name + "': " + why);
-    core_.reset();
+    keeper_.reset();
+    table_.reset();
     admin.Unlock();
     segment_.reset();
     return false;
@@ -367,7 +376,7 @@ bool WorkQueue::Impl::TryAttach() {
           "configuration: " +
           std::string(e.what()).substr(0, std::string(e.what()).find(". Use")));
     }
-    QueueStats st = core_->Stats(options_.name);
+    QueueStats st = keeper_->Stats(options_.name);
     // A queue started from this same state belongs to this job (its first
     // processes may have finished before we came): join it.
     if (!options_.restore_state.empty() &&
@@ -375,9 +384,9 @@ bool WorkQueue::Impl::TryAttach() {
             (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
       return replace(
           "replacing a stale queue (all its processes are gone) to start from restore_state");
-    if (core_->AllDone() && st.clients_joined >= h.num_clients)
+    if (keeper_->AllDone() && st.clients_joined >= h.num_clients)
       return replace("replacing a finished queue left behind by an earlier run");
-    if (st.clients_joined > 0 && !core_->AllDone())
+    if (st.clients_joined > 0 && !keeper_->AllDone())
       Notice("queue '" + options_.name +
              "': resuming a stale queue (all its processes are gone): " + std::to_string(st.done) +
              " of " + std::to_string(st.total) + " items done");
@@ -415,7 +424,7 @@ bool WorkQueue::Impl::TryAttach() {
   // Never trust a segment: a lease no client can finish would keep every
   // Take waiting at the end of the data.
   std::vector<std::string> repaired;
-  if (core_->RepairLeases(slot_, /*admin_held=*/true, /*just_registered=*/true, &repaired) > 0) {
+  if (keeper_->RepairLeases(slot_, /*admin_held=*/true, /*just_registered=*/true, &repaired) > 0) {
     std::string list;
     for (const std::string& r : repaired) list += (list.empty() ? "" : "; ") + r;
     Notice("queue '" + options_.name + "': segment " + segment_->path() +
@@ -428,9 +437,9 @@ bool WorkQueue::Impl::TryAttach() {
 void WorkQueue::Impl::Register() {
   Geometry g = segment_->geometry();
   for (uint64_t s = 0; s < g.max_clients; ++s) {
-    ClientSlot& cs = segment_->client(s);
+    ClientEntry& cs = segment_->client(s);
     // acquire: pairs with the release stores of FREE in Close and
-    // RecoverClient (queue_core.cc): a slot seen FREE had its leases returned
+    // RecoverClient (housekeeper.cc): a slot seen FREE had its leases returned
     // or recovered. A filter only: locking the slot's life mutex decides.
     if (cs.state.load(std::memory_order_acquire) != kClientFree) continue;
     if (!holder_.Start(&cs.life)) continue;
@@ -442,435 +451,20 @@ void WorkQueue::Impl::Register() {
     cs.joined_ns.store(now, std::memory_order_relaxed);
     cs.last_progress_ns.store(now, std::memory_order_relaxed);
     // release: pairs with the acquire loads of state in CheckClients,
-    // LivePidsImpl, RepairLeases and Stats (queue_core.cc): who sees the slot
+    // LivePidsImpl, RepairLeases and Stats (housekeeper.cc): who sees the slot
     // ACTIVE sees the counters, pid and times stored above.
     cs.state.store(kClientActive, std::memory_order_release);
     segment_->counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
     slot_ = s;
-    lease_base_ = s * g.leases_per_client;
-    handle.Reset(core_->num_leases());
+    leases_ = std::make_unique<ClientLeases>(
+        table_.get(), &config_.paths, s,
+        ClientLeases::Options{options_.split_tail, options_.min_split_bytes, record_bytes_});
+    handle.Reset(table_->num_leases());
     return;
   }
   throw Error(ErrorKind::kInvalidArgument,
               "queue '" + options_.name + "': all " + std::to_string(g.max_clients) +
                   " client slots are in use; open it with a larger max_clients (in every process)");
-}
-
-void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, uint64_t ticket,
-                               uint64_t begin, uint64_t end, uint64_t index) const noexcept {
-  uint64_t n = core_->num_items();
-  out->ticket = ticket;
-  out->epoch = ticket / n;
-  out->index = index != kNoTicket ? index : core_->ItemAt(out->epoch, ticket % n);
-  const WorkQueue::Item& item = config_.items[out->index];
-  out->file = item.file;
-  out->path = config_.paths[item.file];
-  out->begin = begin;
-  out->end = end;
-  out->lease = static_cast<uint32_t>(lease);
-  out->generation = LeaseGenOf(open_word);
-  out->piece = false;
-}
-
-bool WorkQueue::Impl::ClaimOrphan(WorkItem* out) noexcept {
-  Counters& c = segment_->counters();
-  uint64_t n = core_->num_leases();
-  // seq_cst: pairs with MarkOrphan's seq_cst bump of orphan_seq after its
-  // CAS (queue_core.cc): an orphan this scan misses was published after this
-  // load, so its bump makes the next TakeOnce scan again.
-  uint64_t seq_before = c.orphan_seq.load(std::memory_order_seq_cst);
-  uint64_t start = orphan_scan_start_.fetch_add(1, std::memory_order_relaxed) % n;
-  for (uint64_t k = 0; k < n; ++k) {
-    uint64_t l = (start + k) % n;
-    LeaseSlot& ls = segment_->lease(l);
-    // acquire: pairs with MarkOrphan's CAS to ORPHAN (queue_core.cc); a
-    // filter only, the CAS below decides.
-    uint64_t w = ls.word.load(std::memory_order_acquire);
-    if (LeaseStateOf(w) != kLeaseOrphan) continue;
-    uint64_t open = NextLeaseWord(w, kLeaseOpen, slot_);
-    // acq_rel: the acquire half pairs with MarkOrphan's CAS to ORPHAN
-    // (ReturnToOrphan, PublishOrphan), so the fields read below are complete;
-    // the release half publishes OPEN to the acquire loads of the word in
-    // recoverers, TrySplit, SaveState and Stats.
-    if (!ls.word.compare_exchange_strong(w, open, std::memory_order_acq_rel)) continue;
-    uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
-    uint64_t begin = ls.begin.load(std::memory_order_relaxed);
-    uint64_t end = ls.end.load(std::memory_order_relaxed);
-    uint32_t flags = ls.flags.load(std::memory_order_relaxed);
-    // Where it resumes: its floor, as ReturnToOrphan or PublishOrphan
-    // tagged it for the orphan word (a former owner's commits), else begin.
-    // relaxed: as the fields above, acquired by our CAS of the word, which
-    // MarkOrphan made after ReturnToOrphan's CAS of the floor.
-    uint64_t from = begin;
-    ProgressOffset(ls.floor.load(std::memory_order_relaxed), w, &from);
-    if (begin <= end) {
-      // Ours now: tag the extent (a former owner's late Claim, or a thief
-      // that read it before, then fails its CAS), and not splittable until
-      // we claim. An anchor whose tail was split off ends where the split
-      // lowered it, as the extent says once no thief can lower it further.
-      // What lies below the floor counts as claimed: no split takes it.
-      // acquire: pairs with the extent CASes of TrySplit and of a former
-      // owner's late Claim; the CAS below retries on them.
-      uint64_t e = ls.extent.load(std::memory_order_acquire);
-      Extent x = Extent::Of(e);
-      const uint64_t unit = SplitUnit(end - begin);
-      const uint64_t floor_units =
-          from <= begin ? 0 : ExtentUnits(std::min(from, end) - begin, unit);
-      for (;;) {
-        Extent y = x;
-        y.splittable = false;
-        y.tag = GenTag(open, 8);
-        y.claim = std::max(x.claim, std::min(floor_units, x.end));
-        // acq_rel: pairs with TrySplit's split CAS and Claim's CAS on this
-        // word: one that read the extent before our tag fails.
-        if (ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
-          x = y;
-          break;
-        }
-        x = Extent::Of(e);
-      }
-      end = std::min(end, begin + x.end * SplitUnit(end - begin));
-    }
-    // Never trust the segment: a piece must lie inside its ticket's item.
-    bool valid = ticket < core_->total();
-    if (valid) {
-      const WorkQueue::Item& item =
-          config_.items[core_->ItemAt(ticket / core_->num_items(), ticket % core_->num_items())];
-      valid = begin <= end && begin >= item.begin && end <= item.end;
-    }
-    if (!valid) {
-      // Drop the bad lease; if it stood for a real ticket, a sweep re-issues it.
-      ls.ticket.store(kNoTicket, std::memory_order_relaxed);
-      ls.flags.store(0, std::memory_order_relaxed);
-      // acq_rel: the release half pairs with ReserveLease's acquire CAS: the
-      // next owner sees ticket and flags cleared (I6).
-      ls.word.compare_exchange_strong(open, NextLeaseWord(open, kLeaseFree, kNoOwner),
-                                      std::memory_order_acq_rel);
-      // acq_rel: pairs with the acquire loads of sweeps_pending in TrySweep
-      // and AllDone (queue_core.cc): a sweep looks for the dropped ticket.
-      c.sweeps_pending.fetch_add(1, std::memory_order_acq_rel);
-      continue;
-    }
-    from = std::clamp(from, begin, end);
-    // A fed queue's feeder dropped the ticket (its block went to another
-    // host), or a former owner committed all of it: complete the lease as
-    // an ack would, never hand it out.
-    if (segment_->IsSkipped(ticket) || (from > begin && from == end)) {
-      uint64_t acking = NextLeaseWord(open, kLeaseAcking, slot_);
-      // acq_rel: as Ack's CAS to ACKING; FinishAck then frees the lease.
-      if (ls.word.compare_exchange_strong(open, acking, std::memory_order_acq_rel))
-        core_->FinishAck(l, acking);
-      continue;
-    }
-    ls.progress.store(ProgressWord(from, open), std::memory_order_relaxed);
-    ls.floor.store(ProgressWord(from, open), std::memory_order_relaxed);
-    me().items_taken.fetch_add(1, std::memory_order_relaxed);
-    me().items_recovered.fetch_add(1, std::memory_order_relaxed);
-    FillItem(out, l, open, ticket, from, end);
-    out->piece = flags & kLeasePiece;
-    return true;
-  }
-  no_orphans_at_seq_.store(seq_before, std::memory_order_relaxed);
-  return false;
-}
-
-bool WorkQueue::Impl::TakeOnce(WorkItem* out, bool* limit) noexcept {
-  Counters& c = segment_->counters();
-  // Orphans first, but scan for them only when one was published since
-  // our last fruitless scan (the end of the data always scans: see Take).
-  // seq_cst: pairs with MarkOrphan's seq_cst bump (queue_core.cc).
-  if (c.orphan_seq.load(std::memory_order_seq_cst) !=
-          no_orphans_at_seq_.load(std::memory_order_relaxed) &&
-      ClaimOrphan(out))
-    return true;
-  SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
-  // total_tickets, or in a fed queue what its feeder granted so far.
-  // acquire: pairs with LocalFeed::Grant's release store, so the skip bits
-  // set below the new limit are seen by IsSkipped below.
-  SharedAtomic<uint64_t>& granted = segment_->cursor().limit;
-  const uint64_t total = core_->total();
-  const bool fed = config_.fed;
-  while (cursor.load(std::memory_order_relaxed) < granted.load(std::memory_order_acquire)) {
-    // Reserve a lease of our region before taking a ticket, so that a death
-    // right after fetch_add leaves a trace (I3).
-    uint64_t l = 0, taking = 0;
-    if (!ReserveLease(&l, &taking)) {
-      *limit = true;
-      return false;
-    }
-    LeaseSlot& ls = segment_->lease(l);
-    CrashPoint("take.after_reserve");
-    // acq_rel: the release half pairs with the acquire loads of the cursor
-    // in TrySweep and AllDone (queue_core.cc): who sees the ticket taken sees
-    // our TAKING lease (I3). A fed queue advances by CAS (NextFedTicket).
-    uint64_t ticket = fed ? NextFedTicket() : cursor.fetch_add(1, std::memory_order_acq_rel);
-    CrashPoint("take.after_fetch_add");
-    // Nothing recorded yet (the ticket stays kNoTicket): freeing is the CAS.
-    // acq_rel: the release half pairs with ReserveLease's acquire CAS.
-    auto release = [&] {
-      ls.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
-                                      std::memory_order_acq_rel);
-    };
-    if (ticket >= total) {
-      release();
-      break;
-    }
-    // Done before a restore, or (fed) another host's.
-    if (segment_->IsDone(ticket) || segment_->IsSkipped(ticket)) {
-      release();
-      continue;
-    }
-    uint64_t n = core_->num_items();
-    const uint64_t index = core_->ItemAt(ticket / n, ticket % n);
-    const WorkQueue::Item& item = config_.items[index];
-    const uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
-    ls.begin.store(item.begin, std::memory_order_relaxed);
-    ls.end.store(item.end, std::memory_order_relaxed);
-    ls.progress.store(ProgressWord(item.begin, open), std::memory_order_relaxed);
-    ls.floor.store(ProgressWord(item.begin, open), std::memory_order_relaxed);
-    uint64_t length = item.end - item.begin;
-    ls.extent.store(Extent::Fresh(ExtentUnits(length, SplitUnit(length)), open).Word(),
-                    std::memory_order_relaxed);
-    ls.flags.store(0, std::memory_order_relaxed);
-    // The ticket last: a lease timeout may republish a TAKING lease once its
-    // ticket shows (ReassignHung), and from then on we write nothing more.
-    // release: pairs with the acquire loads of ticket in ReadTicketAndFlags,
-    // RecoverLease and TrySweep (queue_core.cc): who sees it sees the fields.
-    ls.ticket.store(ticket, std::memory_order_release);
-    CrashPoint("take.after_ticket");
-    // Fails only if a lease timeout reassigned the ticket while we were paused.
-    // acq_rel: the release half publishes the fields to the acquire loads of
-    // the word in recoverers, TrySplit, SaveState and Stats.
-    if (!ls.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel)) continue;
-    me().items_taken.fetch_add(1, std::memory_order_relaxed);
-    FillItem(out, l, open, ticket, item.begin, item.end, index);
-    return true;
-  }
-  return false;
-}
-
-uint64_t WorkQueue::Impl::NextFedTicket() noexcept {
-  // A fetch_add could pass the limit, and a ticket past it is not ours to
-  // hand out yet: advance by CAS, and only below the limit.
-  SharedAtomic<uint64_t>& cursor = segment_->cursor().next_ticket;
-  // acquire (cursor and limit), seq_cst (CAS): as TakeOnce's fetch_add, whose release half
-  // publishes the TAKING lease reserved before it to TrySweep and AllDone (I3); the limit's
-  // acquire pairs with LocalFeed::Grant's release store.
-  uint64_t ticket = cursor.load(std::memory_order_acquire);
-  for (;;) {
-    if (ticket >= segment_->cursor().limit.load(std::memory_order_acquire)) return kNoTicket;
-    // seq_cst: see Segment::IsSkipped, which the caller checks next.
-    if (cursor.compare_exchange_weak(ticket, ticket + 1, std::memory_order_seq_cst)) return ticket;
-  }
-}
-
-bool WorkQueue::Impl::ReserveLease(uint64_t* lease, uint64_t* taking_word) noexcept {
-  const uint64_t per_client = segment_->geometry().leases_per_client;
-  for (uint64_t k = 0; k < per_client; ++k) {
-    uint64_t l = lease_base_ + k;
-    // acquire: a filter only; the CAS below decides.
-    uint64_t w = segment_->lease(l).word.load(std::memory_order_acquire);
-    if (LeaseStateOf(w) != kLeaseFree) continue;
-    uint64_t taking = NextLeaseWord(w, kLeaseTaking, slot_);
-    // acq_rel: the acquire half pairs with the release CAS that freed the
-    // lease (FinishAck, SettleSplit, RecoverLease in queue_core.cc; TakeOnce,
-    // ClaimOrphan, TrySplit), so its cleared ticket and flags are seen (I6);
-    // the release half publishes TAKING to the acquire loads of the word in
-    // TrySweep and the recoverers.
-    if (segment_->lease(l).word.compare_exchange_strong(w, taking, std::memory_order_acq_rel)) {
-      *lease = l;
-      *taking_word = taking;
-      return true;
-    }
-  }
-  return false;
-}
-
-double WorkQueue::Impl::ClientRate(uint64_t slot) const noexcept {
-  if (slot >= segment_->geometry().max_clients) return 0;
-  const ClientSlot& cs = segment_->client(slot);
-  uint64_t bytes = cs.bytes_acked.load(std::memory_order_relaxed);
-  uint64_t joined = cs.joined_ns.load(std::memory_order_relaxed);
-  uint64_t idle = cs.idle_ns.load(std::memory_order_relaxed);
-  uint64_t now = CoarseNs();
-  if (bytes == 0 || now <= joined + idle) return 0;
-  return static_cast<double>(bytes) / static_cast<double>(now - joined - idle);
-}
-
-bool WorkQueue::Impl::TrySplit(WorkItem* out) noexcept {
-  if (!options_.split_tail) return false;
-  const uint64_t min_part = std::max<uint64_t>(options_.min_split_bytes, 1);
-  for (int attempt = 0; attempt < 4; ++attempt) {
-    // The open, splittable item with the most unclaimed bytes.
-    uint64_t victim = kNoOwner, best = 0, victim_extent = 0, victim_ticket = 0, victim_begin = 0,
-             victim_unit = 0, victim_end = 0;
-    bool victim_piece = false;
-    uint64_t victim_owner = kNoOwner;
-    for (uint64_t l = 0; l < core_->num_leases(); ++l) {
-      LeaseSlot& ls = segment_->lease(l);
-      // acquire: pairs with the owner's CAS to OPEN (TakeOnce, ClaimOrphan,
-      // TrySplit), so the fields read below were written before it.
-      uint64_t w = ls.word.load(std::memory_order_acquire);
-      if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) == slot_) continue;
-      uint32_t flags = ls.flags.load(std::memory_order_relaxed);
-      if (flags & kLeasePreset) continue;
-      // acquire: pairs with the owner's Claim CAS and other thieves' split
-      // CASes on the extent; the split CAS below decides.
-      uint64_t e = ls.extent.load(std::memory_order_acquire);
-      Extent x = Extent::Of(e);
-      if (!x.splittable || x.pending != 0) continue;
-      uint64_t ticket = ls.ticket.load(std::memory_order_relaxed);
-      uint64_t begin = ls.begin.load(std::memory_order_relaxed);
-      uint64_t end = ls.end.load(std::memory_order_relaxed);
-      // acquire: as the first load; an unchanged word says the lease did not
-      // move on to another owner while its fields were read.
-      if (ls.word.load(std::memory_order_acquire) != w || ticket >= core_->total() || begin > end)
-        continue;
-      uint64_t unit = SplitUnit(end - begin);
-      uint64_t claimed = std::min(end, begin + x.claim * unit);
-      uint64_t current_end = std::min(end, begin + x.end * unit);
-      if (current_end <= claimed || current_end - claimed <= best) continue;
-      best = current_end - claimed;
-      victim = l;
-      victim_extent = e;
-      victim_ticket = ticket;
-      victim_begin = begin;
-      victim_unit = unit;
-      victim_end = current_end;
-      victim_piece = (flags & kLeasePiece) != 0;
-      victim_owner = LeaseOwnerOf(w);
-    }
-    if (victim == kNoOwner || best < 2 * min_part) return false;
-    // Split in the middle of what the owner has not claimed yet; an item the
-    // owner has not started (it is only prefetched) goes almost whole: all
-    // but its first unit, which the owner reads and acks. Not so a piece: a
-    // thief starts its piece at once, and taking it whole would only pass it
-    // from thief to thief.
-    // Between the two, the owner keeps the share of the rest that matches its
-    // speed against ours (bytes acked per busy second, from the counters in
-    // the segment), so one split leaves it about as much as it can read while
-    // we read ours; with no rate known yet, half.
-    Extent x = Extent::Of(victim_extent);
-    uint64_t end_units = ExtentUnits(victim_end - victim_begin, victim_unit);
-    uint64_t rest = end_units - x.claim;
-    uint64_t keep = rest / 2;
-    double owner_rate = ClientRate(victim_owner), our_rate = ClientRate(slot_);
-    if (owner_rate > 0 && our_rate > 0)
-      keep =
-          static_cast<uint64_t>(static_cast<double>(rest) * owner_rate / (owner_rate + our_rate));
-    uint64_t split_units =
-        x.claim == 0 && !victim_piece ? 1 : x.claim + std::max<uint64_t>(keep, 1);
-    uint64_t split = victim_begin + split_units * victim_unit;
-    if (split_units <= x.claim || split >= victim_end || victim_end - split < min_part)
-      return false;
-    // Our piece first, complete, in a lease of our own (I7).
-    uint64_t mine, taking;
-    if (!ReserveLease(&mine, &taking)) return false;
-    LeaseSlot& ps = segment_->lease(mine);
-    // Mark it a piece before it names a ticket: a recoverer must never take
-    // it for an ordinary TAKING lease and re-issue the whole item.
-    ps.anchor.store(static_cast<uint32_t>(victim), std::memory_order_relaxed);
-    // seq_cst: pairs with the acquire loads of flags in ReadTicketAndFlags
-    // (queue_core.h); the ticket's release below publishes it too.
-    ps.flags.store(kLeasePiece, std::memory_order_seq_cst);
-    // release: pairs with the acquire loads of ticket in ReadTicketAndFlags,
-    // RecoverLease and TrySweep: who sees the ticket sees the piece flag and
-    // the anchor.
-    ps.ticket.store(victim_ticket, std::memory_order_release);
-    const uint64_t open = NextLeaseWord(taking, kLeaseOpen, slot_);
-    ps.begin.store(split, std::memory_order_relaxed);
-    ps.end.store(victim_end, std::memory_order_relaxed);
-    ps.progress.store(ProgressWord(split, open), std::memory_order_relaxed);
-    ps.floor.store(ProgressWord(split, open), std::memory_order_relaxed);
-    uint64_t length = victim_end - split;
-    ps.extent.store(Extent::Fresh(ExtentUnits(length, SplitUnit(length)), open).Word(),
-                    std::memory_order_relaxed);
-    CrashPoint("split.after_reserve");
-    Extent lowered = x;
-    lowered.end = split_units;
-    lowered.pending = mine + 1;
-    lowered.split = true;
-    // seq_cst: pairs with SaveState's seq_cst loads of split_seq before and
-    // after its scan.
-    segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
-    // acq_rel: pairs with the owner's Claim CAS and FinishAck's seal on the
-    // same word: the owner either claimed past our split point first (we
-    // fail) or sees the lower end. The release half publishes our piece's
-    // fields to those that acquire the extent and find it pending
-    // (SettleSplit, ReleaseSettledAnchors, RecoverLease, SaveState).
-    if (!segment_->lease(victim).extent.compare_exchange_strong(victim_extent, lowered.Word(),
-                                                                std::memory_order_acq_rel)) {
-      ps.ticket.store(kNoTicket, std::memory_order_relaxed);
-      // release, after the ticket: pairs with the second flags load of
-      // ReadTicketAndFlags, which then sees the flags change and retries.
-      ps.flags.store(0, std::memory_order_release);
-      // acq_rel: the release half pairs with ReserveLease's acquire CAS: the
-      // next owner sees ticket and flags cleared (I6).
-      ps.word.compare_exchange_strong(taking, NextLeaseWord(taking, kLeaseFree, kNoOwner),
-                                      std::memory_order_acq_rel);
-      continue;
-    }
-    // Again after the CAS, still TAKING: a SaveState scan that saw neither
-    // bump change had this lease TAKING all along (see SaveState).
-    // seq_cst: as the first bump.
-    segment_->counters().split_seq.fetch_add(1, std::memory_order_seq_cst);
-    CrashPoint("split.after_cas");
-    // acq_rel: the release half publishes the piece to the acquire loads of
-    // the word in ReleaseSettledAnchors, recoverers, SaveState and Stats.
-    ps.word.compare_exchange_strong(taking, open, std::memory_order_acq_rel);
-    CrashPoint("split.after_open");
-    core_->SettleSplit(victim, mine, slot_);
-    segment_->counters().splits.fetch_add(1, std::memory_order_relaxed);
-    me().splits.fetch_add(1, std::memory_order_relaxed);
-    me().items_taken.fetch_add(1, std::memory_order_relaxed);
-    FillItem(out, mine, open, victim_ticket, split, victim_end);
-    out->piece = true;
-    return true;
-  }
-  return false;
-}
-
-AckStatus WorkQueue::Impl::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
-  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  LeaseSlot& ls = segment_->lease(item.lease);
-  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  // acquire: pairs with the CASes that may have moved the lease on
-  // (ReturnToOrphan, ReassignHung in queue_core.cc); still ours, its fields
-  // below are ours.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
-  uint64_t begin = ls.begin.load(std::memory_order_relaxed);
-  uint64_t limit = ls.end.load(std::memory_order_relaxed);
-  if ((ls.flags.load(std::memory_order_relaxed) & kLeasePreset) || begin > limit) {
-    *end = item.end;  // restored items are never split
-    return AckStatus::kOk;
-  }
-  uint64_t unit = SplitUnit(limit - begin);
-  uint64_t want = up_to <= begin ? 0 : ExtentUnits(std::min(up_to, limit) - begin, unit);
-  // acquire: pairs with the extent CASes of TrySplit and ClaimOrphan.
-  uint64_t e = ls.extent.load(std::memory_order_acquire);
-  Extent x = Extent::Of(e);
-  for (;;) {
-    // Paused past a lease timeout, we may find the lease another owner's:
-    // its extent then carries that owner's tag, and we touch nothing.
-    if (x.tag != GenTag(ours, 8)) return AckStatus::kStale;
-    Extent y = x;
-    y.splittable = true;
-    y.claim = std::max(x.claim, std::min(want, x.end));
-    // acq_rel: pairs with TrySplit's split CAS on this word: a thief never
-    // splits below what we claimed, nor we claim past its split.
-    if (y.Word() == e || ls.extent.compare_exchange_weak(e, y.Word(), std::memory_order_acq_rel)) {
-      x = y;
-      break;
-    }
-    x = Extent::Of(e);
-  }
-  // The fields above may be another owner's if the lease moved on after
-  // our first check; then the end would be theirs.
-  // acquire: as the first check.
-  if (ls.word.load(std::memory_order_acquire) != ours) return AckStatus::kStale;
-  *end = std::min(limit, begin + x.end * unit);
-  me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
-  return AckStatus::kOk;
 }
 
 StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
@@ -880,11 +474,11 @@ StepStatus WorkQueue::Impl::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t st
 }
 
 void WorkQueue::Impl::Housekeep() noexcept {
-  core_->CheckClients(slot_);
-  core_->RepairLeases(slot_, /*admin_held=*/false);
-  core_->ReleaseSettledAnchors();
-  if (timeout_ns_ > 0) core_->ReassignHung(slot_, timeout_ns_);
-  core_->TrySweep(slot_);
+  keeper_->CheckClients(slot_);
+  keeper_->RepairLeases(slot_, /*admin_held=*/false);
+  keeper_->ReleaseSettledAnchors();
+  if (timeout_ns_ > 0) keeper_->ReassignHung(slot_, timeout_ns_);
+  keeper_->TrySweep(slot_);
 }
 
 TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
@@ -901,7 +495,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
   for (;;) {
     if (config_.fed && feed_->lost() != 0) return TakeStatus::kJobLost;  // see local_feed.h
     bool limit = false;
-    if (TakeOnce(out, &limit)) break;
+    if (leases_->TakeOnce(out, &limit)) break;
     if (limit) return TakeStatus::kLimit;
     if (config_.fed) {
       // Tell the host's feeder that takers ran dry: it claims more at once.
@@ -913,14 +507,14 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     Housekeep();
     // Scan whatever orphan_seq says: a publisher that died between its CAS
     // and its bump left an orphan that only a scan finds.
-    if (ClaimOrphan(out)) break;
-    if (TrySplit(out)) break;
-    if (core_->AllDone()) return TakeStatus::kEnd;
-    if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kEmpty;
+    if (leases_->ClaimOrphan(out)) break;
+    if (leases_->TrySplit(out)) break;
+    if (keeper_->AllDone()) return TakeStatus::kEnd;
+    if (!wait || std::chrono::steady_clock::now() >= deadline) return TakeStatus::kTimeout;
     uint64_t t0 = MonotonicNs();
     if (wait_start == 0) wait_start = t0;
     // seq_cst: read before announcing ourselves; pairs with WakeWaiters'
-    // seq_cst bump (queue_core.cc): a wake after this load makes FUTEX_WAIT
+    // seq_cst bump (lease.cc): a wake after this load makes FUTEX_WAIT
     // return at once.
     uint32_t seq = c.wake_seq.load(std::memory_order_seq_cst);
     // seq_cst: pairs with WakeWaiters' seq_cst load of waiters (Dekker):
@@ -929,10 +523,9 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     // Re-check after announcing ourselves (pairs with WakeWaiters).
     // seq_cst, both: in the same total order as waiters; orphan_seq pairs
     // with MarkOrphan's bump, sweeps_pending with the increments in
-    // RecoverLease, AllDone (queue_core.cc) and ClaimOrphan.
-    bool changed = c.orphan_seq.load(std::memory_order_seq_cst) !=
-                       no_orphans_at_seq_.load(std::memory_order_relaxed) ||
-                   core_->AllDone() || c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
+    // RecoverLease, AllDone and ClaimOrphan.
+    bool changed = leases_->OrphanSeqMoved() || keeper_->AllDone() ||
+                   c.sweeps_pending.load(std::memory_order_seq_cst) > 0;
     if (!changed) {
       auto left = deadline - std::chrono::steady_clock::now();
       uint64_t slice = wait_slice_ns_;
@@ -950,7 +543,7 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
     me().last_progress_ns.store(t1, std::memory_order_relaxed);
     if (!noticed && t1 - wait_start > kWaitNoticeNs) {
       noticed = true;
-      std::vector<int> pids = core_->LivePids(slot_);
+      std::vector<int> pids = keeper_->LivePids(slot_);
       std::string list;
       for (int p : pids) list += (list.empty() ? "" : ", ") + std::to_string(p);
       if (feeder_)
@@ -969,62 +562,6 @@ TakeStatus WorkQueue::Impl::Take(WorkItem* out, bool wait,
   return TakeStatus::kOk;
 }
 
-AckStatus WorkQueue::Impl::Ack(const WorkItem& item) noexcept {
-  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  LeaseSlot& ls = segment_->lease(item.lease);
-  uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
-  uint64_t acking = NextLeaseWord(expected, kLeaseAcking, slot_);
-  // acq_rel: fails if a recoverer or ReassignHung moved the lease on (the
-  // acquire half pairs with their CASes); the release half publishes ACKING
-  // to a recoverer's acquire load, which finishes the ack should we die.
-  if (!ls.word.compare_exchange_strong(expected, acking, std::memory_order_acq_rel)) {
-    me().stale_acks.fetch_add(1, std::memory_order_relaxed);
-    segment_->counters().stale_acks.fetch_add(1, std::memory_order_relaxed);
-    return AckStatus::kStale;
-  }
-  CrashPoint("ack.after_mark");
-  core_->FinishAck(item.lease, acking);
-  ClientSlot& cs = me();
-  cs.items_acked.fetch_add(1, std::memory_order_relaxed);
-  cs.bytes_acked.fetch_add(item.end - item.begin, std::memory_order_relaxed);
-  cs.last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
-  core_->WakeWaiters();
-  return AckStatus::kOk;
-}
-
-AckStatus WorkQueue::Impl::GiveBack(const WorkItem& item) noexcept {
-  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  LeaseSlot& ls = segment_->lease(item.lease);
-  uint64_t expected = LeaseWord(kLeaseOpen, slot_, item.generation);
-  // acquire: pairs with the CASes that may have moved the lease on
-  // (ReturnToOrphan, ReassignHung); ReturnToOrphan's CAS below decides.
-  if (ls.word.load(std::memory_order_acquire) != expected) return AckStatus::kStale;
-  CrashPoint("giveback.after_mark");
-  if (!core_->ReturnToOrphan(ls, &expected)) return AckStatus::kStale;
-  me().items_given_back.fetch_add(1, std::memory_order_relaxed);
-  core_->WakeWaiters();
-  return AckStatus::kOk;
-}
-
-AckStatus WorkQueue::Impl::Commit(const WorkItem& item, uint64_t offset) noexcept {
-  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  AckStatus s = RecordCommit(segment_->lease(item.lease), ours, offset, record_bytes_);
-  if (s == AckStatus::kOk) me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
-  return s;
-}
-
-AckStatus WorkQueue::Impl::Progress(const WorkItem& item, uint64_t offset,
-                                    uint64_t records) noexcept {
-  if (closed_ || item.lease >= core_->num_leases()) return AckStatus::kInvalid;
-  const uint64_t ours = LeaseWord(kLeaseOpen, slot_, item.generation);
-  AckStatus s = RecordProgress(segment_->lease(item.lease), ours, offset, record_bytes_);
-  if (s != AckStatus::kOk) return s;
-  if (records != 0) me().records.fetch_add(records, std::memory_order_relaxed);
-  me().last_progress_ns.store(CoarseNs(), std::memory_order_relaxed);
-  return AckStatus::kOk;
-}
-
 std::string WorkQueue::Impl::SaveState() const {
   // Across hosts the job's state is the tier's: cursor and done marks of
   // every host (items open anywhere are read again after a restore).
@@ -1032,10 +569,10 @@ std::string WorkQueue::Impl::SaveState() const {
   if (closed_) throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "' is closed");
   SavedState s;
   s.fingerprint = DataFingerprint(config_);
-  s.num_items = core_->num_items();
+  s.num_items = table_->num_items();
   s.num_epochs = config_.num_epochs;
   s.seed = config_.seed;
-  ScanState(*core_, options_.name, &s);
+  ScanState(*table_, options_.name, &s);
   return SerializeState(s);
 }
 
@@ -1046,23 +583,14 @@ void WorkQueue::Impl::Close() noexcept {
   // another process of the host, while the segment is still mapped.
   if (feeder_) feeder_->Stop();
   Segment& seg = *segment_;
-  for (uint64_t l = 0; l < core_->num_leases(); ++l) {
-    LeaseSlot& ls = seg.lease(l);
-    // acquire: pairs with the CASes that may have moved our leases on
-    // (ReassignHung, recoverers); ReturnToOrphan's CAS decides.
-    uint64_t w = ls.word.load(std::memory_order_acquire);
-    if (LeaseStateOf(w) != kLeaseOpen || LeaseOwnerOf(w) != slot_) continue;
-    if (core_->ReturnToOrphan(ls, &w)) {
-      me().items_given_back.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  core_->CheckClients(slot_);
+  leases_->ReturnAll();
+  keeper_->CheckClients(slot_);
   bool died;
   RobustLock admin(&seg.header().admin_mutex);
   const auto admin_timeout = std::max(options_.attach_timeout, std::chrono::milliseconds(100));
   const int locked = admin.Lock(admin_timeout, &died);
   // release: pairs with the acquire loads of state in Register,
-  // CheckClients, LivePidsImpl, RepairLeases and Stats (queue_core.cc): who
+  // CheckClients, LivePidsImpl, RepairLeases and Stats (housekeeper.cc): who
   // sees the slot FREE sees our leases returned above.
   me().state.store(kClientFree, std::memory_order_release);
   me().left_ns.store(MonotonicNs(), std::memory_order_relaxed);
@@ -1079,7 +607,7 @@ void WorkQueue::Impl::Close() noexcept {
            "), so segment " + segment_->path() +
            " was left in place; the next job with the same configuration resumes it, `tailcut rm " +
            options_.name + "` discards it");
-    core_->WakeWaiters();
+    table_->WakeWaiters();
     return;
   }
   int active = 0;
@@ -1088,7 +616,7 @@ void WorkQueue::Impl::Close() noexcept {
   for (uint64_t s = 0; s < seg.geometry().max_clients; ++s)
     active += seg.client(s).state.load(std::memory_order_acquire) == kClientActive;
   if (active == 0) {
-    bool done = core_->AllDone();
+    bool done = keeper_->AllDone();
     uint64_t joined = seg.counters().clients_joined.load(std::memory_order_relaxed);
     if (done && joined >= seg.header().num_clients) {
       // Unlink first: killed in between, this leaves nothing under the
@@ -1098,7 +626,7 @@ void WorkQueue::Impl::Close() noexcept {
       // (segment.cc) of a process that opened the object before the unlink.
       seg.header().state.store(kRemoved, std::memory_order_release);
     } else if (!done) {
-      QueueStats st = core_->Stats(options_.name);
+      QueueStats st = keeper_->Stats(options_.name);
       std::string kept = KeepReasonText(seg.counters().keep_reasons.load(std::memory_order_relaxed),
                                         joined, seg.header().num_clients);
       std::string progress =
@@ -1119,7 +647,7 @@ void WorkQueue::Impl::Close() noexcept {
     }
   }
   admin.Unlock();
-  core_->WakeWaiters();
+  table_->WakeWaiters();
 }
 
 WorkQueue::WorkQueue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1156,19 +684,19 @@ TakeStatus WorkQueue::TryTake(WorkItem* item) noexcept {
   return item ? impl_->Take(item, false, std::chrono::steady_clock::time_point::min())
               : TakeStatus::kInvalidArgument;
 }
-AckStatus WorkQueue::Ack(const WorkItem& item) noexcept {
+ItemStatus WorkQueue::Ack(const WorkItem& item) noexcept {
   return impl_->ItemCall(item, true, [&] { return impl_->Ack(item); });
 }
-AckStatus WorkQueue::GiveBack(const WorkItem& item) noexcept {
+ItemStatus WorkQueue::GiveBack(const WorkItem& item) noexcept {
   return impl_->ItemCall(item, true, [&] { return impl_->GiveBack(item); });
 }
-AckStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
+ItemStatus WorkQueue::Progress(const WorkItem& item, uint64_t offset, uint64_t records) noexcept {
   return impl_->ItemCall(item, false, [&] { return impl_->Progress(item, offset, records); });
 }
-AckStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
+ItemStatus WorkQueue::Commit(const WorkItem& item, uint64_t offset) noexcept {
   return impl_->ItemCall(item, false, [&] { return impl_->Commit(item, offset); });
 }
-AckStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
+ItemStatus WorkQueue::Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept {
   return impl_->ItemCall(item, false, [&] { return impl_->Claim(item, up_to, end); });
 }
 StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
@@ -1203,7 +731,7 @@ const std::vector<WorkQueue::Item>& WorkQueue::items() const noexcept {
   return impl_->config().items;
 }
 uint64_t WorkQueue::ItemAt(uint64_t epoch, uint64_t position) const noexcept {
-  return impl_->core().ItemAt(epoch, position);
+  return impl_->table().ItemAt(epoch, position);
 }
 
 }  // namespace tailcut

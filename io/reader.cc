@@ -91,11 +91,11 @@ void Reader::Impl::SetUpItems() {
                       "': every process must read a queue's items the same way; open the Reader "
                       "with the queue's format");
     }
-    for (ItemSlot& it : items_) it.parser = RecordParser::Create(options_.format);
+    for (HeldItem& it : items_) it.parser = RecordParser::Create(options_.format);
     carry_ = std::make_unique<CarryBuffer>(
         AlignUp(options_.format.max_record_bytes + 2 * kCarryStep, kPage));
   }
-  for (ItemSlot& it : items_) it.order.assign(num_chunks_, kNone);
+  for (HeldItem& it : items_) it.order.assign(num_chunks_, kNone);
   held_.assign(slots, kNone);
   finished_.reserve(slots);
 
@@ -194,7 +194,7 @@ void Reader::Impl::SetUpChunks() {
 
 // ---- Items -----------------------------------------------------------------
 
-bool Reader::Impl::OpenFile(ItemSlot& it) noexcept {
+bool Reader::Impl::OpenFile(HeldItem& it) noexcept {
   std::string path(it.item.path);
   const char* p = path.c_str();
   const FileIdentity& then = queue_.files()[it.item.file];
@@ -260,7 +260,7 @@ bool Reader::Impl::StartItem(const WorkItem& item) noexcept {
     }
   }
   if (slot == kNone) return false;  // the caller checked; cannot happen
-  ItemSlot& it = items_[slot];
+  HeldItem& it = items_[slot];
   it.state = ItemState::kHeld;
   it.item = item;
   it.fd = it.fd_other = -1;
@@ -320,7 +320,7 @@ bool Reader::Impl::StartItem(const WorkItem& item) noexcept {
 // consumer reaches first.
 // Where the first reads of an item stop: its end plus what the last record
 // it owns most likely needs; more is read on demand (NextChunkOf).
-uint64_t Reader::Impl::PlanEnd(const ItemSlot& it) const noexcept {
+uint64_t Reader::Impl::PlanEnd(const HeldItem& it) const noexcept {
   uint64_t plan = it.end;
   if (it.parser) {
     switch (options_.format.kind) {
@@ -342,16 +342,16 @@ uint64_t Reader::Impl::PlanEnd(const ItemSlot& it) const noexcept {
 // are about to become visible to the consumer, so claim them first. If an
 // idle process split the tail off meanwhile, the item now ends earlier: the
 // parser stops there and no more is read past it. Lock-free, no system call.
-void Reader::Impl::ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept {
+void Reader::Impl::ClaimUpTo(HeldItem& it, uint64_t up_to) noexcept {
   if (it.stale) return;
   uint64_t end = it.end;
   it.claimed = std::max(it.claimed, up_to);
-  AckStatus status = queue_.Claim(it.item, up_to, &end);
+  ItemStatus status = queue_.Claim(it.item, up_to, &end);
   if (QueueGone(status)) {
     it.stale = true;  // read no further; the queue took it back
     return;
   }
-  if (status == AckStatus::kStale) {
+  if (status == ItemStatus::kStale) {
     MarkStale(it, "");
     return;
   }
@@ -361,7 +361,7 @@ void Reader::Impl::ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept {
   it.plan_end = std::min(it.plan_end, std::max(PlanEnd(it), it.read_end));
 }
 
-void Reader::Impl::FailItem(ItemSlot& it, uint64_t offset, const char* what,
+void Reader::Impl::FailItem(HeldItem& it, uint64_t offset, const char* what,
                             ErrorKind kind) noexcept {
   if (it.failed && offset >= it.error_at) return;
   it.failed = true;
@@ -371,16 +371,16 @@ void Reader::Impl::FailItem(ItemSlot& it, uint64_t offset, const char* what,
   SetText(&it.error, "file '%s' at offset %" PRIu64 ": %s", path.c_str(), offset, what);
 }
 
-void Reader::Impl::ReportProgress(ItemSlot& it, uint64_t position) noexcept {
+void Reader::Impl::ReportProgress(HeldItem& it, uint64_t position) noexcept {
   if (it.stale) return;
   // With defer_acks the records parsed are not yet used (they wait in the
   // caller's buffer): a checkpoint resumes where the caller says (ReportUsed).
   uint64_t offset =
       std::clamp(options_.defer_acks ? it.used : position, it.item.begin, it.item.end);
-  AckStatus status = queue_.Progress(it.item, offset, it.unreported);
+  ItemStatus status = queue_.Progress(it.item, offset, it.unreported);
   if (QueueGone(status)) {
     it.stale = true;
-  } else if (status == AckStatus::kStale) {
+  } else if (status == ItemStatus::kStale) {
     MarkStale(it, " at offset " + std::to_string(offset));
   }
   it.unreported = 0;
@@ -403,7 +403,7 @@ ReadStatus Reader::Impl::FailGone() noexcept {
 
 // The queue reassigned the item (lease timeout): stop reading it. Records of
 // it already handed out stay handed out; its new owner reads it from its start.
-void Reader::Impl::MarkStale(ItemSlot& it, const std::string& where) noexcept {
+void Reader::Impl::MarkStale(HeldItem& it, const std::string& where) noexcept {
   it.stale = true;
   Bump(stats_.stale_items);
   try {
@@ -426,7 +426,7 @@ ReadStatus Reader::Impl::Activate() noexcept {
     }
     // A slot may still be retiring (reads in flight for a finished item).
     bool slot_free = false;
-    for (const ItemSlot& it : items_) slot_free |= it.state == ItemState::kFree;
+    for (const HeldItem& it : items_) slot_free |= it.state == ItemState::kFree;
     if (!slot_free) {
       Pump(true);
       continue;
@@ -437,13 +437,13 @@ ReadStatus Reader::Impl::Activate() noexcept {
       // Other processes may be waiting for exactly the finished items our
       // caller holds, as we would wait for theirs: let it ack them first.
       status = queue_.TryTake(&item);
-      if (status == TakeStatus::kEmpty || status == TakeStatus::kLimit)
+      if (status == TakeStatus::kTimeout || status == TakeStatus::kLimit)
         return ReadStatus::kHoldsFinished;
     } else {
       status = queue_.Take(&item, deadline_);
     }
     if (QueueGone(status)) return FailGone();
-    if (status == TakeStatus::kEmpty) return ReadStatus::kEmpty;
+    if (status == TakeStatus::kTimeout) return ReadStatus::kEmpty;
     if (status == TakeStatus::kEnd) {
       queue_end_ = ended_ = true;
       return ReadStatus::kEnd;
@@ -470,7 +470,7 @@ ReadStatus Reader::Impl::Activate() noexcept {
     }
     if (status == TakeStatus::kOk) StartItem(item);
   }
-  ItemSlot& it = Current();
+  HeldItem& it = Current();
   active_ = true;
   stream_off_ = it.feed_start;
   carry_mode_ = false;
@@ -485,7 +485,7 @@ ReadStatus Reader::Impl::Activate() noexcept {
 
 // The current item's records are all handed out: report, ack, retire.
 void Reader::Impl::FinishItem() noexcept {
-  ItemSlot& it = Current();
+  HeldItem& it = Current();
   if (!it.stale) {
     uint64_t position = it.parser ? it.parser->position() : stream_off_;
     ReportProgress(it, std::max(position, it.item.end));
@@ -504,9 +504,9 @@ void Reader::Impl::FinishItem() noexcept {
   RetireFront();
 }
 
-AckStatus Reader::Impl::AckItem(const WorkItem& item) noexcept {
-  AckStatus status = queue_.Ack(item);
-  if (status == AckStatus::kOk) {
+ItemStatus Reader::Impl::AckItem(const WorkItem& item) noexcept {
+  ItemStatus status = queue_.Ack(item);
+  if (status == ItemStatus::kOk) {
     Bump(stats_.items_acked);
   } else if (!QueueGone(status)) {
     Bump(stats_.stale_items);
@@ -521,9 +521,9 @@ AckStatus Reader::Impl::AckItem(const WorkItem& item) noexcept {
   return status;
 }
 
-AckStatus Reader::Impl::GiveBackItem(const WorkItem& item) noexcept {
-  AckStatus status = queue_.GiveBack(item);
-  if (status == AckStatus::kOk) Bump(stats_.items_given_back);
+ItemStatus Reader::Impl::GiveBackItem(const WorkItem& item) noexcept {
+  ItemStatus status = queue_.GiveBack(item);
+  if (status == ItemStatus::kOk) Bump(stats_.items_given_back);
   return status;
 }
 
@@ -538,13 +538,13 @@ bool Reader::Impl::TakeFinished(WorkItem* item) noexcept {
   return true;
 }
 
-AckStatus Reader::Impl::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
-  if (!options_.defer_acks) return AckStatus::kInvalid;
+ItemStatus Reader::Impl::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
+  if (!options_.defer_acks) return ItemStatus::kInvalid;
   offset = std::clamp(offset, item.begin, item.end);
   for (uint32_t i = 0; i < held_count_; ++i) {
-    ItemSlot& it = items_[HeldAt(i)];
+    HeldItem& it = items_[HeldAt(i)];
     if (it.item.lease != item.lease || it.item.generation != item.generation) continue;
-    if (it.stale) return AckStatus::kStale;
+    if (it.stale) return ItemStatus::kStale;
     it.used = std::max(it.used, offset);  // what this Reader's own reports say from now on
     break;
   }
@@ -556,7 +556,7 @@ AckStatus Reader::Impl::ReportUsed(const WorkItem& item, uint64_t offset) noexce
 // uses them.
 void Reader::Impl::RetireFront() noexcept {
   uint32_t slot = held_[held_head_];
-  ItemSlot& it = items_[slot];
+  HeldItem& it = items_[slot];
   if (active_) {
     if (win_chunk_ != kNone) ReleaseChunk(win_chunk_);
     if (src_chunk_ != kNone) ReleaseChunk(src_chunk_);
@@ -585,7 +585,7 @@ void Reader::Impl::RetireFront() noexcept {
 
 void Reader::Impl::GiveBackAll() noexcept {
   while (held_count_ > 0) {
-    ItemSlot& it = Current();
+    HeldItem& it = Current();
     if (!it.stale) {
       if (active_ && it.parser) ReportProgress(it, it.parser->position());
       if (active_ && !it.parser) ReportProgress(it, stream_off_);
@@ -657,14 +657,14 @@ bool Reader::forked() const noexcept { return impl_->owner().forked(); }
 bool Reader::TakeFinished(WorkItem* item) noexcept {
   return !impl_->owner().forked() && impl_->TakeFinished(item);
 }
-AckStatus Reader::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
-  return impl_->owner().forked() ? AckStatus::kForked : impl_->ReportUsed(item, offset);
+ItemStatus Reader::ReportUsed(const WorkItem& item, uint64_t offset) noexcept {
+  return impl_->owner().forked() ? ItemStatus::kForked : impl_->ReportUsed(item, offset);
 }
-AckStatus Reader::AckFinished(const WorkItem& item) noexcept {
-  return impl_->owner().forked() ? AckStatus::kForked : impl_->AckFinished(item);
+ItemStatus Reader::AckFinished(const WorkItem& item) noexcept {
+  return impl_->owner().forked() ? ItemStatus::kForked : impl_->AckFinished(item);
 }
-AckStatus Reader::GiveBackFinished(const WorkItem& item) noexcept {
-  return impl_->owner().forked() ? AckStatus::kForked : impl_->GiveBackFinished(item);
+ItemStatus Reader::GiveBackFinished(const WorkItem& item) noexcept {
+  return impl_->owner().forked() ? ItemStatus::kForked : impl_->GiveBackFinished(item);
 }
 ReaderStats Reader::stats() const noexcept { return impl_->stats(); }
 const std::string& Reader::memory_state() const noexcept { return impl_->memory_state(); }

@@ -68,7 +68,7 @@ inline void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
 
 enum class ChunkState : uint8_t { kFree, kInFlight, kReady, kFailed, kConsumer };
 
-struct ChunkSlot {
+struct ChunkBuffer {
   ChunkState state = ChunkState::kFree;
   uint32_t item = kNone;  // item slot that issued the read
   uint64_t item_gen = 0;  // that slot's generation then; a mismatch marks an orphan
@@ -83,7 +83,7 @@ struct ChunkSlot {
 
 enum class ItemState : uint8_t { kFree, kHeld, kRetiring };
 
-struct ItemSlot {
+struct HeldItem {
   ItemState state = ItemState::kFree;
   uint64_t gen = 0;
   WorkItem item;
@@ -139,10 +139,10 @@ using detail::AlignUp;
 using detail::BufferArena;
 using detail::Bump;
 using detail::CarryBuffer;
-using detail::ChunkSlot;
+using detail::ChunkBuffer;
 using detail::ChunkState;
 using detail::FormatBytes;
-using detail::ItemSlot;
+using detail::HeldItem;
 using detail::ItemState;
 using detail::kCarryStep;
 using detail::kMaxChunkBytes;
@@ -196,15 +196,15 @@ class Reader::Impl {
   size_t items_held() const noexcept { return held_count_; }
   bool defers_acks() const noexcept { return options_.defer_acks; }
   bool TakeFinished(WorkItem* item) noexcept;
-  AckStatus AckFinished(const WorkItem& item) noexcept {
+  ItemStatus AckFinished(const WorkItem& item) noexcept {
     if (finished_out_ > 0) --finished_out_;
     return AckItem(item);
   }
-  AckStatus GiveBackFinished(const WorkItem& item) noexcept {
+  ItemStatus GiveBackFinished(const WorkItem& item) noexcept {
     if (finished_out_ > 0) --finished_out_;
     return GiveBackItem(item);
   }
-  AckStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
+  ItemStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
   // defer_acks: finished items wait for TakeFinished or for the caller's ack.
   bool HoldsFinished() const noexcept {
     return finished_taken_ < finished_.size() || finished_out_ > 0;
@@ -216,8 +216,8 @@ class Reader::Impl {
   bool QueueGone(TakeStatus s) noexcept {
     return Gone(s == TakeStatus::kClosed, s == TakeStatus::kForked);
   }
-  bool QueueGone(AckStatus s) noexcept {
-    return Gone(s == AckStatus::kClosed, s == AckStatus::kForked);
+  bool QueueGone(ItemStatus s) noexcept {
+    return Gone(s == ItemStatus::kClosed, s == ItemStatus::kForked);
   }
   bool Gone(bool closed, bool forked) noexcept {
     if (closed || forked) gone_ = closed ? TakeStatus::kClosed : TakeStatus::kForked;
@@ -274,26 +274,26 @@ class Reader::Impl {
   // Chunk slots, all free, and the consumer's window at the arena's start.
   void SetUpChunks();
 
-  ItemSlot& Current() { return items_[held_[held_head_]]; }
+  HeldItem& Current() { return items_[held_[held_head_]]; }
   uint32_t HeldAt(uint32_t i) const { return held_[(held_head_ + i) % held_.size()]; }
 
   // Items.
   bool StartItem(const WorkItem& item) noexcept;
-  bool OpenFile(ItemSlot& it) noexcept;
-  void FailItem(ItemSlot& it, uint64_t offset, const char* what,
+  bool OpenFile(HeldItem& it) noexcept;
+  void FailItem(HeldItem& it, uint64_t offset, const char* what,
                 ErrorKind kind = ErrorKind::kIo) noexcept;
   ReadStatus Activate() noexcept;
   void FinishItem() noexcept;
-  AckStatus AckItem(const WorkItem& item) noexcept;
-  AckStatus GiveBackItem(const WorkItem& item) noexcept;
+  ItemStatus AckItem(const WorkItem& item) noexcept;
+  ItemStatus GiveBackItem(const WorkItem& item) noexcept;
   void RetireFront() noexcept;
   void GiveBackAll() noexcept;
   ReadStatus Fail(const std::string& message, ErrorKind kind = ErrorKind::kIo) noexcept;
-  ReadStatus FailWith(const ItemSlot& it) noexcept { return Fail(it.error, it.error_kind); }
-  void ReportProgress(ItemSlot& it, uint64_t position) noexcept;
-  void MarkStale(ItemSlot& it, const std::string& where) noexcept;
-  uint64_t PlanEnd(const ItemSlot& it) const noexcept;
-  void ClaimUpTo(ItemSlot& it, uint64_t up_to) noexcept;
+  ReadStatus FailWith(const HeldItem& it) noexcept { return Fail(it.error, it.error_kind); }
+  void ReportProgress(HeldItem& it, uint64_t position) noexcept;
+  void MarkStale(HeldItem& it, const std::string& where) noexcept;
+  uint64_t PlanEnd(const HeldItem& it) const noexcept;
+  void ClaimUpTo(HeldItem& it, uint64_t up_to) noexcept;
 
   // Reads.
   void Refill() noexcept;
@@ -302,12 +302,12 @@ class Reader::Impl {
   void Complete(const ReadResult& result) noexcept;
   void Resubmit(uint32_t chunk) noexcept;
   void ReleaseChunk(uint32_t chunk) noexcept;
-  uint32_t NextChunkOf(ItemSlot& it) noexcept;
+  uint32_t NextChunkOf(HeldItem& it) noexcept;
 
   // Record windows.
-  bool MoreBytes(ItemSlot& it) noexcept;
-  bool TakeWindowChunk(ItemSlot& it) noexcept;
-  bool AppendCarry(ItemSlot& it) noexcept;
+  bool MoreBytes(HeldItem& it) noexcept;
+  bool TakeWindowChunk(HeldItem& it) noexcept;
+  bool AppendCarry(HeldItem& it) noexcept;
   void LeaveCarryIfPossible() noexcept;
 
   WorkQueue& queue_;
@@ -322,10 +322,10 @@ class Reader::Impl {
   std::string memory_state_;
   std::vector<uint64_t> file_sizes_;  // per work file, from the item table
 
-  std::vector<ChunkSlot> chunks_;
+  std::vector<ChunkBuffer> chunks_;
   std::vector<uint32_t> free_;  // stack of free chunks
   uint32_t in_flight_ = 0;
-  std::vector<ItemSlot> items_;
+  std::vector<HeldItem> items_;
   std::vector<uint32_t> held_;  // ring of item slots in take order; front is current
   uint32_t held_head_ = 0;
   uint32_t held_count_ = 0;

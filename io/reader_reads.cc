@@ -29,7 +29,7 @@ void Reader::Impl::Refill() noexcept {
     uint32_t target = kNone;
     uint32_t others_busy = 0;
     for (uint32_t i = 0; i < held_count_; ++i) {
-      ItemSlot& it = items_[HeldAt(i)];
+      HeldItem& it = items_[HeldAt(i)];
       if (i > 0 || !active_) others_busy += it.count;
       if (target == kNone && !it.failed && it.read_end < it.plan_end) {
         target = HeldAt(i);
@@ -39,7 +39,7 @@ void Reader::Impl::Refill() noexcept {
     if (target == kNone) {
       if (queue_end_ || held_count_ >= options_.prefetch_items + 1 || !active_) break;
       bool slot_free = false;
-      for (const ItemSlot& it : items_) slot_free |= it.state == ItemState::kFree;
+      for (const HeldItem& it : items_) slot_free |= it.state == ItemState::kFree;
       if (!slot_free) break;
       WorkItem item;
       TakeStatus status = queue_.TryTake(&item);
@@ -59,10 +59,10 @@ void Reader::Impl::Refill() noexcept {
 }
 
 void Reader::Impl::Issue(uint32_t slot) noexcept {
-  ItemSlot& it = items_[slot];
+  HeldItem& it = items_[slot];
   uint32_t c = free_.back();
   free_.pop_back();
-  ChunkSlot& ch = chunks_[c];
+  ChunkBuffer& ch = chunks_[c];
   uint64_t limit = AlignUp(it.plan_end, it.align);
   ch.state = ChunkState::kInFlight;
   ch.item = slot;
@@ -85,7 +85,7 @@ void Reader::Impl::Issue(uint32_t slot) noexcept {
 }
 
 void Reader::Impl::Resubmit(uint32_t c) noexcept {
-  ChunkSlot& ch = chunks_[c];
+  ChunkBuffer& ch = chunks_[c];
   ++items_[ch.item].in_flight;
   ++in_flight_;
   Bump(stats_.reads);
@@ -105,7 +105,7 @@ void Reader::Impl::Pump(bool wait) noexcept {
     if (!stall_noticed_ && now - last_completion_ >= kStallNotice) {
       stall_noticed_ = true;
       std::string oldest;
-      for (const ChunkSlot& ch : chunks_) {
+      for (const ChunkBuffer& ch : chunks_) {
         if (ch.state != ChunkState::kInFlight) continue;
         SetText(&oldest, "'%s' at offset %" PRIu64, std::string(items_[ch.item].item.path).c_str(),
                 ch.offset + ch.done);
@@ -130,8 +130,8 @@ void Reader::Impl::Pump(bool wait) noexcept {
 
 void Reader::Impl::Complete(const ReadResult& result) noexcept {
   uint32_t c = static_cast<uint32_t>(result.tag);
-  ChunkSlot& ch = chunks_[c];
-  ItemSlot& it = items_[ch.item];
+  ChunkBuffer& ch = chunks_[c];
+  HeldItem& it = items_[ch.item];
   --in_flight_;
   --it.in_flight;
   if (it.gen != ch.item_gen || it.state != ItemState::kHeld) {
@@ -213,11 +213,11 @@ void Reader::Impl::ReleaseChunk(uint32_t c) noexcept {
 
 // The current item's next chunk, ready; kNone when the item failed there (or
 // has no more bytes: the parser wanted more than the file has).
-uint32_t Reader::Impl::NextChunkOf(ItemSlot& it) noexcept {
+uint32_t Reader::Impl::NextChunkOf(HeldItem& it) noexcept {
   for (;;) {
     if (failed_) return kNone;
     if (it.count > 0) {
-      ChunkSlot& ch = chunks_[it.Front()];
+      ChunkBuffer& ch = chunks_[it.Front()];
       if (ch.state == ChunkState::kReady) {
         uint32_t c = it.Pop();
         ch.state = ChunkState::kConsumer;

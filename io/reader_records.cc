@@ -20,7 +20,7 @@ namespace tailcut {
 // ---- Records ---------------------------------------------------------------
 
 // Window mode, window used up: the next chunk becomes the window.
-bool Reader::Impl::TakeWindowChunk(ItemSlot& it) noexcept {
+bool Reader::Impl::TakeWindowChunk(HeldItem& it) noexcept {
   if (win_chunk_ != kNone) {
     ReleaseChunk(win_chunk_);
     win_chunk_ = kNone;
@@ -29,7 +29,7 @@ bool Reader::Impl::TakeWindowChunk(ItemSlot& it) noexcept {
   }
   uint32_t c = NextChunkOf(it);
   if (c == kNone) return false;
-  const ChunkSlot& ch = chunks_[c];
+  const ChunkBuffer& ch = chunks_[c];
   uint64_t start = stream_off_ - ch.offset;
   win_chunk_ = c;
   win_ = arena_->chunk(c) + start;
@@ -40,7 +40,7 @@ bool Reader::Impl::TakeWindowChunk(ItemSlot& it) noexcept {
 }
 
 // Carry mode: copies more bytes of the stream into the carry buffer.
-bool Reader::Impl::AppendCarry(ItemSlot& it) noexcept {
+bool Reader::Impl::AppendCarry(HeldItem& it) noexcept {
   if (src_chunk_ == kNone || src_used_ == src_size_) {
     if (src_chunk_ != kNone) {
       ReleaseChunk(src_chunk_);
@@ -49,7 +49,7 @@ bool Reader::Impl::AppendCarry(ItemSlot& it) noexcept {
     }
     uint32_t c = NextChunkOf(it);
     if (c == kNone) return false;
-    const ChunkSlot& ch = chunks_[c];
+    const ChunkBuffer& ch = chunks_[c];
     uint64_t start = stream_off_ - ch.offset;
     src_chunk_ = c;
     src_ = arena_->chunk(c) + start;
@@ -100,7 +100,7 @@ void Reader::Impl::LeaveCarryIfPossible() noexcept {
 constexpr uint64_t kClaimStep = 16 << 10;
 
 // The parser needs more bytes than the window has.
-bool Reader::Impl::MoreBytes(ItemSlot& it) noexcept {
+bool Reader::Impl::MoreBytes(HeldItem& it) noexcept {
   if (!carry_mode_) {
     if (win_size_ == 0) return TakeWindowChunk(it);
     // A record crosses the chunk's end: carry its head over. Records from
@@ -137,7 +137,7 @@ ReadStatus Reader::Impl::Produce(Record* out, size_t max, size_t* n) noexcept {
       ReadStatus status = Activate();
       if (status != ReadStatus::kOk) return status;
     }
-    ItemSlot& it = Current();
+    HeldItem& it = Current();
     if (it.done || it.stale) {
       if (*n > 0) return ReadStatus::kOk;  // ack on the next call, after these are used
       if (it.done) {
@@ -228,7 +228,7 @@ ReadStatus Reader::Impl::ProduceChunk(ChunkView* out) noexcept {
       ReadStatus status = Activate();
       if (status != ReadStatus::kOk) return status;
     }
-    ItemSlot& it = Current();
+    HeldItem& it = Current();
     if (handed_chunk_ != kNone) {
       ReleaseChunk(handed_chunk_);
       handed_chunk_ = kNone;
@@ -246,7 +246,7 @@ ReadStatus Reader::Impl::ProduceChunk(ChunkView* out) noexcept {
     }
     uint32_t c = NextChunkOf(it);
     if (c == kNone) return it.failed ? FailWith(it) : Fail("reader: the ring failed");
-    const ChunkSlot& ch = chunks_[c];
+    const ChunkBuffer& ch = chunks_[c];
     ClaimUpTo(it, ch.offset + ch.want);
     if (it.stale || stream_off_ >= it.end) {
       ReleaseChunk(c);  // the rest of the item is someone else's now
@@ -275,8 +275,8 @@ void Reader::Impl::Close() noexcept {
     for (int i = 0; i < n; ++i) {
       // No resubmission now: a read that ends here is done, whatever it got.
       uint32_t c = static_cast<uint32_t>(results_[i].tag);
-      ChunkSlot& ch = chunks_[c];
-      ItemSlot& it = items_[ch.item];
+      ChunkBuffer& ch = chunks_[c];
+      HeldItem& it = items_[ch.item];
       --in_flight_;
       --it.in_flight;
       if (it.gen != ch.item_gen || it.state != ItemState::kHeld) {
@@ -287,7 +287,7 @@ void Reader::Impl::Close() noexcept {
     }
   }
   GiveBackAll();
-  for (ItemSlot& it : items_) {
+  for (HeldItem& it : items_) {
     if (it.fd >= 0) close(it.fd);
     if (it.fd_other >= 0) close(it.fd_other);
     it.fd = it.fd_other = -1;

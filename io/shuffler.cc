@@ -75,7 +75,7 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
   reading_.assign(readers_.size(), kNone);
   rng_ = options_.seed;
   size_t restored = 0;
-  std::vector<Slot> slots;
+  std::vector<BufferedRecord> slots;
   if (!state.empty()) {
     auto corrupt = [](const char* what) {
       return Error(ErrorKind::kCorrupt, std::string("shuffler: the state to restore is ") + what +
@@ -90,7 +90,7 @@ Shuffler::Shuffler(std::vector<Reader*> readers, ShufflerOptions options, std::s
     uint64_t count = 0;
     if (!GetU64(&state, &rng_) || (!v3 && !GetU64(&state, &count))) throw corrupt("truncated");
     for (uint64_t i = 0; i < count; ++i) {
-      Slot slot;
+      BufferedRecord slot;
       uint64_t size = 0;
       if (!GetU64(&state, &slot.offset) || (!v1 && !GetU64(&state, &slot.epoch)) ||
           !GetU64(&state, &size) || state.size() < size)
@@ -162,7 +162,7 @@ void Shuffler::Take(uint32_t r, const Record& record, uint64_t epoch) {
     reading_[r] = i;
   }
   Tracked& t = items_[reading_[r]];
-  Slot& slot = slots_[count_];
+  BufferedRecord& slot = slots_[count_];
   slot.bytes.assign(record.data, record.data + record.size);
   t.pending.push_back(Pending{record.offset, false});  // the last call that may throw
   slot.offset = record.offset;
@@ -175,7 +175,7 @@ void Shuffler::Take(uint32_t r, const Record& record, uint64_t epoch) {
   ++count_;
 }
 
-void Shuffler::MarkHanded(const Slot& slot) noexcept {
+void Shuffler::MarkHanded(const BufferedRecord& slot) noexcept {
   Tracked& t = items_[slot.item];
   t.pending[slot.seq - t.first_seq].handed = true;  // in pending: only handed ones leave it
   while (!t.pending.empty() && t.pending.front().handed) {
@@ -382,7 +382,7 @@ ReadStatus Shuffler::Next(Record* out, Deadline deadline) noexcept {
   size_t i = static_cast<size_t>((static_cast<unsigned __int128>(Random()) * count_) >> 64);
   --count_;
   std::swap(slots_[i], slots_[count_]);  // moves two vectors: no copy of the bytes
-  const Slot& slot = slots_[count_];
+  const BufferedRecord& slot = slots_[count_];
   if (slot.item != kNone) {
     MarkHanded(slot);
     --items_[slot.item].buffered;

@@ -116,7 +116,7 @@ TEST(CheckpointRestoreTest, AResumeOffsetInsideAFixedSizeRecordIsRefused) {
     auto q = WorkQueue::Open(o);
     WorkItem item;
     ASSERT_EQ(q->TryTake(&item), TakeStatus::kOk);
-    ASSERT_EQ(q->Commit(item, item.begin + 800), AckStatus::kOk);
+    ASSERT_EQ(q->Commit(item, item.begin + 800), ItemStatus::kOk);
     saved = q->SaveState();
   }  // closed unfinished by its only process: removed
   SavedState s = DeserializeState(o.name, saved);

@@ -99,7 +99,7 @@ inline ::testing::AssertionResult FailsWith(const std::function<void()>& f, Erro
 }
 
 inline const char* StatusName(TakeStatus s) { return TakeStatusName(s); }
-inline const char* StatusName(AckStatus s) { return AckStatusName(s); }
+inline const char* StatusName(ItemStatus s) { return ItemStatusName(s); }
 
 inline std::string CheckItem(const WorkQueue& q, const WorkItem& it) {
   std::ostringstream out;
@@ -131,7 +131,7 @@ inline std::string CheckItem(const WorkQueue& q, const WorkItem& it) {
 }
 
 // Takes and acks until kEnd, with a deadline per Take. Returns the items in
-// the order taken. Fails the test on kEmpty (a hang) or a bad item/ack.
+// the order taken. Fails the test on kTimeout (a hang) or a bad item/ack.
 inline std::vector<WorkItem> Drain(WorkQueue& q, milliseconds per_take = milliseconds(20000)) {
   std::vector<WorkItem> got;
   for (;;) {
@@ -145,8 +145,8 @@ inline std::vector<WorkItem> Drain(WorkQueue& q, milliseconds per_take = millise
     }
     const std::string bad = CheckItem(q, it);
     EXPECT_EQ(bad, "");
-    const AckStatus a = q.Ack(it);
-    EXPECT_EQ(a, AckStatus::kOk) << "ack of ticket " << it.ticket;
+    const ItemStatus a = q.Ack(it);
+    EXPECT_EQ(a, ItemStatus::kOk) << "ack of ticket " << it.ticket;
     got.push_back(it);
   }
   return got;

@@ -23,7 +23,6 @@
 #include <string>
 #include <thread>
 
-#include "engine/queue_core.h"
 #include "engine/robust_mutex.h"
 #include "tailcut/error.h"
 #include "tests/engine/queue_test_util.h"

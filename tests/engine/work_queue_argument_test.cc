@@ -34,19 +34,19 @@ TEST_F(ArgumentTest, ProgressPastTheEndIsRefusedAndTheItemIsNotLost) {
   ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
   for (uint64_t bad :
        {it.end + 1, it.end + 500, uint64_t{1} << 48, uint64_t{1000000000000000}, ~uint64_t{0}})
-    EXPECT_EQ(q->Progress(it, bad), AckStatus::kOutOfRange) << "offset " << bad;
-  EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kOk);
-  EXPECT_EQ(q->Progress(it, 300), AckStatus::kOk);
-  EXPECT_EQ(q->Progress(it, 200), AckStatus::kOk) << "true, and says less: changes nothing";
-  EXPECT_EQ(q->Progress(it, it.end + 500), AckStatus::kOutOfRange);
+    EXPECT_EQ(q->Progress(it, bad), ItemStatus::kOutOfRange) << "offset " << bad;
+  EXPECT_EQ(q->Progress(it, it.begin), ItemStatus::kOk);
+  EXPECT_EQ(q->Progress(it, 300), ItemStatus::kOk);
+  EXPECT_EQ(q->Progress(it, 200), ItemStatus::kOk) << "true, and says less: changes nothing";
+  EXPECT_EQ(q->Progress(it, it.end + 500), ItemStatus::kOutOfRange);
   // A forged copy of the item with a wider range changes nothing: the
   // lease's own range decides.
   WorkItem forged = it;
   forged.end = ~uint64_t{0};
-  EXPECT_EQ(q->Progress(forged, it.end + 1), AckStatus::kOutOfRange);
+  EXPECT_EQ(q->Progress(forged, it.end + 1), ItemStatus::kOutOfRange);
   const std::string state = q->SaveState();
-  EXPECT_EQ(q->Progress(it, it.end), AckStatus::kOk) << "the end itself: consumed to the end";
-  ASSERT_EQ(q->GiveBack(it), AckStatus::kOk);
+  EXPECT_EQ(q->Progress(it, it.end), ItemStatus::kOk) << "the end itself: consumed to the end";
+  ASSERT_EQ(q->GiveBack(it), ItemStatus::kOk);
   q->Close();
   q.reset();
   RemoveQueue(o.name, true);
@@ -73,9 +73,9 @@ TEST_F(ArgumentTest, ProgressBeforeTheBeginIsRefused) {
   ASSERT_EQ(q->TryTake(&a), TakeStatus::kOk);
   ASSERT_EQ(q->TryTake(&b), TakeStatus::kOk);
   ASSERT_EQ(b.begin, 500u);
-  EXPECT_EQ(q->Progress(b, 499), AckStatus::kOutOfRange);
-  EXPECT_EQ(q->Progress(b, 0), AckStatus::kOutOfRange);
-  EXPECT_EQ(q->Progress(b, 500), AckStatus::kOk);
+  EXPECT_EQ(q->Progress(b, 499), ItemStatus::kOutOfRange);
+  EXPECT_EQ(q->Progress(b, 0), ItemStatus::kOutOfRange);
+  EXPECT_EQ(q->Progress(b, 500), ItemStatus::kOk);
 }
 
 // A piece split off another item has its own range; the item it was split
@@ -89,13 +89,13 @@ TEST_F(ArgumentTest, ProgressOfASplitItemAndOfItsPieceKeepTheirRanges) {
   WorkItem it, piece;
   ASSERT_EQ(owner->TryTake(&it), TakeStatus::kOk);
   uint64_t end = 0;
-  ASSERT_EQ(owner->Claim(it, it.begin + 4096, &end), AckStatus::kOk);
+  ASSERT_EQ(owner->Claim(it, it.begin + 4096, &end), ItemStatus::kOk);
   ASSERT_EQ(thief->TryTake(&piece), TakeStatus::kOk);
   ASSERT_TRUE(piece.piece);
-  EXPECT_EQ(owner->Progress(it, it.end), AckStatus::kOk);
-  EXPECT_EQ(thief->Progress(piece, piece.begin - 1), AckStatus::kOutOfRange);
-  EXPECT_EQ(thief->Progress(piece, piece.end + 1), AckStatus::kOutOfRange);
-  EXPECT_EQ(thief->Progress(piece, piece.end), AckStatus::kOk);
+  EXPECT_EQ(owner->Progress(it, it.end), ItemStatus::kOk);
+  EXPECT_EQ(thief->Progress(piece, piece.begin - 1), ItemStatus::kOutOfRange);
+  EXPECT_EQ(thief->Progress(piece, piece.end + 1), ItemStatus::kOutOfRange);
+  EXPECT_EQ(thief->Progress(piece, piece.end), ItemStatus::kOk);
 }
 
 // ------------------------------------------------------------ Claim, AgreeStep
@@ -109,15 +109,15 @@ TEST_F(ArgumentTest, ClaimAcceptsAnyUpToAndClampsIt) {
   WorkItem it;
   ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
   uint64_t end = 0;
-  EXPECT_EQ(q->Claim(it, 0, &end), AckStatus::kOk);
+  EXPECT_EQ(q->Claim(it, 0, &end), ItemStatus::kOk);
   EXPECT_EQ(end, it.end);
-  EXPECT_EQ(q->Claim(it, ~uint64_t{0}, &end), AckStatus::kOk);
+  EXPECT_EQ(q->Claim(it, ~uint64_t{0}, &end), ItemStatus::kOk);
   EXPECT_EQ(end, it.end);
   // Everything is claimed: nothing is left to split off.
   auto other = WorkQueue::Open(o);
   WorkItem none;
-  EXPECT_EQ(other->TryTake(&none), TakeStatus::kEmpty);
-  EXPECT_EQ(q->Ack(it), AckStatus::kOk);
+  EXPECT_EQ(other->TryTake(&none), TakeStatus::kTimeout);
+  EXPECT_EQ(q->Ack(it), ItemStatus::kOk);
 }
 
 TEST_F(ArgumentTest, AgreeStepRefusesRanksOutOfRangeAndStepsThatGoBack) {

@@ -178,7 +178,7 @@ TEST_F(WorkQueueTest, MismatchedConfigurationAgainstALiveQueueNamesTheField) {
   dir_.File("f1", kMiB);
 
   // Nothing the live queue did is lost.
-  EXPECT_EQ(live->Ack(held), AckStatus::kOk);
+  EXPECT_EQ(live->Ack(held), ItemStatus::kOk);
   EXPECT_EQ(Drain(*live).size() + 1, live->num_items());
 }
 
@@ -465,8 +465,8 @@ TEST_F(WorkQueueTest, ADamagedLeaseOfAStaleSegmentIsRepairedNotWaitedFor) {
         tailcut::detail::ComputeGeometry(works.size(), 3, 6, path_bytes, kMaxClients, kLeases);
     ASSERT_EQ(g.total, bytes.size());
     const size_t lease = never_used * kLeases;  // a FREE lease of the unused slot
-    const size_t off = g.leases + lease * sizeof(tailcut::detail::LeaseSlot) +
-                       offsetof(tailcut::detail::LeaseSlot, word);
+    const size_t off = g.leases + lease * sizeof(tailcut::detail::LeaseEntry) +
+                       offsetof(tailcut::detail::LeaseEntry, word);
     std::memcpy(bytes.data() + off, &d.word, sizeof d.word);
     WriteSegment(seg, bytes);
 
@@ -504,13 +504,13 @@ TEST_F(WorkQueueTest, ADamagedLeaseOfALiveQueueIsRepairedByHousekeeping) {
   ASSERT_GE(fd, 0);
   const uint64_t word = tailcut::detail::LeaseWord(tailcut::detail::kLeaseAcking, 3, 9);
   ASSERT_EQ(::pwrite(fd, &word, sizeof word,
-                     static_cast<off_t>(g.leases + 6 * sizeof(tailcut::detail::LeaseSlot))),
+                     static_cast<off_t>(g.leases + 6 * sizeof(tailcut::detail::LeaseEntry))),
             static_cast<ssize_t>(sizeof word));
   ::close(fd);
   WorkItem it;
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(it), ItemStatus::kOk);
   }
   EXPECT_EQ(q->Take(&it, std::chrono::steady_clock::now() + milliseconds(5000)), TakeStatus::kEnd);
 }

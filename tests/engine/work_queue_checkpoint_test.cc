@@ -32,15 +32,15 @@ Partial RunPartway(WorkQueue& q, int taken) {
     EXPECT_EQ(q.TryTake(&it), TakeStatus::kOk) << "take " << i;
     const auto key = std::make_pair(it.epoch, it.index);
     if (i % 5 != 2) {
-      EXPECT_EQ(q.Ack(it), AckStatus::kOk);
+      EXPECT_EQ(q.Ack(it), ItemStatus::kOk);
       p.acked.insert(key);
       continue;
     }
     uint64_t offset = it.begin;
     if ((i / 5) % 2 == 0 && it.end - it.begin >= 4) {
-      EXPECT_EQ(q.Progress(it, it.begin + (it.end - it.begin) / 4, 3), AckStatus::kOk);
+      EXPECT_EQ(q.Progress(it, it.begin + (it.end - it.begin) / 4, 3), ItemStatus::kOk);
       offset = it.begin + (it.end - it.begin) / 2;
-      EXPECT_EQ(q.Progress(it, offset, 5), AckStatus::kOk);
+      EXPECT_EQ(q.Progress(it, offset, 5), ItemStatus::kOk);
     }
     p.open_from[key] = offset;
     p.open_end[key] = it.end;
@@ -175,7 +175,7 @@ TEST_F(WorkQueueTest, EveryProcessOfTheJobMayPassTheSameState) {
         if (st != TakeStatus::kOk) return c.Fail(std::string("Take returned ") + StatusName(st));
         if (std::string bad = CheckItem(*q, it); !bad.empty()) return c.Fail(bad);
         c.Log(Rec::kTaken, it);
-        if (q->Ack(it) != AckStatus::kOk) return c.Fail("ack refused");
+        if (q->Ack(it) != ItemStatus::kOk) return c.Fail("ack refused");
         c.Log(Rec::kAcked, it);
         Spin(20);
       }
@@ -243,7 +243,7 @@ TEST_F(WorkQueueTest, GarbageStateIsCorrupt) {
     auto q = WorkQueue::Open(o);
     WorkItem it;
     ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(it), ItemStatus::kOk);
     good = q->SaveState();
   }
   RemoveQueue(o.name, true);

@@ -30,9 +30,9 @@ TEST_F(CommitTest, AnItemGivenBackResumesAtItsCommitNotItsBegin) {
   auto q = WorkQueue::Open(Options(NewName("giveback")));
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.begin + 1000), AckStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.end + 1), AckStatus::kOutOfRange);
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.begin + 1000), ItemStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.end + 1), ItemStatus::kOutOfRange);
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.ticket, item.ticket);
@@ -40,18 +40,18 @@ TEST_F(CommitTest, AnItemGivenBackResumesAtItsCommitNotItsBegin) {
   EXPECT_EQ(again.end, item.end);
   // The new owner decides anew: without a commit of its own, its give-back
   // hands the rest out from where it got it.
-  ASSERT_EQ(q->GiveBack(again), AckStatus::kOk);
+  ASSERT_EQ(q->GiveBack(again), ItemStatus::kOk);
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 1000);
-  EXPECT_EQ(q->Ack(again), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(again), ItemStatus::kOk);
 }
 
 TEST_F(CommitTest, ProgressAloneDoesNotMoveTheBegin) {
   auto q = WorkQueue::Open(Options(NewName("progress")));
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
-  EXPECT_EQ(q->Progress(item, item.begin + 1000), AckStatus::kOk);
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Progress(item, item.begin + 1000), ItemStatus::kOk);
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin);
@@ -62,29 +62,29 @@ TEST_F(CommitTest, AClaimedItemResumesAtItsCommit) {
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
   uint64_t end = 0;
-  ASSERT_EQ(q->Claim(item, item.begin + 4096, &end), AckStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.begin + 1000), AckStatus::kOk);
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  ASSERT_EQ(q->Claim(item, item.begin + 4096, &end), ItemStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.begin + 1000), ItemStatus::kOk);
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 1000) << "the Reader claims every item it reads";
   EXPECT_EQ(again.end, item.end);
-  EXPECT_EQ(q->Ack(again), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(again), ItemStatus::kOk);
 }
 
 TEST_F(CommitTest, CommitsNeverMoveTheResumePointBack) {
   auto q = WorkQueue::Open(Options(NewName("monotonic")));
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.begin + 3000), AckStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.begin + 1000), AckStatus::kOk);  // true, and says less
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.begin + 3000), ItemStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.begin + 1000), ItemStatus::kOk);  // true, and says less
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 3000);
   // Its next owner cannot move it below where it got the item either.
-  EXPECT_EQ(q->Commit(again, item.begin + 2000), AckStatus::kOk);
-  ASSERT_EQ(q->GiveBack(again), AckStatus::kOk);
+  EXPECT_EQ(q->Commit(again, item.begin + 2000), ItemStatus::kOk);
+  ASSERT_EQ(q->GiveBack(again), ItemStatus::kOk);
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 3000);
 }
@@ -93,8 +93,8 @@ TEST_F(CommitTest, AnItemCommittedToItsEndIsDoneWhenGivenBack) {
   auto q = WorkQueue::Open(Options(NewName("to_end")));
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.end), AckStatus::kOk);
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.end), ItemStatus::kOk);
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   EXPECT_EQ(q->Take(&item, std::chrono::steady_clock::now() + milliseconds(100)), TakeStatus::kEnd);
 }
 
@@ -108,22 +108,22 @@ TEST_F(CommitTest, ASplitNeverTakesBytesBelowWhereAnItemResumed) {
   auto thief = WorkQueue::Open(o);
   WorkItem item;
   ASSERT_EQ(owner->Take(&item), TakeStatus::kOk);
-  ASSERT_EQ(owner->Commit(item, item.begin + 5000), AckStatus::kOk);
-  ASSERT_EQ(owner->GiveBack(item), AckStatus::kOk);
+  ASSERT_EQ(owner->Commit(item, item.begin + 5000), ItemStatus::kOk);
+  ASSERT_EQ(owner->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(owner->Take(&again), TakeStatus::kOk);
   ASSERT_EQ(again.begin, item.begin + 5000);
   uint64_t end = 0;
-  ASSERT_EQ(owner->Claim(again, 0, &end), AckStatus::kOk);
+  ASSERT_EQ(owner->Claim(again, 0, &end), ItemStatus::kOk);
   WorkItem piece;
   ASSERT_EQ(thief->Take(&piece, std::chrono::steady_clock::now() + milliseconds(100)),
             TakeStatus::kOk);
   ASSERT_TRUE(piece.piece);
   EXPECT_GE(piece.begin, again.begin) << "a split took committed bytes";
-  ASSERT_EQ(owner->Claim(again, again.end, &end), AckStatus::kOk);
+  ASSERT_EQ(owner->Claim(again, again.end, &end), ItemStatus::kOk);
   EXPECT_EQ(end, piece.begin);
-  EXPECT_EQ(thief->Ack(piece), AckStatus::kOk);
-  EXPECT_EQ(owner->Ack(again), AckStatus::kOk);
+  EXPECT_EQ(thief->Ack(piece), ItemStatus::kOk);
+  EXPECT_EQ(owner->Ack(again), ItemStatus::kOk);
 }
 
 // The one item of a fresh queue restored from `state`: where it resumes.
@@ -145,19 +145,19 @@ TEST_F(CommitTest, ACheckpointResumesAtTheCommitOnceThereIsOne) {
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
   const uint64_t b = item.begin;
-  ASSERT_EQ(q->Progress(item, b + 4000), AckStatus::kOk);
+  ASSERT_EQ(q->Progress(item, b + 4000), ItemStatus::kOk);
   EXPECT_EQ(ResumeOf(o, q->SaveState(), UniqueQueueName("ckpt_a")), b + 4000);
-  ASSERT_EQ(q->Progress(item, b + 1000), AckStatus::kOk);  // never back
+  ASSERT_EQ(q->Progress(item, b + 1000), ItemStatus::kOk);  // never back
   EXPECT_EQ(ResumeOf(o, q->SaveState(), UniqueQueueName("ckpt_b")), b + 4000);
   // A process that commits hands on what it reads: what it parsed (Progress)
   // is not used yet, and from its first commit on only commits count.
-  ASSERT_EQ(q->Commit(item, b + 800), AckStatus::kOk);
+  ASSERT_EQ(q->Commit(item, b + 800), ItemStatus::kOk);
   EXPECT_EQ(ResumeOf(o, q->SaveState(), UniqueQueueName("ckpt_c")), b + 800);
-  ASSERT_EQ(q->Progress(item, b + 6000), AckStatus::kOk);
+  ASSERT_EQ(q->Progress(item, b + 6000), ItemStatus::kOk);
   EXPECT_EQ(ResumeOf(o, q->SaveState(), UniqueQueueName("ckpt_d")), b + 800);
-  ASSERT_EQ(q->Commit(item, b + 1200), AckStatus::kOk);
+  ASSERT_EQ(q->Commit(item, b + 1200), ItemStatus::kOk);
   EXPECT_EQ(ResumeOf(o, q->SaveState(), UniqueQueueName("ckpt_e")), b + 1200);
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   EXPECT_EQ(ResumeOf(o, q->SaveState(), UniqueQueueName("ckpt_f")), b + 1200);
 }
 
@@ -168,16 +168,16 @@ TEST_F(CommitTest, OffsetsInsideAFixedSizeRecordAreRefused) {
   auto q = WorkQueue::Open(o);
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.begin + 803), AckStatus::kOutOfRange);
-  EXPECT_EQ(q->Progress(item, item.begin + 803), AckStatus::kOutOfRange);
-  EXPECT_EQ(q->Commit(item, item.begin + 800), AckStatus::kOk);
-  EXPECT_EQ(q->Progress(item, item.begin + 8000), AckStatus::kOk);
-  ASSERT_EQ(q->GiveBack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Commit(item, item.begin + 803), ItemStatus::kOutOfRange);
+  EXPECT_EQ(q->Progress(item, item.begin + 803), ItemStatus::kOutOfRange);
+  EXPECT_EQ(q->Commit(item, item.begin + 800), ItemStatus::kOk);
+  EXPECT_EQ(q->Progress(item, item.begin + 8000), ItemStatus::kOk);
+  ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 800);
-  EXPECT_EQ(q->Commit(again, again.end), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(again), AckStatus::kOk);
+  EXPECT_EQ(q->Commit(again, again.end), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(again), ItemStatus::kOk);
 }
 
 TEST_F(CommitTest, AnItemOfAProcessKilledAfterACommitResumesThere) {
@@ -190,7 +190,7 @@ TEST_F(CommitTest, AnItemOfAProcessKilledAfterACommitResumesThere) {
     auto q = WorkQueue::Open(o);
     WorkItem item;
     if (q->Take(&item) != TakeStatus::kOk) _exit(2);
-    if (q->Commit(item, item.begin + 12345) != AckStatus::kOk) _exit(3);
+    if (q->Commit(item, item.begin + 12345) != ItemStatus::kOk) _exit(3);
     uint64_t begin = item.begin;
     if (write(ready[1], &begin, sizeof(begin)) != sizeof(begin)) _exit(4);
     pause();
@@ -209,7 +209,7 @@ TEST_F(CommitTest, AnItemOfAProcessKilledAfterACommitResumesThere) {
             TakeStatus::kOk);
   EXPECT_EQ(item.begin, begin + 12345)
       << "the dead process's committed bytes were handed out again";
-  EXPECT_EQ(q->Ack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(item), ItemStatus::kOk);
   EXPECT_EQ(q->Take(&item, std::chrono::steady_clock::now() + milliseconds(100)), TakeStatus::kEnd);
 }
 
@@ -226,8 +226,8 @@ TEST_F(CommitTest, AProgressPastTheCommitDoesNotMoveWhereAKilledProcessesItemRes
     auto mine = WorkQueue::Open(o);
     WorkItem item;
     if (mine->Take(&item) != TakeStatus::kOk) _exit(2);
-    if (mine->Commit(item, item.begin + 800) != AckStatus::kOk) _exit(3);
-    if (mine->Progress(item, item.begin + 4000, 5) != AckStatus::kOk) _exit(3);
+    if (mine->Commit(item, item.begin + 800) != ItemStatus::kOk) _exit(3);
+    if (mine->Progress(item, item.begin + 4000, 5) != ItemStatus::kOk) _exit(3);
     uint64_t begin = item.begin;
     if (write(ready[1], &begin, sizeof(begin)) != sizeof(begin)) _exit(4);
     pause();
@@ -246,7 +246,7 @@ TEST_F(CommitTest, AProgressPastTheCommitDoesNotMoveWhereAKilledProcessesItemRes
   ASSERT_EQ(q->Take(&item, std::chrono::steady_clock::now() + milliseconds(10000)),
             TakeStatus::kOk);
   EXPECT_EQ(item.begin, begin + 800) << "bytes between the commit and the progress were lost";
-  EXPECT_EQ(q->Ack(item), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(item), ItemStatus::kOk);
 }
 
 }  // namespace

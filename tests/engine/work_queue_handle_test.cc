@@ -6,6 +6,7 @@
 
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/queue_test_util.h"
@@ -28,7 +29,7 @@ class WorkQueueHandleTest : public QueueTest {
   // `held` (already taken) included.
   static std::string FinishEpoch(WorkQueue& q, const WorkItem& held) {
     std::multiset<uint64_t> seen{held.index};
-    if (q.Ack(held) != AckStatus::kOk) return "the parent's ack of its held item was refused";
+    if (q.Ack(held) != ItemStatus::kOk) return "the parent's ack of its held item was refused";
     for (const WorkItem& it : Drain(q)) seen.insert(it.index);
     if (seen.size() != q.num_items()) return std::to_string(seen.size()) + " items taken";
     for (uint64_t i = 0; i < q.num_items(); ++i)
@@ -74,11 +75,11 @@ TEST_F(WorkQueueHandleTest, AForkedChildThatUsesItsInheritedQueueIsRefusedEveryC
               };
               expect(q->Take(&it, Clock::now()), TakeStatus::kForked, "Take");
               expect(q->TryTake(&it), TakeStatus::kForked, "TryTake");
-              expect(q->Ack(held), AckStatus::kForked, "Ack");
-              expect(q->GiveBack(held), AckStatus::kForked, "GiveBack");
-              expect(q->Progress(held, held.begin), AckStatus::kForked, "Progress");
-              expect(q->Commit(held, held.begin), AckStatus::kForked, "Commit");
-              expect(q->Claim(held, held.end, &end), AckStatus::kForked, "Claim");
+              expect(q->Ack(held), ItemStatus::kForked, "Ack");
+              expect(q->GiveBack(held), ItemStatus::kForked, "GiveBack");
+              expect(q->Progress(held, held.begin), ItemStatus::kForked, "Progress");
+              expect(q->Commit(held, held.begin), ItemStatus::kForked, "Commit");
+              expect(q->Claim(held, held.end, &end), ItemStatus::kForked, "Claim");
               expect(q->AgreeStep(0, 1, 0, true, Clock::now()), StepStatus::kForked, "AgreeStep");
               auto says = FailsWith(
                   [&] { q->SaveState(); }, ErrorKind::kInvalidArgument,
@@ -107,7 +108,7 @@ TEST_F(WorkQueueHandleTest, AChildThatOpensItsOwnQueueSharesTheEpochWithItsParen
               auto mine = WorkQueue::Open(o);
               WorkItem it;
               if (mine->TryTake(&it) != TakeStatus::kOk) return "the child's own queue refused";
-              if (mine->Ack(it) != AckStatus::kOk) return "the child's ack was refused";
+              if (mine->Ack(it) != ItemStatus::kOk) return "the child's ack was refused";
               return "";
             }),
             "");
@@ -122,10 +123,10 @@ TEST_F(WorkQueueHandleTest, CallsAfterCloseReturnClosedNotEnd) {
   uint64_t end = 0;
   EXPECT_EQ(q->Take(&it, Clock::now()), TakeStatus::kClosed);
   EXPECT_EQ(q->TryTake(&it), TakeStatus::kClosed);
-  EXPECT_EQ(q->Ack(it), AckStatus::kClosed);
-  EXPECT_EQ(q->GiveBack(it), AckStatus::kClosed);
-  EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kClosed);
-  EXPECT_EQ(q->Claim(it, it.end, &end), AckStatus::kClosed);
+  EXPECT_EQ(q->Ack(it), ItemStatus::kClosed);
+  EXPECT_EQ(q->GiveBack(it), ItemStatus::kClosed);
+  EXPECT_EQ(q->Progress(it, it.begin), ItemStatus::kClosed);
+  EXPECT_EQ(q->Claim(it, it.end, &end), ItemStatus::kClosed);
   EXPECT_EQ(q->AgreeStep(0, 1, 0, true, Clock::now()), StepStatus::kClosed);
 }
 
@@ -135,12 +136,12 @@ TEST_F(WorkQueueHandleTest, AckStatusesSayWhatHappened) {
   ASSERT_EQ(q->TryTake(&a), TakeStatus::kOk);
   ASSERT_EQ(q->TryTake(&b), TakeStatus::kOk);
   EXPECT_EQ(q->TryTake(nullptr), TakeStatus::kInvalidArgument);
-  EXPECT_EQ(q->Ack(a), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(a), AckStatus::kAlreadyDone) << "a second ack";
-  EXPECT_EQ(q->GiveBack(a), AckStatus::kAlreadyDone) << "give back after ack";
-  EXPECT_EQ(q->GiveBack(b), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(b), AckStatus::kAlreadyDone) << "ack after give back";
-  EXPECT_EQ(q->Ack(WorkItem{}), AckStatus::kInvalid) << "a default item";
+  EXPECT_EQ(q->Ack(a), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(a), ItemStatus::kAlreadyDone) << "a second ack";
+  EXPECT_EQ(q->GiveBack(a), ItemStatus::kAlreadyDone) << "give back after ack";
+  EXPECT_EQ(q->GiveBack(b), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(b), ItemStatus::kAlreadyDone) << "ack after give back";
+  EXPECT_EQ(q->Ack(WorkItem{}), ItemStatus::kInvalid) << "a default item";
   EXPECT_EQ(q->Stats().stale_acks, 0u) << "none of these is stale";
   EXPECT_EQ(q->Stats().done, 1u);
 }
@@ -158,12 +159,12 @@ TEST_F(WorkQueueHandleTest, AnAckAfterALeaseTimeoutIsStaleAndASecondAckIsAlready
               for (WorkItem it;
                    other->Take(&it, Clock::now() + milliseconds(5000)) == TakeStatus::kOk;) {
                 got.insert(it.index);
-                if (other->Ack(it) != AckStatus::kOk) return "the taker's ack was refused";
+                if (other->Ack(it) != ItemStatus::kOk) return "the taker's ack was refused";
               }
               return got.count(slow.index) ? "" : "the hung item was never reassigned";
             }),
             "");
-  EXPECT_EQ(q->Ack(slow), AckStatus::kStale);
+  EXPECT_EQ(q->Ack(slow), ItemStatus::kStale);
   EXPECT_EQ(q->TryTake(&mine), TakeStatus::kEnd);
 }
 
@@ -171,15 +172,25 @@ TEST(StatusNameTest, EveryStatusHasAName) {
   EXPECT_STREQ(TakeStatusName(TakeStatus::kClosed), "closed");
   EXPECT_STREQ(TakeStatusName(TakeStatus::kForked), "forked");
   EXPECT_STREQ(TakeStatusName(TakeStatus::kInvalidArgument), "invalid argument");
-  EXPECT_STREQ(AckStatusName(AckStatus::kAlreadyDone), "already done");
-  EXPECT_STREQ(AckStatusName(AckStatus::kStale), "stale");
+  EXPECT_STREQ(ItemStatusName(ItemStatus::kAlreadyDone), "already done");
+  EXPECT_STREQ(ItemStatusName(ItemStatus::kStale), "stale");
   EXPECT_STREQ(StepStatusName(StepStatus::kEndEpoch), "end epoch");
   for (int s = 0; s <= static_cast<int>(TakeStatus::kInvalidArgument); ++s)
     EXPECT_STRNE(TakeStatusName(static_cast<TakeStatus>(s)), "?") << s;
-  for (int s = 0; s <= static_cast<int>(AckStatus::kForked); ++s)
-    EXPECT_STRNE(AckStatusName(static_cast<AckStatus>(s)), "?") << s;
+  for (int s = 0; s <= static_cast<int>(ItemStatus::kForked); ++s)
+    EXPECT_STRNE(ItemStatusName(static_cast<ItemStatus>(s)), "?") << s;
   for (int s = 0; s <= static_cast<int>(StepStatus::kForked); ++s)
     EXPECT_STRNE(StepStatusName(static_cast<StepStatus>(s)), "?") << s;
+}
+
+// A passed deadline is kTimeout in every status enum; the old spellings
+// (AckStatus, AckStatusName, TakeStatus::kEmpty) still compile and mean the same.
+TEST(StatusNameTest, OldSpellingsAreAliasesOfTheNewNames) {
+  static_assert(std::is_same_v<AckStatus, ItemStatus>);
+  static_assert(TakeStatus::kEmpty == TakeStatus::kTimeout);
+  EXPECT_STREQ(TakeStatusName(TakeStatus::kTimeout), "timeout");
+  EXPECT_STREQ(StepStatusName(StepStatus::kTimeout), "timeout");
+  EXPECT_STREQ(AckStatusName(AckStatus::kOutOfRange), ItemStatusName(ItemStatus::kOutOfRange));
 }
 
 TEST_F(WorkQueueHandleTest, DestroyingAQueueWhileADependentLivesAbortsNamingIt) {

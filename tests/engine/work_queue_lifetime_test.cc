@@ -105,7 +105,7 @@ TEST_F(WorkQueueTest, UnfinishedQueueSurvivesCloseAndContinues) {
     for (auto& h : held) ASSERT_EQ(a->TryTake(&h), TakeStatus::kOk);
     for (size_t i = 0; i < held.size(); ++i) {
       if (i % 2 == 0) {
-        ASSERT_EQ(a->Ack(held[i]), AckStatus::kOk);
+        ASSERT_EQ(a->Ack(held[i]), ItemStatus::kOk);
         counts[Key(20, held[i].epoch, held[i].index)]++;
       } else {
         given_back.insert({held[i].epoch, held[i].index});
@@ -136,7 +136,7 @@ std::set<std::pair<uint64_t, uint64_t>> RunAndKill(const WorkQueueOptions& o, in
       if (q->TryTake(&h) != TakeStatus::kOk) return c.Fail("take");
     }
     for (int i = 0; i < ack; ++i) {
-      if (q->Ack(held[i]) != AckStatus::kOk) return c.Fail("ack");
+      if (q->Ack(held[i]) != ItemStatus::kOk) return c.Fail("ack");
       c.Log(Rec::kAcked, held[i]);
     }
     ::raise(SIGKILL);

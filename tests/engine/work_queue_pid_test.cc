@@ -62,7 +62,7 @@ TEST(PidReuseTest, ADeadClientWhosePidNowBelongsToALiveProcessIsStillRecovered) 
   detail::Geometry g = detail::ComputeGeometry(h->num_files, h->num_items, h->total_tickets,
                                                h->path_bytes, h->max_clients, h->leases_per_client);
   ASSERT_EQ(g.total, static_cast<size_t>(st.st_size));
-  auto* clients = reinterpret_cast<detail::ClientSlot*>(static_cast<char*>(p) + g.clients);
+  auto* clients = reinterpret_cast<detail::ClientEntry*>(static_cast<char*>(p) + g.clients);
   int forged = 0;
   for (uint32_t s = 0; s < g.max_clients; ++s) {
     if (clients[s].pid.load() == victim) {
@@ -80,7 +80,7 @@ TEST(PidReuseTest, ADeadClientWhosePidNowBelongsToALiveProcessIsStillRecovered) 
   while (q->Take(&it, std::chrono::steady_clock::now() + std::chrono::seconds(10)) ==
          TakeStatus::kOk) {
     ++taken;
-    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(it), ItemStatus::kOk);
   }
   EXPECT_EQ(taken, 4) << "the dead client's item must come back despite its pid being alive";
   QueueStats s = q->Stats();

@@ -299,9 +299,9 @@ TEST_F(WorkQueueProcessTest, HungProcessLosesItsItemAfterTheLeaseTimeoutAndItsAc
     c.SetValue(0, 1);
     ::raise(SIGSTOP);
     c.SetValue(1, 1 + static_cast<uint64_t>(q->Progress(it, it.begin + 1)));
-    const AckStatus a = q->Ack(it);
+    const ItemStatus a = q->Ack(it);
     c.SetValue(2, 1 + static_cast<uint64_t>(a));
-    c.Log(a == AckStatus::kOk ? Rec::kAcked : Rec::kStale, it);
+    c.Log(a == ItemStatus::kOk ? Rec::kAcked : Rec::kStale, it);
     const QueueStats s = q->Stats();
     c.SetValue(3, 1 + s.stale_acks);
     for (const ClientStats& cs : s.clients) {
@@ -338,9 +338,9 @@ TEST_F(WorkQueueProcessTest, HungProcessLosesItsItemAfterTheLeaseTimeoutAndItsAc
   ::kill(kids.pid(0), SIGCONT);
   const ChildResult a = kids.Wait(0, milliseconds(20000));
   EXPECT_TRUE(a.Ok()) << "A " << a.Describe();
-  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale))
+  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(ItemStatus::kStale))
       << "Progress after reassignment";
-  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(AckStatus::kStale))
+  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(ItemStatus::kStale))
       << "Ack after reassignment";
   EXPECT_GE(kids.Value(0, 3), 2u) << "Stats().stale_acks should count the refused ack";
   EXPECT_EQ(kids.Value(0, 4), 2u) << "the client's own stale_acks should be 1";
@@ -390,14 +390,14 @@ TEST_F(WorkQueueProcessTest, TheLeaseTimeoutIsTheQueuesAndAPeerCannotImposeAnoth
       return c.Fail("lease_timeout_ms is not the queue's 0");
     WorkItem it;
     while (q->TryTake(&it) == TakeStatus::kOk) q->Ack(it);
-    if (q->Take(&it, Clock::now() + milliseconds(600)) != TakeStatus::kEmpty)
+    if (q->Take(&it, Clock::now() + milliseconds(600)) != TakeStatus::kTimeout)
       return c.Fail("A's item was handed out though the queue never reassigns");
     return 0;
   });
   EXPECT_TRUE(kids.Wait(2, milliseconds(20000)).Ok()) << kids.Error(2);
   kids.SetFlag(0, 0);
   ASSERT_TRUE(kids.Wait(0, milliseconds(20000)).Ok()) << kids.Error(0);
-  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(AckStatus::kOk)) << "A's own ack";
+  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(ItemStatus::kOk)) << "A's own ack";
 }
 
 // An attacher that leaves lease_timeout at 0 adopts the creator's value, and
@@ -428,7 +428,7 @@ TEST_F(WorkQueueProcessTest, AnAttacherWithoutALeaseTimeoutAdoptsTheCreatorsValu
   }
   EXPECT_EQ(taken, 4) << "the child's item was reassigned to the creator";
   EXPECT_TRUE(kids.Wait(0, milliseconds(20000)).Ok()) << kids.Error(0);
-  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(AckStatus::kStale));
+  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(ItemStatus::kStale));
 }
 
 // Lifetime of an unfinished queue (work_queue.h): removed when every process
@@ -530,7 +530,7 @@ TEST_F(LifetimeTest, KeepUnfinishedKeepsAQueueClosedCleanly) {
     auto q = WorkQueue::Open(o);
     WorkItem it;
     ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(it), ItemStatus::kOk);
   }
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
 }
@@ -560,12 +560,12 @@ TEST_F(WorkQueueProcessTest, ProgressKeepsALeaseAlive) {
     c.SetValue(0, 1);
     for (int i = 0; i < 24; ++i) {
       ::usleep(50000);
-      if (q->Progress(it, it.begin + i) != AckStatus::kOk)
+      if (q->Progress(it, it.begin + i) != ItemStatus::kOk)
         return c.Fail("Progress refused at step " + std::to_string(i));
     }
     c.Log(Rec::kIntent, it);
-    const AckStatus a = q->Ack(it);
-    if (a != AckStatus::kOk) return c.Fail("ack of a lease kept alive by Progress was refused");
+    const ItemStatus a = q->Ack(it);
+    if (a != ItemStatus::kOk) return c.Fail("ack of a lease kept alive by Progress was refused");
     c.Log(Rec::kAcked, it);
     WorkItem next;
     if (q->Take(&next, Clock::now() + milliseconds(10000)) != TakeStatus::kEnd)
@@ -600,7 +600,7 @@ TEST_F(WorkQueueProcessTest, SlotsOfDeadClientsAreReused) {
       for (int i = 0; i < 2; ++i) {
         if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
         c.Log(Rec::kIntent, it);
-        if (q->Ack(it) != AckStatus::kOk) return c.Fail("ack");
+        if (q->Ack(it) != ItemStatus::kOk) return c.Fail("ack");
         c.Log(Rec::kAcked, it);
       }
       if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");

@@ -54,7 +54,7 @@ milliseconds LeaseTimeoutFor(uint64_t seed) {
   return milliseconds(h % 3 == 0 ? 1 + (h >> 32) % 3 : 0);
 }
 
-// A worker thread: TryTake until kEnd (a kEmpty just lets the others run),
+// A worker thread: TryTake until kEnd (a kTimeout just lets the others run),
 // reading each item in claimed chunks; "" when all went as it should. With a
 // lease timeout, any call on an item may find it reassigned (kStale): the
 // item is dropped, as a trainer would.
@@ -65,10 +65,10 @@ std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed, bool may_be
     WorkItem it;
     const TakeStatus st = q.TryTake(&it);
     if (st == TakeStatus::kEnd) return "";
-    if (st == TakeStatus::kEmpty) {
+    if (st == TakeStatus::kTimeout) {
       // Others hold items: they must come back or be acked. A schedule
       // that never gets there is a livelock.
-      if (++empty > 200000) return "TryTake returned kEmpty 200000 times in a row";
+      if (++empty > 200000) return "TryTake returned kTimeout 200000 times in a row";
       DeterministicSchedule::Yield();
       continue;
     }
@@ -77,9 +77,9 @@ std::string Work(WorkQueue& q, Logs& logs, size_t me, uint64_t seed, bool may_be
     if (std::string bad = CheckItem(q, it); !bad.empty()) return "bad item: " + bad;
     logs.Log(me, Record{Rec::kTaken, 0, it.epoch, it.index, it.ticket, it.begin, it.end});
     // "" to go on with the item, "stale" to drop it, else what went wrong.
-    auto check = [&](AckStatus a, const char* call) -> std::string {
-      if (a == AckStatus::kOk) return "";
-      if (a == AckStatus::kStale && may_be_stale) {
+    auto check = [&](ItemStatus a, const char* call) -> std::string {
+      if (a == ItemStatus::kOk) return "";
+      if (a == ItemStatus::kStale && may_be_stale) {
         logs.Log(me, Record{Rec::kStale, 0, it.epoch, it.index, it.ticket, it.begin, it.end});
         ++*stale;
         return "stale";
@@ -285,7 +285,7 @@ TEST_F(WorkQueueScheduleTest, ASeedRunsTheSameInterleavingAgain) {
 // and 16313654251137480512: a thief that bumped split_seq before the scan began and split during
 // it let SaveState list the anchor's old range and the piece both. 453898878288612545: a fruitless
 // scan reset the count of orphans while a claimer still owed its decrement, and an orphan
-// published then was never looked for: every thread saw kEmpty at the end of the data.
+// published then was never looked for: every thread saw kTimeout at the end of the data.
 // 3668780794851868250: a TAKING piece opened and settled before the scan reached its anchor, and
 // SaveState left it out. 5114807108770098137: done bits past the saved cursor made a restore skip
 // an item.
@@ -330,7 +330,7 @@ TEST_F(WorkQueueScheduleTest, AShortLeaseTimeoutIsActedOnWhileOthersAreBusy) {
     constexpr uint64_t kNone = ~uint64_t{0};
     uint64_t held = kNone, taken_after = 0, total = 0;
     bool b_done = false, got_it = false;
-    AckStatus late_ack = AckStatus::kOk;
+    ItemStatus late_ack = ItemStatus::kOk;
     std::vector<std::function<void()>> bodies;
     bodies.push_back([&] {
       WorkItem it;
@@ -361,7 +361,7 @@ TEST_F(WorkQueueScheduleTest, AShortLeaseTimeoutIsActedOnWhileOthersAreBusy) {
     EXPECT_TRUE(got_it) << "A's item never reached B";
     EXPECT_GT(taken_after, 10u) << "A's item was reassigned only as the cursor ran dry (B took "
                                 << total << " items)";
-    EXPECT_EQ(late_ack, AckStatus::kStale);
+    EXPECT_EQ(late_ack, ItemStatus::kStale);
     a->Close();
     b->Close();
   }
@@ -385,7 +385,7 @@ TEST_F(WorkQueueScheduleTest, RestoreIgnoresBitsAndPiecesPastTheSavedCursor) {
     WorkItem a, b;
     ASSERT_EQ(q->TryTake(&a), TakeStatus::kOk);
     ASSERT_EQ(q->TryTake(&b), TakeStatus::kOk);
-    ASSERT_EQ(q->Ack(a), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(a), ItemStatus::kOk);
     state = q->SaveState();  // cursor 2: ticket 0 done, ticket 1 open
     q->Close();
   }

@@ -87,7 +87,7 @@ class SplitTest : public ::testing::Test {
           while (true) {
             uint64_t end = 0;
             uint64_t up_to = std::min(pos + kStep, it.end);
-            if (q->Claim(it, up_to, &end) != AckStatus::kOk) {
+            if (q->Claim(it, up_to, &end) != ItemStatus::kOk) {
               stale = true;
               break;
             }
@@ -99,7 +99,7 @@ class SplitTest : public ::testing::Test {
               std::this_thread::sleep_for(std::chrono::microseconds(us_per_step));
             if (pos >= it.end) break;
           }
-          if (stale || q->Ack(it) != AckStatus::kOk) continue;
+          if (stale || q->Ack(it) != ItemStatus::kOk) continue;
           for (const Range& r : mine)
             if (::write(fds[1], &r, sizeof(r)) != sizeof(r)) std::_Exit(3);
         }
@@ -210,21 +210,21 @@ TEST_F(SplitTest, AnItemThatIsNeverClaimedIsNeverSplit) {
   auto idle = WorkQueue::Open(o);
   WorkItem it, other;
   ASSERT_EQ(owner->TryTake(&it), TakeStatus::kOk);
-  EXPECT_EQ(idle->TryTake(&other), TakeStatus::kEmpty);
+  EXPECT_EQ(idle->TryTake(&other), TakeStatus::kTimeout);
   uint64_t end = 0;
-  ASSERT_EQ(owner->Claim(it, it.begin + kStep, &end), AckStatus::kOk);
+  ASSERT_EQ(owner->Claim(it, it.begin + kStep, &end), ItemStatus::kOk);
   EXPECT_EQ(end, it.end);
   ASSERT_EQ(idle->TryTake(&other), TakeStatus::kOk);
   EXPECT_TRUE(other.piece);
   EXPECT_EQ(other.ticket, it.ticket);
   EXPECT_GT(other.begin, it.begin + kStep - 1);
   EXPECT_EQ(other.end, it.end);
-  ASSERT_EQ(owner->Claim(it, it.end, &end), AckStatus::kOk);
+  ASSERT_EQ(owner->Claim(it, it.end, &end), ItemStatus::kOk);
   EXPECT_EQ(end, other.begin) << "the owner must stop where the thief starts";
-  EXPECT_EQ(owner->Ack(it), AckStatus::kOk);
+  EXPECT_EQ(owner->Ack(it), ItemStatus::kOk);
   WorkItem none;
-  EXPECT_EQ(owner->TryTake(&none), TakeStatus::kEmpty) << "the piece is still out";
-  EXPECT_EQ(idle->Ack(other), AckStatus::kOk);
+  EXPECT_EQ(owner->TryTake(&none), TakeStatus::kTimeout) << "the piece is still out";
+  EXPECT_EQ(idle->Ack(other), ItemStatus::kOk);
   EXPECT_EQ(owner->TryTake(&none), TakeStatus::kEnd);
 }
 
@@ -242,7 +242,7 @@ TEST_F(SplitTest, ACheckpointWithSplitsRestoresEveryUnreadByteOnce) {
     WorkItem it, piece;
     ASSERT_EQ(owner->TryTake(&it), TakeStatus::kOk);
     uint64_t end;
-    ASSERT_EQ(owner->Claim(it, it.begin + 3 * kStep, &end), AckStatus::kOk);
+    ASSERT_EQ(owner->Claim(it, it.begin + 3 * kStep, &end), ItemStatus::kOk);
     ASSERT_EQ(thief->TryTake(&piece), TakeStatus::kOk);
     ASSERT_TRUE(piece.piece);
     split_at = piece.begin;

@@ -25,20 +25,20 @@ TEST_F(WorkQueueTest, AckRefusesItemsItDoesNotHold) {
   auto q = WorkQueue::Open(o);
   WorkItem it;
   ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-  EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(it), AckStatus::kOk);
+  EXPECT_EQ(q->Progress(it, it.begin), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(it), ItemStatus::kOk);
   // No longer held: refused as what it is, and never counted twice.
-  EXPECT_EQ(q->Ack(it), AckStatus::kAlreadyDone) << "second ack of the same item";
-  EXPECT_EQ(q->GiveBack(it), AckStatus::kAlreadyDone) << "give back after ack";
-  EXPECT_EQ(q->Progress(it, it.begin), AckStatus::kAlreadyDone) << "progress after ack";
+  EXPECT_EQ(q->Ack(it), ItemStatus::kAlreadyDone) << "second ack of the same item";
+  EXPECT_EQ(q->GiveBack(it), ItemStatus::kAlreadyDone) << "give back after ack";
+  EXPECT_EQ(q->Progress(it, it.begin), ItemStatus::kAlreadyDone) << "progress after ack";
   EXPECT_EQ(q->Stats().stale_acks, 0u) << "a second ack is not a stale one";
   EXPECT_EQ(q->Stats().done, 1u);
   WorkItem forged = it;
   forged.lease = 1u << 30;
-  EXPECT_EQ(q->Ack(forged), AckStatus::kInvalid) << "lease slot out of range";
-  EXPECT_EQ(q->Progress(forged, 0), AckStatus::kInvalid);
-  EXPECT_EQ(q->GiveBack(forged), AckStatus::kInvalid);
-  EXPECT_EQ(q->Ack(WorkItem{}), AckStatus::kInvalid) << "default item";
+  EXPECT_EQ(q->Ack(forged), ItemStatus::kInvalid) << "lease slot out of range";
+  EXPECT_EQ(q->Progress(forged, 0), ItemStatus::kInvalid);
+  EXPECT_EQ(q->GiveBack(forged), ItemStatus::kInvalid);
+  EXPECT_EQ(q->Ack(WorkItem{}), ItemStatus::kInvalid) << "default item";
   // Every item still comes out exactly once.
   EXPECT_EQ(Drain(*q).size(), 3u);
   EXPECT_EQ(q->Stats().done, 4u);
@@ -51,8 +51,8 @@ TEST_F(WorkQueueTest, GivenBackItemIsHandedOutAgain) {
   WorkItem it;
   ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
   const auto key = std::make_pair(it.epoch, it.index);
-  EXPECT_EQ(q->GiveBack(it), AckStatus::kOk);
-  EXPECT_NE(q->Ack(it), AckStatus::kOk) << "an item given back is no longer held";
+  EXPECT_EQ(q->GiveBack(it), ItemStatus::kOk);
+  EXPECT_NE(q->Ack(it), ItemStatus::kOk) << "an item given back is no longer held";
   std::vector<uint32_t> counts(10);
   int again = 0;
   for (const WorkItem& w : Drain(*q)) {
@@ -77,10 +77,10 @@ TEST_F(WorkQueueTest, TakeWithEveryLeaseSlotHeldIsLimitNotEnd) {
   WorkItem extra;
   EXPECT_EQ(q->TryTake(&extra), TakeStatus::kLimit);
   EXPECT_EQ(q->Take(&extra, Clock::now() + milliseconds(50)), TakeStatus::kLimit);
-  EXPECT_EQ(q->Ack(held[2]), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(held[2]), ItemStatus::kOk);
   EXPECT_EQ(q->TryTake(&extra), TakeStatus::kOk);
-  for (int i : {0, 1, 3}) EXPECT_EQ(q->Ack(held[i]), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(extra), AckStatus::kOk);
+  for (int i : {0, 1, 3}) EXPECT_EQ(q->Ack(held[i]), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(extra), ItemStatus::kOk);
   EXPECT_EQ(Drain(*q).size(), 15u);
 }
 
@@ -94,8 +94,8 @@ TEST_F(WorkQueueTest, StatsCountWhatThisProcessDid) {
   WorkItem a, b;
   ASSERT_EQ(q->TryTake(&a), TakeStatus::kOk);
   ASSERT_EQ(q->TryTake(&b), TakeStatus::kOk);
-  EXPECT_EQ(q->Progress(a, a.begin + 1, 7), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(a), AckStatus::kOk);
+  EXPECT_EQ(q->Progress(a, a.begin + 1, 7), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(a), ItemStatus::kOk);
   QueueStats s = q->Stats();
   EXPECT_EQ(s.name, o.name);
   EXPECT_EQ(s.segment_path, SegmentPath(o.name));
@@ -118,7 +118,7 @@ TEST_F(WorkQueueTest, StatsCountWhatThisProcessDid) {
   EXPECT_EQ(c.bytes_acked, a.end - a.begin);
   EXPECT_GT(c.last_progress_ns, 0u);
   EXPECT_LE(c.joined_ns, s.now_ns);
-  EXPECT_EQ(q->Ack(b), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(b), ItemStatus::kOk);
   Drain(*q);
   s = q->Stats();
   EXPECT_EQ(s.done, 6u);
@@ -139,9 +139,9 @@ TEST_F(WorkQueueTest, IdleClientSplitsTheUnclaimedTailOfAClaimedItem) {
   WorkItem it, piece, other;
   ASSERT_EQ(a->TryTake(&it), TakeStatus::kOk);
   EXPECT_FALSE(it.piece);
-  EXPECT_EQ(b->TryTake(&piece), TakeStatus::kEmpty) << "an item never claimed is never split";
+  EXPECT_EQ(b->TryTake(&piece), TakeStatus::kTimeout) << "an item never claimed is never split";
   uint64_t end = 0;
-  ASSERT_EQ(a->Claim(it, kMiB, &end), AckStatus::kOk);
+  ASSERT_EQ(a->Claim(it, kMiB, &end), ItemStatus::kOk);
   EXPECT_EQ(end, size);
   ASSERT_EQ(b->TryTake(&piece), TakeStatus::kOk) << "b is idle and a's item has 15 MiB unclaimed";
   EXPECT_TRUE(piece.piece);
@@ -154,12 +154,12 @@ TEST_F(WorkQueueTest, IdleClientSplitsTheUnclaimedTailOfAClaimedItem) {
   EXPECT_GE(size - piece.begin, kMiB) << "the piece is at least min_split_bytes";
   EXPECT_EQ(CheckItem(*b, piece), "");
   // The owner sees the lowered end and cannot claim past it.
-  ASSERT_EQ(a->Claim(it, size, &end), AckStatus::kOk);
+  ASSERT_EQ(a->Claim(it, size, &end), ItemStatus::kOk);
   EXPECT_EQ(end, piece.begin);
   // A piece is split again like any claimed item: c, idle, takes the
   // unclaimed tail of b's piece (a's part is claimed to its end).
   uint64_t piece_end = 0;
-  ASSERT_EQ(b->Claim(piece, piece.begin + 4096, &piece_end), AckStatus::kOk);
+  ASSERT_EQ(b->Claim(piece, piece.begin + 4096, &piece_end), ItemStatus::kOk);
   EXPECT_EQ(piece_end, piece.end);
   WorkItem piece2;
   ASSERT_EQ(c->TryTake(&piece2), TakeStatus::kOk);
@@ -167,12 +167,12 @@ TEST_F(WorkQueueTest, IdleClientSplitsTheUnclaimedTailOfAClaimedItem) {
   EXPECT_EQ(piece2.ticket, it.ticket);
   EXPECT_EQ(piece2.end, piece.end);
   EXPECT_GT(piece2.begin, piece.begin + 4096);
-  ASSERT_EQ(b->Claim(piece, piece.end, &piece_end), AckStatus::kOk);
+  ASSERT_EQ(b->Claim(piece, piece.end, &piece_end), ItemStatus::kOk);
   EXPECT_EQ(piece_end, piece2.begin) << "b must stop where c starts";
-  EXPECT_EQ(b->Ack(piece), AckStatus::kOk);
-  EXPECT_EQ(c->Ack(piece2), AckStatus::kOk);
-  EXPECT_EQ(c->TryTake(&other), TakeStatus::kEmpty) << "a still holds its part";
-  EXPECT_EQ(a->Ack(it), AckStatus::kOk);
+  EXPECT_EQ(b->Ack(piece), ItemStatus::kOk);
+  EXPECT_EQ(c->Ack(piece2), ItemStatus::kOk);
+  EXPECT_EQ(c->TryTake(&other), TakeStatus::kTimeout) << "a still holds its part";
+  EXPECT_EQ(a->Ack(it), ItemStatus::kOk);
   EXPECT_EQ(a->TryTake(&other), TakeStatus::kEnd);
   EXPECT_EQ(c->TryTake(&other), TakeStatus::kEnd);
   const QueueStats s = a->Stats();
@@ -200,11 +200,11 @@ TEST_F(WorkQueueTest, NoSplitWhenDisabledOrTheTailIsSmall) {
     WorkItem it, other;
     ASSERT_EQ(a->TryTake(&it), TakeStatus::kOk);
     uint64_t end = 0;
-    ASSERT_EQ(a->Claim(it, kMiB, &end), AckStatus::kOk);
-    EXPECT_EQ(b->TryTake(&other), TakeStatus::kEmpty);
-    ASSERT_EQ(a->Claim(it, size, &end), AckStatus::kOk);
+    ASSERT_EQ(a->Claim(it, kMiB, &end), ItemStatus::kOk);
+    EXPECT_EQ(b->TryTake(&other), TakeStatus::kTimeout);
+    ASSERT_EQ(a->Claim(it, size, &end), ItemStatus::kOk);
     EXPECT_EQ(end, size);
-    EXPECT_EQ(a->Ack(it), AckStatus::kOk);
+    EXPECT_EQ(a->Ack(it), ItemStatus::kOk);
     EXPECT_EQ(b->TryTake(&other), TakeStatus::kEnd);
     EXPECT_EQ(a->Stats().splits, 0u);
   }
@@ -224,7 +224,7 @@ size_t SpawnHolder(Children& kids, const WorkQueueOptions& o, int delay_ms_befor
     if (!c.WaitFlag(0, milliseconds(30000))) return c.Fail("never told to ack");
     ::usleep(delay_ms_before_ack * 1000);
     c.SetValue(1, static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
-    if (q->Ack(it) != AckStatus::kOk) return c.Fail("ack refused");
+    if (q->Ack(it) != ItemStatus::kOk) return c.Fail("ack refused");
     q->Close();
     return 0;
   });
@@ -239,11 +239,11 @@ TEST_F(WorkQueueTest, TakeWaitsForAnotherProcessesLastItemThenEnds) {
   WorkItem it;
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(it), ItemStatus::kOk);
   }
-  EXPECT_EQ(q->TryTake(&it), TakeStatus::kEmpty) << "another live process holds the last item";
+  EXPECT_EQ(q->TryTake(&it), TakeStatus::kTimeout) << "another live process holds the last item";
   auto t0 = Clock::now();
-  EXPECT_EQ(q->Take(&it, t0 + milliseconds(300)), TakeStatus::kEmpty);
+  EXPECT_EQ(q->Take(&it, t0 + milliseconds(300)), TakeStatus::kTimeout);
   const double waited = MillisSince(t0);
   EXPECT_GE(waited, 250.0) << "Take returned before its deadline";
   EXPECT_LT(waited, 5000.0);
@@ -271,9 +271,9 @@ TEST_F(WorkQueueTest, TakeGetsTheItemOfAHolderThatDies) {
   WorkItem it;
   for (int i = 0; i < 2; ++i) {
     ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);
-    ASSERT_EQ(q->Ack(it), AckStatus::kOk);
+    ASSERT_EQ(q->Ack(it), ItemStatus::kOk);
   }
-  EXPECT_EQ(q->TryTake(&it), TakeStatus::kEmpty);
+  EXPECT_EQ(q->TryTake(&it), TakeStatus::kTimeout);
   // Kill the holder while we sleep in Take.
   std::atomic<int64_t> killed_at{0};
   std::thread killer([&] {
@@ -294,7 +294,7 @@ TEST_F(WorkQueueTest, TakeGetsTheItemOfAHolderThatDies) {
   EXPECT_LT(latency, 5000.0);
   RecordProperty("wake_after_death_ms", std::to_string(latency));
   EXPECT_TRUE(kids.Wait(0, milliseconds(5000)).Killed());
-  EXPECT_EQ(q->Ack(it), AckStatus::kOk);
+  EXPECT_EQ(q->Ack(it), ItemStatus::kOk);
   EXPECT_EQ(q->TryTake(&it), TakeStatus::kEnd);
   const QueueStats s = q->Stats();
   EXPECT_EQ(s.recovered_items, 1u);
@@ -316,9 +316,9 @@ TEST_F(WorkQueueTest, TryTakeIsEndOnAFinishedQueueAndOkOtherwise) {
   EXPECT_EQ(q->TryTake(&a), TakeStatus::kOk);
   EXPECT_EQ(q->TryTake(&b), TakeStatus::kOk);
   // Only this process holds the rest: there is nothing to hand out now.
-  EXPECT_EQ(q->TryTake(&c), TakeStatus::kEmpty);
-  EXPECT_EQ(q->Ack(a), AckStatus::kOk);
-  EXPECT_EQ(q->Ack(b), AckStatus::kOk);
+  EXPECT_EQ(q->TryTake(&c), TakeStatus::kTimeout);
+  EXPECT_EQ(q->Ack(a), ItemStatus::kOk);
+  EXPECT_EQ(q->Ack(b), ItemStatus::kOk);
   EXPECT_EQ(q->TryTake(&c), TakeStatus::kEnd);
   EXPECT_EQ(q->Take(&c), TakeStatus::kEnd);
 }

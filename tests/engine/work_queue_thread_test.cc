@@ -48,18 +48,19 @@ void Work(WorkQueue& q, ThreadLog& log, uint64_t salt, std::latch& start) {
       return;
     }
     if (rng() % 16 == 0) {
-      if (q.GiveBack(it) != AckStatus::kOk) {
+      if (q.GiveBack(it) != ItemStatus::kOk) {
         log.error = "GiveBack refused";
         return;
       }
       ++log.given_back;
       continue;
     }
-    if (rng() % 4 == 0 && q.Progress(it, it.begin + (it.end - it.begin) / 2, 1) != AckStatus::kOk) {
+    if (rng() % 4 == 0 &&
+        q.Progress(it, it.begin + (it.end - it.begin) / 2, 1) != ItemStatus::kOk) {
       log.error = "Progress refused";
       return;
     }
-    if (q.Ack(it) != AckStatus::kOk) {
+    if (q.Ack(it) != ItemStatus::kOk) {
       log.error = "Ack refused for ticket " + std::to_string(it.ticket);
       return;
     }
@@ -194,7 +195,7 @@ TEST_F(WorkQueueThreadTest, ItemsGivenBackAtTheEndOfTheDataAreNeverLost) {
           }
           if (rng() % 2 == 0) {
             q->GiveBack(it);
-          } else if (q->Ack(it) == AckStatus::kOk) {
+          } else if (q->Ack(it) == ItemStatus::kOk) {
             acked[t].push_back(it.index);
           }
         }
@@ -217,12 +218,12 @@ TEST_F(WorkQueueThreadTest, TakeSleepingAtTheEndWakesWhenAnotherThreadAcks) {
   WorkItem a, b;
   ASSERT_EQ(q->TryTake(&a), TakeStatus::kOk);
   ASSERT_EQ(q->TryTake(&b), TakeStatus::kOk);
-  ASSERT_EQ(q->Ack(a), AckStatus::kOk);
+  ASSERT_EQ(q->Ack(a), ItemStatus::kOk);
   std::atomic<int64_t> acked_at{0};
   std::thread acker([&] {
     std::this_thread::sleep_for(milliseconds(200));
     acked_at = Clock::now().time_since_epoch().count();
-    EXPECT_EQ(q->Ack(b), AckStatus::kOk);
+    EXPECT_EQ(q->Ack(b), ItemStatus::kOk);
   });
   WorkItem c;
   const TakeStatus st = q->Take(&c, Clock::now() + milliseconds(20000));

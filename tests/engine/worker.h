@@ -122,9 +122,9 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
         uint64_t pos = it.begin, end = it.end;
         while (pos < end) {
           const uint64_t up_to = std::min(pos + w.claim_chunk, it.end);
-          const AckStatus cs = q.Claim(it, up_to, &end);
-          if (cs == AckStatus::kStale && w.allow_stale) break;
-          if (cs != AckStatus::kOk) return c.Fail(std::string("Claim returned ") + StatusName(cs));
+          const ItemStatus cs = q.Claim(it, up_to, &end);
+          if (cs == ItemStatus::kStale && w.allow_stale) break;
+          if (cs != ItemStatus::kOk) return c.Fail(std::string("Claim returned ") + StatusName(cs));
           if (end > it.end || end < pos) {
             return c.Fail("Claim moved the end of ticket " + std::to_string(it.ticket) + " to " +
                           std::to_string(end) + ", outside [" + std::to_string(pos) + ", " +
@@ -146,12 +146,12 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
                       it.begin,
                       it.begin + (covered_end - it.begin) / 2};
         c.Log(handed);
-        const AckStatus cs = q.Commit(it, handed.end);
-        if (cs == AckStatus::kStale && w.allow_stale) {
+        const ItemStatus cs = q.Commit(it, handed.end);
+        if (cs == ItemStatus::kStale && w.allow_stale) {
           c.Log(Rec::kStale, it);
           continue;
         }
-        if (cs != AckStatus::kOk) return c.Fail(std::string("Commit returned ") + StatusName(cs));
+        if (cs != ItemStatus::kOk) return c.Fail(std::string("Commit returned ") + StatusName(cs));
         handed.kind = Rec::kAcked;
         c.Log(handed);
         from = handed.end;
@@ -162,31 +162,31 @@ inline int RunWorker(WorkQueue& q, ChildContext& c, const WorkerOptions& w) {
         // Half of what this process consumed, as a reader reports it.
         const uint64_t offset = it.begin + (covered_end - it.begin) / 2;
         c.Log(Record{Rec::kProgress, 0, it.epoch, it.index, it.ticket, it.begin, offset});
-        const AckStatus p = q.Progress(it, offset, 1);
-        if (p != AckStatus::kOk && !(p == AckStatus::kStale && w.allow_stale)) {
+        const ItemStatus p = q.Progress(it, offset, 1);
+        if (p != ItemStatus::kOk && !(p == ItemStatus::kStale && w.allow_stale)) {
           return c.Fail(std::string("Progress returned ") + StatusName(p));
         }
       }
       if (w.give_back > 0 && coin(rng) < w.give_back) {
-        const AckStatus g = q.GiveBack(it);
-        if (g == AckStatus::kOk) {
+        const ItemStatus g = q.GiveBack(it);
+        if (g == ItemStatus::kOk) {
           c.Log(Rec::kGaveBack, it);
           continue;
         }
-        if (!(g == AckStatus::kStale && w.allow_stale)) {
+        if (!(g == ItemStatus::kStale && w.allow_stale)) {
           return c.Fail(std::string("GiveBack returned ") + StatusName(g));
         }
         c.Log(Rec::kStale, it);
         continue;
       }
       c.Log(consumed);
-      const AckStatus a = q.Ack(it);
-      if (a == AckStatus::kOk) {
+      const ItemStatus a = q.Ack(it);
+      if (a == ItemStatus::kOk) {
         Record done = consumed;
         done.kind = Rec::kAcked;
         c.Log(done);
         ++acked;
-      } else if (a == AckStatus::kStale && w.allow_stale) {
+      } else if (a == ItemStatus::kStale && w.allow_stale) {
         c.Log(Rec::kStale, it);
       } else {
         return c.Fail("Ack of ticket " + std::to_string(it.ticket) + " returned " + StatusName(a));

@@ -85,7 +85,7 @@ void Drain(tailcut::WorkQueue& q) {
         return;
       case tailcut::TakeStatus::kLimit:
         break;
-      case tailcut::TakeStatus::kEmpty: {
+      case tailcut::TakeStatus::kTimeout: {
         // Waiting for items of a registered (live-looking) client is the
         // documented wait, not a hang.
         tailcut::QueueStats st = q.Stats();

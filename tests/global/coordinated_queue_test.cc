@@ -109,7 +109,7 @@ int RunProcess(const Job& job, const std::string& host, int processes, const std
       return 3;
     }
     std::this_thread::sleep_for(job.work_per_item);
-    if (q->Ack(item) == AckStatus::kOk) {
+    if (q->Ack(item) == ItemStatus::kOk) {
       uint64_t key = item.epoch * q->num_items() + item.index;
       if (write(fd, &key, sizeof(key)) != sizeof(key)) return 4;
     }

@@ -35,7 +35,7 @@ class ItemHolder {
         if (write(from_child[1], &answer, 1) != 1) _exit(2);
         char command = 0;
         if (read(to_child[0], &command, 1) != 1) _exit(3);
-        if (answer == 'h' && queue->GiveBack(item) != AckStatus::kOk) _exit(4);
+        if (answer == 'h' && queue->GiveBack(item) != ItemStatus::kOk) _exit(4);
         queue->Close();
       } catch (...) {
         if (answer == 'x' && write(from_child[1], &answer, 1) != 1) _exit(5);

@@ -392,7 +392,7 @@ TEST(ReaderTest, AProcessHoldingEveryLeaseGetsAnErrorFromItsReaderNotAHang) {
             "leases_per_client open items (other Readers on the same WorkQueue?); raise "
             "WorkQueueOptions::leases_per_client or lower prefetch_items");
   EXPECT_EQ(reader->error_kind(), ErrorKind::kInvalidArgument);
-  EXPECT_EQ(queue->GiveBack(held), AckStatus::kOk);
+  EXPECT_EQ(queue->GiveBack(held), ItemStatus::kOk);
 }
 
 }  // namespace

@@ -253,7 +253,7 @@ TEST(ReaderTest, ItemsReassignedAfterALeaseTimeoutAreCountedAsStale) {
     TakeStatus status;
     while ((status = other->Take(&item, std::chrono::steady_clock::now() +
                                             std::chrono::seconds(20))) == TakeStatus::kOk) {
-      if (other->Ack(item) != AckStatus::kOk) return 101;
+      if (other->Ack(item) != ItemStatus::kOk) return 101;
       ++n;
     }
     other->Close();

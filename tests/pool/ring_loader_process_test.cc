@@ -134,9 +134,9 @@ int Loader(const WorkQueueOptions& queue_options, const std::string& ring_name, 
     // loader die from here on, the item resumes after its last record.
     const WorkItem item = reader->current_item();
     const Record& last = records[n - 1];
-    const AckStatus committed =
+    const ItemStatus committed =
         queue->Commit(item, std::min(last.offset + last.size + 1, item.end));
-    if (committed != AckStatus::kOk && committed != AckStatus::kStale) return 5;
+    if (committed != ItemStatus::kOk && committed != ItemStatus::kStale) return 5;
     std::this_thread::sleep_for(std::chrono::microseconds(300));
   }
   if (status != ReadStatus::kEnd) return 6;

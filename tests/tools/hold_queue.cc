@@ -109,14 +109,14 @@ int main(int argc, char** argv) {
       items.push_back(item);
     }
     for (uint64_t i = 0; i < ack && i < items.size(); ++i) {
-      if (queue->Ack(items[i]) != tailcut::AckStatus::kOk) {
+      if (queue->Ack(items[i]) != tailcut::ItemStatus::kOk) {
         std::cerr << "hold_queue: ack " << i << " was refused\n";
         return 1;
       }
     }
 
     if (records > 0 && ack < items.size() &&
-        queue->Progress(items[ack], items[ack].begin, records) != tailcut::AckStatus::kOk) {
+        queue->Progress(items[ack], items[ack].begin, records) != tailcut::ItemStatus::kOk) {
       std::cerr << "hold_queue: progress was refused\n";
       return 1;
     }

@@ -1,7 +1,9 @@
 // tailcut/work_queue.h: the host-wide work queue.
 //
 // Every process on a host that opens a WorkQueue with the same name and
-// configuration shares one queue in POSIX shared memory. The queue hands out
+// configuration shares one queue in POSIX shared memory. Its options and
+// calls follow Alibaba PAI's pai.data.WorkQueue (the "PAI" of this file),
+// whose Python interface tailcut's Python package keeps. The queue hands out
 // work items (file slices) so that each item is used exactly once per epoch
 // across all processes: fast processes take more, slow ones fewer.
 //
@@ -30,7 +32,7 @@
 //  * End of data: Take returns kEnd once every item of every epoch is acked.
 //    While nothing is left to hand out but other live processes hold open
 //    items (which come back if they die), Take sleeps (futex) until an item
-//    comes back, all are acked, or its deadline passes (kEmpty).
+//    comes back, all are acked, or its deadline passes (kTimeout).
 //  * Lifetime: the segment is created by the first process and removed by the
 //    last one to close once every epoch is done and at least num_clients
 //    processes have joined, or, unfinished, once every process closed it
@@ -68,7 +70,7 @@
 namespace tailcut {
 
 struct WorkQueueOptions {
-  // The PAI WorkQueue options.
+  // The options of PAI's WorkQueue (see the top of this file).
   std::vector<std::string> works;  // file paths; prefix is prepended
   uint64_t num_epochs = 1;
   bool shuffle = true;
@@ -170,7 +172,7 @@ struct WorkItem {
 enum class TakeStatus {
   kOk,               // *item is valid
   kEnd,              // every item of every epoch is done
-  kEmpty,            // nothing to hand out before the deadline; others still hold items
+  kTimeout,          // nothing to hand out before the deadline; others still hold items
   kLimit,            // this process already holds leases_per_client items: ack or give one back
   kClosed,           // Close() was called on this WorkQueue
   kForked,           // called in a forked child of the process that opened the queue
@@ -180,6 +182,8 @@ enum class TakeStatus {
   // can complete it; JobLossMessage() says what and what to do. Every take
   // in every process of the host answers this from then on.
   kJobLost,
+  // The old name of kTimeout, kept for one release.
+  kEmpty = kTimeout,
 };
 
 enum class StepStatus {
@@ -191,7 +195,9 @@ enum class StepStatus {
   kForked,        // called in a forked child of the process that opened the queue
 };
 
-enum class AckStatus {
+// What the calls about one held item return: Ack, GiveBack, Progress,
+// Commit and Claim.
+enum class ItemStatus {
   kOk,
   kStale,        // the item was reassigned (lease timeout); the ack was refused
   kInvalid,      // not an item this process took from this queue (e.g. WorkItem{})
@@ -200,11 +206,15 @@ enum class AckStatus {
   kClosed,       // Close() was called on this WorkQueue; its items were given back
   kForked,       // called in a forked child of the process that opened the queue
 };
+// The old name of ItemStatus, kept for one release.
+using AckStatus = ItemStatus;
 
 // Short lowercase names, e.g. "already done", "forked", for messages and logs.
 TAILCUT_EXPORT const char* TakeStatusName(TakeStatus status) noexcept;
 TAILCUT_EXPORT const char* StepStatusName(StepStatus status) noexcept;
-TAILCUT_EXPORT const char* AckStatusName(AckStatus status) noexcept;
+TAILCUT_EXPORT const char* ItemStatusName(ItemStatus status) noexcept;
+// The old name of ItemStatusName, kept for one release.
+inline const char* AckStatusName(ItemStatus status) noexcept { return ItemStatusName(status); }
 
 // Per-client counters, kept in the segment.
 struct ClientStats {
@@ -263,15 +273,15 @@ class TAILCUT_EXPORT WorkQueue {
   // Hands out the next item. Waits at the end of the data as described above,
   // at most until deadline. Thread-safe, noexcept.
   TakeStatus Take(WorkItem* item, Deadline deadline = Deadline::max()) noexcept;
-  // Take that never waits: kEmpty when nothing can be handed out right now.
+  // Take that never waits: kTimeout when nothing can be handed out right now.
   TakeStatus TryTake(WorkItem* item) noexcept;
 
   // Marks a held item done. kStale if it was reassigned meanwhile,
   // kAlreadyDone if this process acked or gave it back before.
-  AckStatus Ack(const WorkItem& item) noexcept;
+  ItemStatus Ack(const WorkItem& item) noexcept;
   // Returns a held item unfinished; another take hands it out again. Same
   // statuses as Ack.
-  AckStatus GiveBack(const WorkItem& item) noexcept;
+  ItemStatus GiveBack(const WorkItem& item) noexcept;
   // Resume points. An item that leaves its process unfinished (the process
   // dies, gives it back, or loses it to a lease timeout) is handed out again
   // from its floor: where it was handed out, raised by this process's
@@ -291,7 +301,7 @@ class TAILCUT_EXPORT WorkQueue {
   // split's lower end may end past it), or when the queue's format is
   // fixed-size records ("fixed:N", RecordFormat::Tag) and offset is neither
   // a multiple of N nor the range's begin or end.
-  AckStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
+  ItemStatus Progress(const WorkItem& item, uint64_t offset, uint64_t records = 0) noexcept;
   // For a process that hands on what it reads to a place that outlives it
   // (a loader publishing batches into a BatchRing): the records before
   // `offset` are delivered. From now on the item resumes at the highest
@@ -303,7 +313,7 @@ class TAILCUT_EXPORT WorkQueue {
   // back. Call it after each hand-off; a crash between the hand-off and
   // this call repeats what that hand-off held. Same checks and statuses as
   // Progress.
-  AckStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
+  ItemStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
   // before `up_to`, claim them (any up_to: below begin claims nothing, past
@@ -313,7 +323,7 @@ class TAILCUT_EXPORT WorkQueue {
   // splittable; an item never claimed is never split. A claim moves no
   // resume point. kStale if the item was reassigned. Lock-free, noexcept,
   // no system call.
-  AckStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
+  ItemStatus Claim(const WorkItem& item, uint64_t up_to, uint64_t* end) noexcept;
 
   // Equal steps for synchronous data-parallel trainers (PyTorch DDP needs
   // every rank to run the same number of steps). Ranks 0..ranks-1 of one

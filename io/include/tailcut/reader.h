@@ -244,10 +244,10 @@ class TAILCUT_EXPORT Reader {
   // Acks an item TakeFinished gave (kStale, with a notice, if the queue
   // reassigned it meanwhile: its new owner reads it again). Counted in
   // stats() as the Reader's own acks are. Also after Close().
-  AckStatus AckFinished(const WorkItem& item) noexcept;
+  ItemStatus AckFinished(const WorkItem& item) noexcept;
   // Gives back an item TakeFinished gave: it is handed out again from its
   // start (or its last WorkQueue::Commit), so its records are read again.
-  AckStatus GiveBackFinished(const WorkItem& item) noexcept;
+  ItemStatus GiveBackFinished(const WorkItem& item) noexcept;
   // ReaderOptions::defer_acks: every record of `item` (the current one, one
   // taken ahead, or one TakeFinished gave) that starts before `offset` was
   // used, so a checkpoint (WorkQueue::SaveState) resumes the item there.
@@ -255,7 +255,7 @@ class TAILCUT_EXPORT Reader {
   // last one when all were. Offsets below an earlier report are ignored for
   // the Reader's own items (they only move forward); the offset is clamped
   // to the item. WorkQueue::Progress's statuses; kInvalid without defer_acks.
-  AckStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
+  ItemStatus ReportUsed(const WorkItem& item, uint64_t offset) noexcept;
 
   // Waits for reads in flight, gives back every item not acked (the current
   // one too: it is handed out again from its start, and with defer_acks the

@@ -149,7 +149,7 @@ class TAILCUT_EXPORT Shuffler {
 
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
-  struct Slot {
+  struct BufferedRecord {
     std::vector<std::byte> bytes;  // capacity reused from record to record
     uint64_t offset = 0;
     uint64_t end = 0;  // Record::end
@@ -195,7 +195,7 @@ class TAILCUT_EXPORT Shuffler {
   // Buffers a record of the item readers_[r] is reading; may throw std::bad_alloc.
   void Take(uint32_t r, const Record& record, uint64_t epoch);
   // slots_[count_] was just handed out: moves its item's handed_to on.
-  void MarkHanded(const Slot& slot) noexcept;
+  void MarkHanded(const BufferedRecord& slot) noexcept;
   // Tells items_[i]'s Reader how far it was handed out (checkpoints resume there).
   void ReportHanded(uint32_t i) noexcept;
   // Takes the items readers_[r] finished; may throw std::bad_alloc.
@@ -210,7 +210,8 @@ class TAILCUT_EXPORT Shuffler {
   std::vector<uint32_t> live_;  // indices of Readers not at their end
   ShufflerOptions options_;
   uint64_t rng_ = 0;
-  std::vector<Slot> slots_;  // [0, count_) hold records; slots_[count_] was handed out last
+  std::vector<BufferedRecord>
+      slots_;  // [0, count_) hold records; slots_[count_] was handed out last
   size_t count_ = 0;
   std::vector<Tracked> items_;
   std::vector<uint32_t> free_items_;

@@ -1,8 +1,8 @@
-// Tests of engine/queue_core.h that look into the segment. QueueCore::Stats
+// Tests of engine/housekeeper.h that look into the segment. Housekeeper::Stats
 // fills QueueStats and ClientStats field by field; the field list
 // (tailcut/stats_fields.h) checks at compile time that the structs and the
 // list agree, and these tests check that Stats fills every listed field.
-#include "engine/queue_core.h"
+#include "engine/housekeeper.h"
 
 #include <gtest/gtest.h>
 
@@ -29,11 +29,11 @@ bool Filled(const T& value) {
   }
 }
 
-class QueueCoreStatsTest : public test::QueueTest {};
+class HousekeeperStatsTest : public test::QueueTest {};
 
 // Every counter of the segment is made nonzero, by calls or by hand, so a
 // listed field that Stats leaves unset reads zero and fails here.
-TEST_F(QueueCoreStatsTest, StatsFillsEveryFieldOfTheList) {
+TEST_F(HousekeeperStatsTest, StatsFillsEveryFieldOfTheList) {
   auto o = BaseOptions(NewName("stats"), dir_.Files("f", 2, {1 << 20}));
   o.num_epochs = 2;
   o.seed = 7;
@@ -42,8 +42,8 @@ TEST_F(QueueCoreStatsTest, StatsFillsEveryFieldOfTheList) {
   auto q = WorkQueue::Open(o);      // slot 1, the one checked: its slot number is not 0
   WorkItem items[3];
   for (WorkItem& it : items) ASSERT_EQ(q->TryTake(&it), TakeStatus::kOk);  // into epoch 1
-  ASSERT_EQ(q->Progress(items[1], items[1].begin, 5), AckStatus::kOk);
-  ASSERT_EQ(q->Ack(items[0]), AckStatus::kOk);
+  ASSERT_EQ(q->Progress(items[1], items[1].begin, 5), ItemStatus::kOk);
+  ASSERT_EQ(q->Ack(items[0]), ItemStatus::kOk);
 
   // The counters no call above moves, each its own value.
   Attachment a = AttachSegment(o.name, AttachMode::kInspect, std::chrono::milliseconds(0));
@@ -52,7 +52,7 @@ TEST_F(QueueCoreStatsTest, StatsFillsEveryFieldOfTheList) {
   c.recovered_items.store(11, std::memory_order_relaxed);
   c.stale_acks.store(12, std::memory_order_relaxed);
   c.splits.store(13, std::memory_order_relaxed);
-  ClientSlot& cs = a.segment->client(1);
+  ClientEntry& cs = a.segment->client(1);
   cs.items_given_back.store(21, std::memory_order_relaxed);
   cs.items_recovered.store(22, std::memory_order_relaxed);
   cs.stale_acks.store(23, std::memory_order_relaxed);
