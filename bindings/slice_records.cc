@@ -174,7 +174,7 @@ void DefineSliceRecords(py::module_& m) {
         if (!parsed.error.empty()) Raise(g_exc.corrupt, parsed.error);
         py::list out;
         for (const std::string& r : parsed.records) out.append(py::bytes(r));
-        if (!with_ends) return std::move(out);
+        if (!with_ends) return out;
         return py::make_tuple(out, py::cast(parsed.ends));
       },
       py::arg("path"), py::arg("begin"), py::arg("end"), py::arg("format"),
