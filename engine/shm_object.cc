@@ -141,13 +141,13 @@ std::unique_ptr<ShmObject> ShmObject::CreateExclusive(const ShmName& name) {
     throw Error(ErrorKindOfErrno(err), Message(name, ShmPath(name.object), "create", err));
   }
   std::unique_ptr<ShmObject> shm(new ShmObject(name, fd));
-  // fchmod: the umask must not narrow 0600 (or the creator could not use
-  // it); fstat: UnlinkIfSame compares the name's inode with this one. Just
-  // created, the name is ours to remove if either fails.
+  // fchmod: a umask must not narrow 0600, or the job's other processes
+  // could not open it; fstat: UnlinkIfSame compares the name's inode with
+  // this one. Just created, the name is ours to remove if either fails.
   struct stat st;
   if (ChmodCall(fd) != 0 || StatCall(fd, &st) != 0) {
     const int err = errno;
-    ::shm_unlink(name.object.c_str());
+    UnlinkCall(name.object);
     throw shm->Failure("create", err);
   }
   shm->dev_ = st.st_dev;
@@ -166,7 +166,10 @@ std::unique_ptr<ShmObject> ShmObject::Open(const ShmName& name) {
   }
   std::unique_ptr<ShmObject> shm(new ShmObject(name, fd));
   struct stat st;
-  if (StatCall(fd, &st) != 0) throw shm->Failure("stat", errno);
+  if (StatCall(fd, &st) != 0) {
+    const int err = errno;
+    throw shm->Failure("stat", err);
+  }
   shm->dev_ = st.st_dev;
   shm->ino_ = st.st_ino;
   return shm;
@@ -181,7 +184,10 @@ bool ShmObject::Unlink(const ShmName& name) {
 
 void ShmObject::CheckOwned(mode_t forbidden_mode) const {
   struct stat st;
-  if (StatCall(fd_, &st) != 0) throw Failure("stat", errno);
+  if (StatCall(fd_, &st) != 0) {
+    const int err = errno;
+    throw Failure("stat", err);
+  }
   if (st.st_uid != ::geteuid())
     throw Error(ErrorKind::kPermission,
                 name_.owner + ": segment " + path_ + " is owned by uid " +
@@ -199,7 +205,10 @@ void ShmObject::CheckOwned(mode_t forbidden_mode) const {
 
 uint64_t ShmObject::Size() const {
   struct stat st;
-  if (StatCall(fd_, &st) != 0) throw Failure("stat", errno);
+  if (StatCall(fd_, &st) != 0) {
+    const int err = errno;
+    throw Failure("stat", err);
+  }
   return static_cast<uint64_t>(st.st_size);
 }
 
