@@ -87,24 +87,6 @@ void SetError(PyObject* type, const std::string& library_message) {
   throw py::error_already_set();
 }
 
-// The Reader reports errors as text only. Until it exposes their kind, the
-// kind is read off the text's shape: "file '...': cannot open: <strerror>" and
-// "file '...' at offset N: read ..." come from the I/O layer, everything else
-// that names a format ("tfrecord file '...' at offset N: data CRC mismatch")
-// from a parser, i.e. data that fails validation.
-tc::ErrorKind ReaderErrorKind(const std::string& text) {
-  auto has = [&](const char* s) { return text.find(s) != std::string::npos; };
-  if (text.rfind("file '", 0) == 0) {
-    if (has("No such file or directory") || has("Not a directory")) return tc::ErrorKind::kNotFound;
-    if (has("Permission denied") || has("Operation not permitted"))
-      return tc::ErrorKind::kPermission;
-    if (has("max_record_bytes")) return tc::ErrorKind::kCorrupt;
-    return tc::ErrorKind::kIo;
-  }
-  if (text.rfind("reader:", 0) == 0) return tc::ErrorKind::kIo;
-  return tc::ErrorKind::kCorrupt;
-}
-
 namespace {
 
 PyObject* NewException(py::module_& m, const char* name, std::initializer_list<PyObject*> bases,

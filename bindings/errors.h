@@ -48,17 +48,4 @@ void SetError(PyObject* type, const std::string& message);
 // SetError, then throws py::error_already_set. REQUIRES: the GIL.
 [[noreturn]] void Raise(PyObject* type, const std::string& message);
 
-// The Reader reports errors as text only. Until it exposes their kind, the
-// kind is read off the text's shape (see errors.cc).
-tc::ErrorKind ReaderErrorKind(const std::string& text);
-
-template <typename R>
-tc::ErrorKind KindOfReaderError(const R& reader) {
-  if constexpr (requires { reader.error_kind(); }) {
-    return reader.error_kind();
-  } else {
-    return ReaderErrorKind(reader.error());
-  }
-}
-
 }  // namespace tailcut::python

@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "engine/config.h"
 #include "engine/housekeeper.h"
@@ -110,11 +108,9 @@ void RemoveQueue(const std::string& name, bool force) {
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kNotFound || !force) throw;
     // A segment we cannot validate: --force removes the name anyway.
-    if (::unlink(Segment::PathOf(name).c_str()) != 0) {
-      int err = errno;
-      throw Error(ErrorKindOfErrno(err), "queue '" + name + "': cannot remove " +
-                                             Segment::PathOf(name) + ": " + std::strerror(err));
-    }
+    if (!Segment::Remove(name))
+      throw Error(ErrorKind::kNotFound,
+                  "queue '" + name + "' does not exist (no " + Segment::PathOf(name) + ")");
   }
 }
 

@@ -1,16 +1,8 @@
 #include "engine/segment.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <boost/interprocess/exceptions.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -18,35 +10,15 @@
 #include "engine/robust_mutex.h"
 #include "tailcut/error.h"
 
-namespace bip = boost::interprocess;
-
 namespace tailcut::detail {
 
 namespace {
 
 size_t AlignUp(size_t v) { return (v + kCacheLine - 1) / kCacheLine * kCacheLine; }
 
-}  // namespace
-
-std::string ByteSize(uint64_t bytes) {
-  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return std::to_string(bytes) + (bytes == 1 ? " byte" : " bytes");
-  int u = 0;
-  while (u + 1 < 6 && bytes >> (10 * (u + 2)) != 0) ++u;
-  uint64_t unit = uint64_t{1} << (10 * (u + 1));
-  if (bytes % unit == 0) return std::to_string(bytes / unit) + " " + kUnits[u];
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f %s (%llu bytes)", static_cast<double>(bytes) / unit,
-                kUnits[u], static_cast<unsigned long long>(bytes));
-  return buf;
-}
-
-namespace {
-
-std::string ShmFree() {
-  struct statvfs vfs;
-  if (statvfs("/dev/shm", &vfs) != 0) return "unknown";
-  return ByteSize(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+ShmName NameOf(const std::string& queue_name) {
+  return {Segment::ObjectName(queue_name), "queue '" + queue_name + "'", "queue",
+          "Remove it with `tailcut rm --force " + queue_name + "`"};
 }
 
 }  // namespace
@@ -105,138 +77,59 @@ std::string Segment::ObjectName(const std::string& queue_name) {
 }
 
 std::string Segment::PathOf(const std::string& queue_name) {
-  return "/dev/shm/" + ObjectName(queue_name);
+  return ShmPath(ObjectName(queue_name));
 }
 
-Segment::Segment(std::string queue_name, int fd, bool created)
-    : queue_name_(std::move(queue_name)), path_(PathOf(queue_name_)), fd_(fd), created_(created) {
-  struct stat st;
-  if (::fstat(fd_, &st) == 0) {
-    dev_ = st.st_dev;
-    ino_ = st.st_ino;
-  }
-}
+Segment::Segment(std::string queue_name, std::unique_ptr<ShmObject> shm, bool created)
+    : queue_name_(std::move(queue_name)), shm_(std::move(shm)), created_(created) {}
 
-Segment::~Segment() {
-  if (base_ != nullptr) ::munmap(base_, size_);
-  if (fd_ >= 0) ::close(fd_);
-}
+Segment::~Segment() = default;
 
 void Segment::Map(size_t size) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (p == MAP_FAILED) {
-    int err = errno;
-    throw Error(ErrorKindOfErrno(err), "queue '" + queue_name_ + "': cannot map segment " + path_ +
-                                           ": " + std::strerror(err));
-  }
-  base_ = static_cast<char*>(p);
+  shm_->Map(size);
+  base_ = shm_->base();
   size_ = size;
 }
 
 std::unique_ptr<Segment> Segment::CreateExclusive(const std::string& queue_name, size_t size) {
-  std::string object = ObjectName(queue_name);
-  int fd = -1;
-  try {
-    // Boost opens with O_CREAT | O_EXCL and sets the mode with fchmod, so the
-    // umask cannot widen it; we keep the descriptor and drop the wrapper.
-    bip::shared_memory_object shm(bip::create_only, object.c_str(), bip::read_write,
-                                  bip::permissions(0600));
-    fd = ::dup(shm.get_mapping_handle().handle);
-  } catch (const bip::interprocess_exception& e) {
-    if (e.get_error_code() == bip::already_exists_error) return nullptr;
-    int err = e.get_native_error();
-    throw Error(ErrorKindOfErrno(err), "queue '" + queue_name + "': cannot create segment " +
-                                           PathOf(queue_name) + ": " + e.what());
-  }
-  if (fd < 0) {
-    int err = errno;
-    throw Error(ErrorKindOfErrno(err),
-                "queue '" + queue_name + "': dup failed: " + std::strerror(err));
-  }
-  std::unique_ptr<Segment> seg(new Segment(queue_name, fd, true));
-  // Reserve every page now: a full /dev/shm must fail here with a message,
-  // not with SIGBUS on first touch in the middle of training.
-  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
-  if (err != 0) {
-    std::string free = ShmFree();
-    seg->UnlinkIfSame();
-    throw Error(ErrorKindOfErrno(err),
-                "queue '" + queue_name + "': cannot reserve " + ByteSize(size) + " for segment " +
-                    seg->path() + ": " + std::strerror(err) + " (/dev/shm has " + free +
-                    " free); free space in /dev/shm (see `tailcut ls`, `tailcut rm NAME`) "
-                    "or use fewer items or epochs");
-  }
+  std::unique_ptr<ShmObject> shm = ShmObject::CreateExclusive(NameOf(queue_name));
+  if (shm == nullptr) return nullptr;
+  std::unique_ptr<Segment> seg(new Segment(queue_name, std::move(shm), true));
+  seg->shm_->Reserve(size,
+                     "free space in /dev/shm (see `tailcut ls`, `tailcut rm NAME`) or use "
+                     "fewer items or epochs");
   CrashPoint("create.after_excl");
   seg->Map(size);
   return seg;
 }
 
 std::unique_ptr<Segment> Segment::OpenUnmapped(const std::string& queue_name) {
-  std::string object = ObjectName(queue_name);
-  std::string path = PathOf(queue_name);
-  int fd = -1;
-  try {
-    bip::shared_memory_object shm(bip::open_only, object.c_str(), bip::read_write);
-    fd = ::dup(shm.get_mapping_handle().handle);
-  } catch (const bip::interprocess_exception& e) {
-    int err = e.get_native_error();
-    if (e.get_error_code() == bip::not_found_error || err == ENOENT)
-      throw Error(ErrorKind::kNotFound,
-                  "queue '" + queue_name + "' does not exist (no " + path + ")");
-    throw Error(
-        ErrorKindOfErrno(err),
-        "queue '" + queue_name + "': cannot open segment " + path + ": " + e.what() +
-            (err == EACCES ? "; it belongs to another user: remove it or pick another name" : ""));
-  }
-  std::unique_ptr<Segment> seg(new Segment(queue_name, fd, false));
-  struct stat st;
-  if (::fstat(fd, &st) != 0)
-    throw Error(ErrorKind::kIo,
-                "queue '" + queue_name + "': fstat " + path + ": " + std::strerror(errno));
-  // Never adopt an object someone else made: it could hold anything.
-  if (st.st_uid != ::geteuid())
-    throw Error(ErrorKind::kPermission,
-                "queue '" + queue_name + "': segment " + path + " is owned by uid " +
-                    std::to_string(st.st_uid) + ", not by you (uid " + std::to_string(::geteuid()) +
-                    "); remove it (as its owner or root) or pick another queue name");
-  if ((st.st_mode & 0022) != 0)
-    throw Error(ErrorKind::kPermission,
-                "queue '" + queue_name + "': segment " + path + " has mode 0" +
-                    std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) +
-                    std::to_string(st.st_mode & 7) +
-                    ", writable by other users; tailcut makes 0600 segments. Remove it with "
-                    "`tailcut rm --force " +
-                    queue_name + "`");
+  std::unique_ptr<Segment> seg(new Segment(queue_name, ShmObject::Open(NameOf(queue_name)), false));
+  // Never adopt an object someone else made, or one others may write: it
+  // could hold anything.
+  seg->shm_->CheckOwned(0022);
   // A creator sizes the object in one posix_fallocate, so a size between
   // zero and a header was never made by tailcut.
-  if (st.st_size > 0 && static_cast<size_t>(st.st_size) < kMinSegmentSize)
+  const uint64_t size = seg->shm_->Size();
+  if (size > 0 && size < kMinSegmentSize)
     throw Error(ErrorKind::kCorrupt,
-                "queue '" + queue_name + "': segment " + path + " is " +
-                    std::to_string(st.st_size) +
+                "queue '" + queue_name + "': segment " + seg->path() + " is " +
+                    std::to_string(size) +
                     " bytes, smaller than any tailcut queue; remove it with `tailcut rm --force " +
                     queue_name + "`");
   return seg;
 }
 
-bool Segment::MapWhenSized(std::chrono::milliseconds wait, off_t* size) {
-  struct stat st;
-  auto deadline = std::chrono::steady_clock::now() + wait;
-  for (;;) {
-    if (::fstat(fd_, &st) != 0)
-      throw Error(ErrorKind::kIo,
-                  "queue '" + queue_name_ + "': fstat " + path_ + ": " + std::strerror(errno));
-    *size = st.st_size;
-    if (static_cast<size_t>(st.st_size) >= kMinSegmentSize) break;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  Map(static_cast<size_t>(st.st_size));
+bool Segment::MapWhenSized(std::chrono::milliseconds wait, uint64_t* size) {
+  *size = shm_->WaitForSize(kMinSegmentSize, wait);
+  if (*size < kMinSegmentSize) return false;
+  Map(*size);
   return true;
 }
 
-Error Segment::NeverSized(off_t size, std::chrono::milliseconds wait) const {
+Error Segment::NeverSized(uint64_t size, std::chrono::milliseconds wait) const {
   return Error(ErrorKind::kTimeout,
-               "queue '" + queue_name_ + "': segment " + path_ + " is " + std::to_string(size) +
+               "queue '" + queue_name_ + "': segment " + path() + " is " + std::to_string(size) +
                    " bytes, too small for a queue, and did not grow for " +
                    std::to_string(wait.count()) + " ms (its creator probably died)");
 }
@@ -244,7 +137,7 @@ Error Segment::NeverSized(off_t size, std::chrono::milliseconds wait) const {
 std::unique_ptr<Segment> Segment::OpenExisting(const std::string& queue_name,
                                                std::chrono::milliseconds wait, bool* abandoned) {
   std::unique_ptr<Segment> seg = OpenUnmapped(queue_name);
-  off_t size = 0;
+  uint64_t size = 0;
   if (seg->MapWhenSized(wait, &size)) return seg;
   if (abandoned == nullptr) throw seg->NeverSized(size, wait);
   *abandoned = seg->UnlinkIfSame();
@@ -328,20 +221,10 @@ void Segment::Validate() {
   }
 }
 
-bool Segment::UnlinkIfSame() const {
-  // Check and unlink under an exclusive flock of this object, so that two
-  // processes removing the same object cannot interleave: without it, one
-  // could check, the other unlink and create a new queue, and the first then
-  // unlink that new queue, leaving two queues over the same data. The
-  // kernel drops the lock if its holder dies.
-  while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-  }
-  bool removed = false;
-  struct stat st;
-  if (::stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_)
-    removed = ::shm_unlink(ObjectName(queue_name_).c_str()) == 0;
-  ::flock(fd_, LOCK_UN);
-  return removed;
+bool Segment::UnlinkIfSame() const { return shm_->UnlinkIfSame(); }
+
+bool Segment::Remove(const std::string& queue_name) {
+  return ShmObject::Unlink(NameOf(queue_name));
 }
 
 Attachment AttachSegment(const std::string& queue_name, AttachMode mode,
@@ -355,7 +238,7 @@ Attachment AttachSegment(const std::string& queue_name, AttachMode mode,
     return a;  // kNotFound
   }
   Segment& seg = *a.segment;
-  off_t size = 0;
+  uint64_t size = 0;
   if (!seg.MapWhenSized(wait, &size)) {
     a.state = AttachState::kUnsized;
     a.problem = seg.NeverSized(size, wait);

@@ -1,15 +1,14 @@
-// One mapped queue segment: opening, creating, validating and removing the
-// POSIX shared-memory object behind a queue name, and the attach state
-// machine (AttachSegment) that joiners and tools share.
+// One mapped queue segment: creating, opening, validating and removing the
+// POSIX shared-memory object behind a queue name (through ShmObject,
+// engine/shm_object.h), and the attach state machine (AttachSegment) that
+// joiners and tools share.
 //
-// A Segment owns its mapping and descriptor; accessors return references
+// A Segment owns its object (descriptor and mapping); accessors return references
 // into the mapping, valid for the Segment's lifetime. Accessors take indices
 // that the caller has bounds-checked against geometry(). Not thread-safe to
 // open or close; the mapped contents are shared and accessed with atomics.
 #ifndef TAILCUT_ENGINE_SEGMENT_H_
 #define TAILCUT_ENGINE_SEGMENT_H_
-
-#include <sys/types.h>
 
 #include <chrono>
 #include <memory>
@@ -19,6 +18,7 @@
 
 #include "engine/robust_mutex.h"
 #include "engine/segment_layout.h"
+#include "engine/shm_object.h"
 #include "tailcut/error.h"
 
 namespace tailcut::detail {
@@ -61,8 +61,8 @@ class Segment {
   static std::string PathOf(const std::string& queue_name);  // /dev/shm/...
 
   // Creates the object exclusively (O_EXCL, 0600) with `size` bytes reserved
-  // (posix_fallocate). Returns nullptr if it already exists. Throws kNoSpace,
-  // kPermission, kIo.
+  // (posix_fallocate). Returns nullptr if it already exists. Throws kNoSpace
+  // (naming what /dev/shm has free), kPermission, kInvalidArgument, kIo.
   static std::unique_ptr<Segment> CreateExclusive(const std::string& queue_name, size_t size);
 
   // Opens an existing object and maps it once its size is at least a header,
@@ -74,6 +74,10 @@ class Segment {
   static std::unique_ptr<Segment> OpenExisting(const std::string& queue_name,
                                                std::chrono::milliseconds wait,
                                                bool* abandoned = nullptr);
+  // Removes the name whatever it refers to (`tailcut rm --force` of a
+  // segment that fails validation). Returns false if there was none.
+  // Throws kPermission (another user's object), kIo.
+  static bool Remove(const std::string& queue_name);
   // Checks what a creator writes before the magic: version and size.
   // Throws kCorrupt.
   void CheckPreamble() const;
@@ -94,7 +98,7 @@ class Segment {
   bool UnlinkIfSame() const;
 
   const std::string& queue_name() const { return queue_name_; }
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return shm_->path(); }
   size_t size() const { return size_; }
   const Geometry& geometry() const { return geometry_; }
   bool created() const { return created_; }
@@ -134,15 +138,15 @@ class Segment {
  private:
   friend Attachment AttachSegment(const std::string&, AttachMode, std::chrono::milliseconds);
 
-  Segment(std::string queue_name, int fd, bool created);
+  Segment(std::string queue_name, std::unique_ptr<ShmObject> shm, bool created);
   // Opens the object unmapped, checking owner, mode and that its size is 0
   // (not sized yet) or at least a header. Throws as OpenExisting.
   static std::unique_ptr<Segment> OpenUnmapped(const std::string& queue_name);
   // Maps the object once it is at least a header, waiting up to `wait`.
   // Returns false, unmapped, if it stayed smaller; *size is what it had.
-  bool MapWhenSized(std::chrono::milliseconds wait, off_t* size);
+  bool MapWhenSized(std::chrono::milliseconds wait, uint64_t* size);
   // kTimeout: the object stayed `size` bytes for `wait`.
-  Error NeverSized(off_t size, std::chrono::milliseconds wait) const;
+  Error NeverSized(uint64_t size, std::chrono::milliseconds wait) const;
   void Map(size_t size);
   template <typename T>
   T* At(size_t offset) const {
@@ -150,13 +154,10 @@ class Segment {
   }
 
   std::string queue_name_;
-  std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<ShmObject> shm_;
   bool created_ = false;
-  char* base_ = nullptr;
+  char* base_ = nullptr;  // shm_->base() once mapped, kept here for the accessors
   size_t size_ = 0;
-  dev_t dev_ = 0;
-  ino_t ino_ = 0;
   Geometry geometry_;
 };
 
@@ -184,10 +185,6 @@ struct Attachment {
 // Validate), kTimeout (kJoin: the admin lock held past `wait`), kIo.
 Attachment AttachSegment(const std::string& queue_name, AttachMode mode,
                          std::chrono::milliseconds wait);
-
-// A byte count for messages, exact and in the largest binary unit it
-// reaches: "900 bytes", "256 KiB", "12.3 MiB (12897484 bytes)".
-TAILCUT_EXPORT std::string ByteSize(uint64_t bytes);
 
 // The size of the largest header a segment can start with; objects smaller
 // than this cannot be queues.

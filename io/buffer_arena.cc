@@ -1,5 +1,5 @@
 // The Reader's chunk arena: mapping, locking, CUDA registration.
-#include "buffer_arena.h"
+#include "io/buffer_arena.h"
 
 #include <sys/mman.h>
 #include <sys/resource.h>

@@ -6,7 +6,7 @@
 #include <array>
 #include <cstring>
 
-#include "crc32c_internal.h"
+#include "io/crc32c_internal.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

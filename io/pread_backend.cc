@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/futex.h"
-#include "io_backend.h"
+#include "io/io_backend.h"
 #include "tailcut/error.h"
 
 namespace tailcut::detail {

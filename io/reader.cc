@@ -17,7 +17,7 @@
 #include <cstring>
 #include <new>
 
-#include "reader_impl.h"
+#include "io/reader_impl.h"
 #include "tailcut/work_file.h"
 
 namespace tailcut {

@@ -38,9 +38,9 @@
 #include <string_view>
 #include <vector>
 
-#include "buffer_arena.h"
 #include "engine/process_owner.h"
-#include "io_backend.h"
+#include "io/buffer_arena.h"
+#include "io/io_backend.h"
 #include "tailcut/reader.h"
 
 namespace tailcut {

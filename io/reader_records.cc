@@ -13,7 +13,7 @@
 #include <cstring>
 #include <new>
 
-#include "reader_impl.h"
+#include "io/reader_impl.h"
 
 namespace tailcut {
 

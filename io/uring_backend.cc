@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "io_backend.h"
+#include "io/io_backend.h"
 
 namespace tailcut::detail {
 namespace {

@@ -756,10 +756,7 @@ BatchRingStats InspectBatchRing(const std::string& name) {
 
 bool RemoveBatchRing(const std::string& name) {
   detail::ValidateQueueName(name, "batch ring name");
-  if (::shm_unlink(detail::RingSegment::ObjectName(name).c_str()) == 0) return true;
-  if (errno == ENOENT) return false;
-  throw Error(ErrorKind::kIo, "batch ring '" + name + "': cannot remove " +
-                                  detail::RingSegment::PathOf(name) + ": " + std::strerror(errno));
+  return detail::RingSegment::Remove(name);
 }
 
 std::string BatchRingSegmentPath(const std::string& name) {

@@ -247,7 +247,8 @@ class TAILCUT_EXPORT BatchRing {
 // way are recovered). Throws kNotFound, kCorrupt, kPermission.
 TAILCUT_EXPORT BatchRingStats InspectBatchRing(const std::string& name);
 // Removes the ring's segment (processes still attached keep their mapping).
-// Returns false if there was none.
+// Returns false if there was none. Throws kInvalidArgument (a bad name),
+// kPermission (another user's ring), kIo.
 TAILCUT_EXPORT bool RemoveBatchRing(const std::string& name);
 // /dev/shm/tailcut-ring.<uid>.<name>
 TAILCUT_EXPORT std::string BatchRingSegmentPath(const std::string& name);

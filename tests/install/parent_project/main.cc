@@ -1,0 +1,5 @@
+#include <tailcut/version.h>
+
+#include <cstdio>
+
+int main() { std::puts(TAILCUT_VERSION_STRING); }
