@@ -1,0 +1,175 @@
+"""PooledLoader over a map-style dataset (dataset[i], len(dataset)): the pool's loaders take
+items of an index queue, load dataset[i] and collate as a DataLoader does, so labels and
+structure reach the rank; every sample once per epoch, also with loaders SIGKILLed; restart
+from state_dict(); the bad inputs."""
+
+import collections
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import tailcut
+
+torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
+from torch.utils.data import IterableDataset  # noqa: E402
+
+import tailcut.torch as tt  # noqa: E402
+from _map_datasets import FailsAt, KillsLoaderAt, Labelled, Ragged, Records  # noqa: E402
+
+
+@pytest.fixture
+def one_rank(monkeypatch, qname):
+    """PooledLoader(dataset, ...) of a job with one rank, its queue named qname."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    made = []
+
+    def make(dataset, **kw):
+        kw.setdefault("slot_bytes", 1 << 14)
+        kw.setdefault("num_slots", 4)
+        loader = tt.PooledLoader(dataset, rank=0, world_size=1, local_rank=0, timeout=60,
+                                 name=qname + ".pool", **{"queue_name": qname, **kw})
+        made.append(loader)
+        return loader
+
+    yield make
+    for loader in made:
+        loader.close()
+
+
+def ids_labels(batch):
+    x, y = batch
+    return x[:, 0].long().tolist(), y.tolist()
+
+
+def test_every_sample_comes_once_per_epoch_with_its_label_and_epochs_reshuffle(one_rank):
+    n = 1000
+    loader = one_rank(Labelled(n), batch_size=16, num_workers=3, seed=7, num_epochs=2)
+    orders = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        ids = []
+        for batch in loader:
+            got, labels = ids_labels(batch)
+            assert labels == [i % 10 for i in got]
+            assert batch[1].dtype == torch.int64  # as torch's default_collate makes it
+            ids += got
+        assert sorted(ids) == list(range(n)), epoch
+        orders.append(ids)
+    assert orders[0] != sorted(orders[0]) and orders[0] != orders[1]
+
+
+def test_dicts_tuples_and_plain_values_collate_as_a_dataloader_would(one_rank):
+    from torch.utils.data import DataLoader
+    ds = Records(64)
+    want = next(iter(DataLoader(ds, batch_size=8)))
+    loader = one_rank(ds, batch_size=8, num_workers=1, shuffle=False, num_epochs=1)
+    batch = next(iter(loader))
+    assert set(batch) == {"x", "meta", "pair"} and set(batch["meta"]) == {"id", "name"}
+    assert torch.equal(batch["x"], want["x"])
+    assert torch.equal(batch["meta"]["id"], want["meta"]["id"])
+    assert batch["meta"]["name"] == want["meta"]["name"]  # a list of str
+    assert isinstance(batch["pair"], list) and len(batch["pair"]) == 2
+    assert torch.equal(batch["pair"][1], want["pair"][1])
+
+
+def test_a_user_collate_fn_gets_the_samples(one_rank):
+    def collate(samples):
+        return torch.stack([x for x, _ in samples]), torch.tensor([y for _, y in samples])
+
+    loader = one_rank(Labelled(200), batch_size=10, num_workers=1, collate_fn=collate,
+                      num_epochs=1)
+    ids = []
+    for batch in loader:
+        got, labels = ids_labels(batch)
+        assert labels == [i % 10 for i in got]
+        ids += got
+    assert sorted(ids) == list(range(200))
+
+
+def test_a_loader_killed_mid_item_loses_no_sample_and_repeats_at_most_one_batch(one_rank,
+                                                                               tmp_path):
+    n = 1200
+    ds = KillsLoaderAt(n, at=None, marker=str(tmp_path / "killed"), delay=0.001)
+    loader = one_rank(ds, batch_size=10, num_workers=2, seed=3, num_epochs=1, num_slices=6)
+    # The sample at position 450 of the epoch's order: mid-item (200 a item), after some
+    # published batches of that item.
+    ds.at = tailcut.WorkQueue(num_samples=n, seed=3, num_slices=1, name=loader.queue.name +
+                              "-probe").take().indices()[450]
+    ids = [i for batch in loader for i in ids_labels(batch)[0]]
+    assert os.path.exists(tmp_path / "killed")
+    counts = collections.Counter(ids)
+    assert set(counts) == set(range(n))  # nothing lost: its item came back
+    # From its last commit: at most the batch it published before it died comes twice.
+    assert len(ids) - n <= 10, len(ids) - n
+    assert loader.queue.summary()["recovered_items"] >= 1
+    assert any(p.exitcode == -9 for p in loader.loaders)
+
+
+def test_a_restart_from_state_dict_uses_each_sample_once(one_rank, qname):
+    n = 800
+    first = one_rank(Labelled(n), batch_size=16, num_workers=2, seed=5, num_epochs=1)
+    seen = []
+    for step, batch in enumerate(first):
+        seen += ids_labels(batch)[0]
+        if step == 20:
+            state = first.state_dict()
+            break
+    first.close()
+    tailcut.remove_queue(qname, force=True)  # the crashed job's queue is gone
+    again = one_rank(Labelled(n), batch_size=16, num_workers=2, seed=5, num_epochs=1,
+                     restore_state=state["queue"])
+    again.load_state_dict(state)
+    rest = [i for batch in again for i in ids_labels(batch)[0]]
+    counts = collections.Counter(seen[:21 * 16] + rest)
+    assert set(counts) == set(range(n)) and set(counts.values()) == {1}
+
+
+def test_datasets_it_cannot_index_are_refused_with_what_to_use(one_rank):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    class NoLen:
+        def __getitem__(self, i):
+            return i
+
+    with pytest.raises(TypeError, match="IterableDataset.*use tailcut.torch.QueueDataset"):
+        one_rank(Stream())
+    with pytest.raises(TypeError, match="has no __len__"):
+        one_rank(NoLen())
+    with pytest.raises(ValueError, match=r"is empty \(len 0\)"):
+        one_rank(Labelled(0))
+
+
+def test_an_exception_of_getitem_reaches_the_rank_with_the_index(one_rank):
+    loader = one_rank(FailsAt(100, bad=42), batch_size=10, num_workers=1, num_epochs=1)
+    with pytest.raises(Exception) as info:
+        for _ in loader:
+            pass
+    assert "dataset[42]" in str(info.value) + "".join(getattr(info.value, "__notes__", [])), \
+        info.value
+
+
+def test_samples_that_do_not_collate_name_the_index_and_the_field(one_rank):
+    loader = one_rank(Ragged(40, odd=13), batch_size=40, num_workers=1, num_epochs=1)
+    with pytest.raises(Exception) as info:
+        for _ in loader:
+            pass
+    text = str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert "field ['x'] of dataset[13] is a Tensor of shape (3,)" in text, text
+
+
+def test_a_loader_from_another_shell_names_the_dataset_it_cannot_load(one_rank):
+    class Local(Labelled):  # defined in a function: no other process can import it
+        pass
+
+    loader = one_rank(Local(100), batch_size=10, num_workers=0, num_epochs=1)
+    loader.start_loaders()  # what the first iteration does: describes the pool
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(tailcut.__file__).resolve().parents[1]))
+    cli = subprocess.run([sys.executable, "-m", "tailcut.pool", "--ring", loader.name],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1
+    assert "Local (the dataset)" in cli.stderr and "cannot be pickled" in cli.stderr, cli.stderr
