@@ -871,5 +871,6 @@ class EqualSteps:
                 f"carry_over={self.carry_over})")
 
 
-from .pool import PooledLoader, _pool_state  # noqa: E402  (docs/pooled.md; EqualSteps)
-from ._index_dataset import IndexDataset  # noqa: E402  (map-style datasets, per rank)
+from tailcut import _pool_state  # noqa: E402  (EqualSteps: a restored epoch)
+from tailcut.pool import PooledLoader  # noqa: E402  (docs/pooled.md)
+from tailcut._index_dataset import IndexDataset  # noqa: E402  (map-style datasets, per rank)
