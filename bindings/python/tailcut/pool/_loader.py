@@ -142,8 +142,11 @@ def load(queue, ring, recipe, leave, poll):
                 gate.try_end()
                 continue
             epoch = item.epoch
-            records, ends = item_records(item.path, item.begin, item.end, fmt, with_ends=True,
-                                          item=item)
+            if queue.num_samples is not None:  # an index work: records are sample indices
+                records, ends = item.indices(), range(item.begin + 1, item.end + 1)
+            else:
+                records, ends = item_records(item.path, item.begin, item.end, fmt,
+                                              with_ends=True, item=item)
             start = item.begin
             for record, end in zip(records, ends):
                 pending.append(record)

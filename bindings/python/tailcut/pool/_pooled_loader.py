@@ -34,6 +34,15 @@ def _env_int(name, default):
 _Held = _pool_state.Held  # a leftover batch carried into the next epoch
 
 
+def _map_source(dataset, batch_size, options):
+    """The MapSource of a map-style dataset (given with its options: shuffle,
+    seed, drop_last, num_epochs, queue_name, ...), else None."""
+    if hasattr(dataset, "_queue_args") and not options:  # a QueueDataset
+        return None
+    from tailcut.pool._map_source import wrap  # imports torch
+    return wrap(dataset, batch_size, options)
+
+
 class PooledLoader:
     """Batches from a host-wide pool of loader processes, equal steps per rank.
 
@@ -42,7 +51,10 @@ class PooledLoader:
                  world_size=None, local_rank=None, name=None, timeout=1800.0,
                  carry_over=True, on_leftover=None)
 
-    `dataset` is a tailcut.torch.QueueDataset. Local rank 0 ($LOCAL_RANK,
+    `dataset` is a tailcut.torch.QueueDataset, or any map-style dataset
+    (dataset[i], len(dataset)), which the loaders read by index with the
+    keywords shuffle=True, seed=None, drop_last=False, num_epochs=100,
+    queue_name (see tailcut.pool._map_source and docs/pytorch.md). Local rank 0 ($LOCAL_RANK,
     else local_rank, else rank, else 0) starts num_workers loader processes
     (run_loader) for the whole host on the first iteration; add_loaders(n)
     and remove_loaders(n) change their number at any time, and
@@ -72,7 +84,10 @@ class PooledLoader:
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
-                 name=None, timeout=1800.0, carry_over=True, on_leftover=None):
+                 name=None, timeout=1800.0, carry_over=True, on_leftover=None, **map_options):
+        # A map-style dataset is read through an index queue (_map_source.py).
+        self._map_source = _map_source(dataset, batch_size, map_options)
+        dataset = self._map_source or dataset
         self.dataset = dataset
         self.queue = dataset.queue
         self.num_workers = _args.count("num_workers", num_workers)
@@ -223,6 +238,10 @@ class PooledLoader:
                                        self.num_workers > 0, self.loaders)
                 if batch is None:
                     return None
+            if (self._map_source is not None and self._map_source.drop_last
+                    and batch.records < self.batch_size):
+                self._drop(batch, report)  # drop_last: a loader's short batch is no step
+                continue
             if batch.epoch == epoch:
                 return batch
             if batch.epoch > epoch:
@@ -241,7 +260,10 @@ class PooledLoader:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
                       else arrays.copy())
         if isinstance(arrays, tuple):
-            return tuple(_tensor(a) for a in arrays)
+            tensors = tuple(_tensor(a) for a in arrays)
+            if self._map_source is not None:  # the batch as the dataset's samples collated
+                return self._map_source.rebuild_batch(tensors)
+            return tensors
         return _tensor(arrays)
 
     def _drop(self, batch, report):
@@ -356,6 +378,8 @@ class PooledLoader:
             self._stash = None
         self._carried = self._carried_now = []
         self._end()
+        if self._map_source is not None:
+            self._map_source.close()  # leaves its index queue
 
     def __enter__(self):
         return self

@@ -78,7 +78,11 @@ def recipe_for(dataset, batch_size=None, collate_fn=None, transform=None):
     """The recipe of a PooledLoader (or run_loader) over `dataset`: what is
     given, else what the QueueDataset was given (its batch_size; its
     transform, on batches when it batches, else on each record), so that
-    replacing a DataLoader over the dataset is a one-line change."""
+    replacing a DataLoader over the dataset is a one-line change. A map-style
+    dataset's MapSource has its own (pool/_map_source.py)."""
+    make = getattr(dataset, "recipe", None)
+    if make is not None:
+        return make(batch_size, collate_fn, transform)
     ds_batch = getattr(dataset, "batch_size", None)
     ds_transform = getattr(dataset, "transform", None)
     size = batch_size if batch_size is not None else (ds_batch or DEFAULT_BATCH_SIZE)
