@@ -173,3 +173,34 @@ def test_a_loader_from_another_shell_names_the_dataset_it_cannot_load(one_rank):
                          env=env, capture_output=True, text=True, timeout=60)
     assert cli.returncode == 1
     assert "Local (the dataset)" in cli.stderr and "cannot be pickled" in cli.stderr, cli.stderr
+
+
+def test_a_dataset_that_cannot_be_pickled_works_with_forked_loaders(one_rank):
+    import pickle
+
+    class Transformed(Labelled):
+        def __init__(self, n):
+            super().__init__(n)
+            self.transform = lambda x: x * 2  # as a torchvision Lambda transform holds
+
+        def __getitem__(self, i):
+            x, y = super().__getitem__(i)
+            return self.transform(x), y
+
+    ds = Transformed(300)
+    with pytest.raises(Exception):
+        pickle.dumps(ds)
+    loader = one_rank(ds, batch_size=10, num_workers=2, num_epochs=1)
+    got = []
+    for x, y in loader:
+        assert torch.equal(x[:, 0].long() // 2 % 10, y)
+        got += (x[:, 0].long() // 2).tolist()
+    assert sorted(got) == list(range(300))
+
+
+def test_drop_last_drops_the_short_batches_and_reports_them(one_rank):
+    loader = one_rank(Labelled(205), batch_size=10, num_workers=1, num_epochs=1,
+                      drop_last=True, shuffle=False, num_slices=1)
+    sizes = [len(y) for _, y in loader]
+    assert sizes == [10] * 20  # 5 samples in a short last batch, dropped
+    assert loader.reports[-1]["dropped_records"] == 5

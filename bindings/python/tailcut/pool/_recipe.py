@@ -5,6 +5,7 @@ records as the queue's reader parses them; a Recipe turns them into a batch
 import numpy as np
 
 from tailcut import _core
+from tailcut._file_record import FileRecord
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -15,10 +16,19 @@ def item_records(path, begin, end, fmt, with_ends=False, item=None):
     'file'. Parsed as the queue's reader parses them (tailcut.slice_records):
     lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked.
     with_ends=True: (records, ends), ends[i] the file offset just past record i.
-    item: the WorkItem of the slice, to check the file is still the queue's."""
+    item: the WorkItem of the slice, to check the file is still the queue's.
+    A 'file' record is a FileRecord: bytes with .path and .index (item.file,
+    None without an item), so a transform learns which file it has."""
     name, _, size = (fmt or "lines").partition(":")
-    return _core.slice_records(path, begin, end, name, int(size) if size else None,
-                               with_ends=with_ends, item=item)
+    got = _core.slice_records(path, begin, end, name, int(size) if size else None,
+                              with_ends=with_ends, item=item)
+    if name != "file":
+        return got
+    # A whole file: its bytes with its path and index in works (FileRecord).
+    records, ends = got if with_ends else (got, None)
+    index = item.file if item is not None else None
+    records = [FileRecord(r, path, index) for r in records]
+    return (records, ends) if with_ends else records
 
 
 def default_collate(records, fmt):
