@@ -362,9 +362,15 @@ struct Shared {
   ::_exit(code);
 }
 
+#ifdef TAILCUT_INDEX_STRESS
+constexpr int kKillRounds = 300;  // the stress tier: index_work_stress_test
+#else
+constexpr int kKillRounds = 16;
+#endif
+
 TEST_F(IndexWorkTest, ConsumersKilledAtRandomMomentsLoseNoSampleAndRepeatNoCommittedOne) {
-  const uint64_t n = 20000, epochs = 2;
-  const int kConsumers = 4, kKills = 16;
+  const uint64_t n = kKillRounds > 16 ? 200000 : 20000, epochs = 2;
+  const int kConsumers = 4, kKills = kKillRounds;
   WorkQueueOptions o = Options(NewName("kill"), n);
   o.num_epochs = epochs;
   o.num_slices = 160;
