@@ -159,7 +159,8 @@ def rank_main(args):
                 wrong_labels=sum(o["wrong"] for o in out),
                 neighbour_share=sum(o["together"] for o in out) / max(len(all_ids), 1)))
     if args.mode == "pooled":
-        epochs[-1]["leftover_records"] = sum(r["leftover_records"] for r in loader.reports)
+        if rank == 0:
+            epochs[-1]["leftover_records"] = sum(r["leftover_records"] for r in loader.reports)
         loader.close()
     if rank == 0:
         with open(args.result, "w") as f:

@@ -204,3 +204,21 @@ def test_drop_last_drops_the_short_batches_and_reports_them(one_rank):
     sizes = [len(y) for _, y in loader]
     assert sizes == [10] * 20  # 5 samples in a short last batch, dropped
     assert loader.reports[-1]["dropped_records"] == 5
+
+
+def test_a_loader_from_another_shell_loads_a_dataset_it_can_import(one_rank):
+    loader = one_rank(Labelled(300), batch_size=10, num_workers=0, num_epochs=1)
+    loader.start_loaders()  # what the first iteration does: describes the pool
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(tailcut.__file__).resolve().parents[1]),
+         str(pathlib.Path(__file__).parent)]))
+    cli = subprocess.Popen([sys.executable, "-m", "tailcut.pool", "--ring", loader.name],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got = []
+    for x, y in loader:  # every batch from the command's loader
+        assert torch.equal(x[:, 0].long() % 10, y)
+        got += x[:, 0].long().tolist()
+    _, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err
+    assert sorted(got) == list(range(300))
+    assert "published 30 batches, 300 records" in err, err

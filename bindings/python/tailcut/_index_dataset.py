@@ -6,9 +6,10 @@ len(dataset))) and yields dataset[i] for the samples of each, in the epoch's
 seeded order: every sample once per epoch across all of them, fast workers
 taking more. The DataLoader batches and collates as usual."""
 
+import multiprocessing
 import os
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 from tailcut import _args, _map_style
@@ -63,8 +64,6 @@ class IndexDataset(QueueDataset):
         if resume is not None:
             _args.flag("resume", resume)
         self.resume = _resume_default(resume)
-        import multiprocessing
-        from torch.utils.data import get_worker_info
         if multiprocessing.parent_process() is None and get_worker_info() is None:
             self._before_open()
         self.queue  # opens it: joins this process to the queue, checks the options
