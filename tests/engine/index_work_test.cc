@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "tailcut/reader.h"
 #include "tailcut/sample_order.h"
 #include "tailcut/work_queue.h"
 
@@ -241,6 +242,20 @@ TEST_F(IndexWorkTest, AnotherSampleCountOrAQueueOfFilesIsAMismatch) {
     EXPECT_NE(std::string(e.what()).find("is a queue of files"), std::string::npos);
   }
   ::unlink(path);
+}
+
+TEST_F(IndexWorkTest, AReaderRefusesAnIndexWork) {
+  auto q = WorkQueue::Open(Options(NewName("reader"), 100));
+  ReaderOptions r;  // lines, the default
+  try {
+    Reader::Open(*q, r);
+    ADD_FAILURE() << "opened a Reader on an index work";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("is an index work (num_samples=100): it has no file"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Tail splitting counts positions: an idle process splits the unread tail of

@@ -82,6 +82,13 @@ def test_bad_index_work_arguments_name_the_fix(tmp_path, qname):
                 item.indices(0, 11)
 
 
+def test_records_of_an_index_queue_are_refused_with_what_to_do(qname):
+    with tailcut.WorkQueue(num_samples=10, name=qname) as q:
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=r"is an index work \(num_samples=10\): it has no file to read"):
+            next(iter(q.records(format="lines")))
+
+
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
