@@ -222,3 +222,58 @@ def test_a_loader_from_another_shell_loads_a_dataset_it_can_import(one_rank):
     assert cli.returncode == 0, err
     assert sorted(got) == list(range(300))
     assert "published 30 batches, 300 records" in err, err
+
+
+def test_two_ranks_get_equal_steps_and_every_sample_once_with_its_label(qname, tmp_path):
+    """Two forked ranks of one host share the pool: equal steps each epoch, and every sample
+    trained once (or reported left over, carry_over=False) with its label."""
+    import signal
+    import time
+    n, epochs = 1000, 2
+
+    def rank(r):
+        os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        loader = tt.PooledLoader(Labelled(n), batch_size=16, num_workers=2, seed=9,
+                                 num_epochs=epochs, queue_name=qname, slot_bytes=1 << 14,
+                                 num_slots=6, timeout=60, carry_over=False)
+        out = []
+        for e in range(epochs):
+            loader.set_epoch(e)
+            ids = []
+            for x, y in loader:
+                assert torch.equal(x[:, 0].long() % 10, y)
+                ids += x[:, 0].long().tolist()
+            rep = loader.reports[-1]
+            out.append(f"{rep['steps']} {rep['leftover_records']} " + " ".join(map(str, ids)))
+        loader.close()
+        (tmp_path / f"rank{r}").write_text("\n".join(out))
+
+    pids = []
+    for r in range(2):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                rank(r)
+                code = 0
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    deadline = time.monotonic() + 120
+    for pid in pids:
+        while (got := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if got[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("a rank hung")
+        assert os.waitstatus_to_exitcode(got[1]) == 0
+    lines = [(tmp_path / f"rank{r}").read_text().split("\n") for r in range(2)]
+    for e in range(epochs):
+        rows = [[int(x) for x in lines[r][e].split()] for r in range(2)]
+        assert rows[0][0] == rows[1][0] > 0  # equal steps
+        ids = rows[0][2:] + rows[1][2:]
+        assert len(set(ids)) == len(ids) and len(ids) + rows[0][1] + rows[1][1] == n
