@@ -277,3 +277,14 @@ def test_two_ranks_get_equal_steps_and_every_sample_once_with_its_label(qname, t
         assert rows[0][0] == rows[1][0] > 0  # equal steps
         ids = rows[0][2:] + rows[1][2:]
         assert len(set(ids)) == len(ids) and len(ids) + rows[0][1] + rows[1][1] == n
+
+
+def test_a_batch_of_plain_values_only_comes_back_as_collated(one_rank):
+    class Names(Labelled):
+        def __getitem__(self, i):
+            return f"sample {i}"
+
+    loader = one_rank(Names(40), batch_size=8, num_workers=1, shuffle=False, num_epochs=1)
+    batches = list(loader)
+    assert batches[0] == [f"sample {i}" for i in range(8)]  # default_collate: a list of str
+    assert sorted(s for b in batches for s in b) == sorted(f"sample {i}" for i in range(40))

@@ -259,11 +259,11 @@ class PooledLoader:
         if copy:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
                       else arrays.copy())
+        if self._map_source is not None:  # the batch as the dataset's samples collated
+            arrays = arrays if isinstance(arrays, tuple) else (arrays,)  # the tree alone
+            return self._map_source.rebuild_batch(tuple(_tensor(a) for a in arrays))
         if isinstance(arrays, tuple):
-            tensors = tuple(_tensor(a) for a in arrays)
-            if self._map_source is not None:  # the batch as the dataset's samples collated
-                return self._map_source.rebuild_batch(tensors)
-            return tensors
+            return tuple(_tensor(a) for a in arrays)
         return _tensor(arrays)
 
     def _drop(self, batch, report):
