@@ -42,8 +42,8 @@ void Reader::Impl::Open() {
     throw Error(ErrorKind::kInvalidArgument,
                 "reader: queue '" + queue_.name() +
                     "' is an index work (num_samples=" + std::to_string(queue_.num_samples()) +
-                    "): it has no file to read; walk its items' samples with SampleOrder "
-                    "(Python: WorkItem.indices())");
+                    "): it has no file to read; take its items and walk their sample "
+                    "indices instead");
   if (options_.buffer_budget_bytes == 0 || options_.chunk_bytes == 0) {
     throw Error(ErrorKind::kInvalidArgument,
                 "reader: buffer_budget_bytes and chunk_bytes must be > 0");
