@@ -792,7 +792,7 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
   if (theirs_index != (config.num_samples != 0) || their_samples != config.num_samples) {
     auto works = [](uint64_t samples, uint64_t files) {
       return samples != 0 ? "num_samples=" + std::to_string(samples)
-                          : std::to_string(files) + " work files";
+                          : std::to_string(files) + (files == 1 ? " work file" : " work files");
     };
     throw mismatch("works differ: " + works(config.num_samples, config.paths.size()) + " here, " +
                    works(their_samples, h.num_files) + " in segment");

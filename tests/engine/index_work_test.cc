@@ -227,7 +227,7 @@ TEST_F(IndexWorkTest, AnotherSampleCountOrAQueueOfFilesIsAMismatch) {
     WorkQueue::Open(files);
     ADD_FAILURE() << "opened";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("works differ: 1 work files here, num_samples=100 in "
+    EXPECT_NE(std::string(e.what()).find("works differ: 1 work file here, num_samples=100 in "
                                          "segment"),
               std::string::npos)
         << e.what();
