@@ -22,6 +22,9 @@ namespace {
 std::mutex g_handles_mu;
 std::vector<std::weak_ptr<QueueHandle>> g_handles;
 
+// The fewest samples a tail split of an index work takes.
+constexpr uint64_t kIndexMinSplitSamples = 8;
+
 // The engine's longest wait (WorkQueueOptions durations are at most 7 days).
 constexpr std::chrono::milliseconds kLongestAttach{7LL * 24 * 3600 * 1000};
 
@@ -208,6 +211,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
     }
     open_args[py::str(key)] = v;
   }
+  // An index work splits in samples, not bytes: a tail of 8 samples is worth
+  // another process's time (WorkQueueOptions::min_split_bytes).
+  if (o.num_samples != 0) o.min_split_bytes = kIndexMinSplitSamples;
   if (!format.is_none()) {
     h->format = ParseFormat(ToText(format, "format"), record_bytes);
     o.format = h->format->Tag();

@@ -170,3 +170,24 @@ def test_ranks_with_dataloader_workers_run_equal_steps_and_use_every_sample_once
             used.update(log[e]["trained"] + log[e]["dropped"])
         assert set(used) == set(range(960)) and set(used.values()) == {1}, e
     assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_an_idle_process_splits_the_unread_tail_of_an_index_item(qname):
+    """Index works split in positions, in the engine's split units of 4096 (so items of
+    more than 8192 samples), and parts of at least 8 samples, not 64 KiB: a claimed item
+    gives its tail to a process with nothing to take."""
+    owner = tailcut.WorkQueue(num_samples=10000, num_slices=1, seed=1, name=qname)
+    thief = tailcut.WorkQueue(num_samples=10000, num_slices=1, seed=1, name=qname)
+    item = owner.take()
+    order = item.indices()
+    assert item.claim(1000) == 10000
+    piece = thief.take(timeout=1)
+    assert 1000 <= piece.begin < 10000 and piece.begin % 4096 == 0 and piece.end == 10000
+    end = item.claim(10000)
+    assert end == piece.begin
+    assert sorted(item.indices(0, end) + piece.indices()) == list(range(10000))
+    assert piece.indices() == order[piece.begin:]
+    item.ack()
+    piece.ack()
+    owner.close()
+    thief.close()
