@@ -5,6 +5,7 @@
 
 #include "blocking.h"
 #include "module.h"
+#include "tailcut/sample_order.h"
 
 namespace tailcut::python {
 
@@ -102,8 +103,8 @@ std::string AgreeStepBlocking(QueueHandle& h, const py::object& rank, const py::
 void DefineWorkItem(py::module_& m) {
   py::class_<PyWorkItem, ItemPtr>(
       m, "WorkItem",
-      "One work item (a byte range of one file) this process holds, as "
-      "handed out by WorkQueue.take(). Ack it when its records are used, "
+      "One work item (a byte range of one file, or a range of positions of an index work) this "
+      "process holds, as handed out by WorkQueue.take(). Ack it when its records are used, "
       "or give it back; `with item:` acks on a clean exit and gives back "
       "on an exception. An item not acked when its process dies goes to "
       "another process.")
@@ -149,6 +150,38 @@ void DefineWorkItem(py::module_& m) {
            "committed, not from its start, and a checkpoint resumes there too (later "
            "progress() calls no longer move it). Call it after each hand-off. Same errors as "
            "progress().")
+      .def("claim", &PyWorkItem::Claim, py::arg("up_to"),
+           "Tail splitting, owner side: claims the records (positions of an index work) that "
+           "start before `up_to` and returns the item's current end: an idle process may split "
+           "off what lies past the claims, so stop there. The first claim makes the item "
+           "splittable; an item never claimed is never split. Same errors as progress().")
+      .def(
+          "indices",
+          [](const PyWorkItem& i, py::object start, py::object stop) {
+            uint64_t n = i.h->queue->num_samples();
+            if (n == 0)
+              Raise(g_exc.invalid_argument,
+                    "indices() of " + i.Describe() +
+                        ": the queue's items are file slices, not samples by index (open it "
+                        "with num_samples=N)");
+            uint64_t a = start.is_none() ? i.item.begin : ToU64(start, "start");
+            uint64_t b = stop.is_none() ? i.item.end : ToU64(stop, "stop");
+            if (a > b || b > n)
+              Raise(g_exc.invalid_argument, "indices(" + std::to_string(a) + ", " +
+                                                std::to_string(b) + ") of " + i.Describe() +
+                                                ": positions must satisfy start <= stop <= " +
+                                                std::to_string(n) + " (num_samples)");
+            tc::SampleOrder order(*i.h->queue, i.item.epoch);
+            py::list out(b - a);
+            for (uint64_t p = a; p < b; ++p)
+              PyList_SET_ITEM(out.ptr(), p - a, PyLong_FromUnsignedLongLong(order[p]));
+            return out;
+          },
+          py::arg("start") = py::none(), py::arg("stop") = py::none(),
+          "Index work (WorkQueue(num_samples=N)): the sample indices at positions [start, stop) "
+          "of the item's epoch order, [begin, end) by default. commit() and progress() take "
+          "positions: after using position p, commit(p + 1). Raises InvalidArgumentError for a "
+          "queue of files.")
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",

@@ -59,9 +59,10 @@ struct PyWorkItem {
   PyWorkItem& operator=(const PyWorkItem&) = delete;
 
   std::string Describe() const {
-    return "item " + std::to_string(item.index) + " (epoch " + std::to_string(item.epoch) + ", '" +
-           path + "' [" + std::to_string(item.begin) + ", " + std::to_string(item.end) +
-           ")) of queue '" + h->name + "'";
+    std::string range = "[" + std::to_string(item.begin) + ", " + std::to_string(item.end) + ")";
+    return "item " + std::to_string(item.index) + " (epoch " + std::to_string(item.epoch) + ", " +
+           (h->queue->num_samples() != 0 ? "positions " + range : "'" + path + "' " + range) +
+           ") of queue '" + h->name + "'";
   }
   void RequireOpen(const char* action) const {
     if (state != ItemState::kOpen)
@@ -137,6 +138,20 @@ struct PyWorkItem {
       s = h->queue->Commit(item, off);
     }
     Check(s, "commit", off);
+  }
+  // WorkQueue::Claim: returns the item's current end (a tail split off
+  // lowers it).
+  uint64_t Claim(const py::object& up_to) {
+    RequireOpen("claim");
+    uint64_t to = ToU64(up_to, "up_to");
+    uint64_t end = 0;
+    tc::AckStatus s;
+    {
+      Use use(*h);
+      s = h->queue->Claim(item, to, &end);
+    }
+    Check(s, "claim");
+    return end;
   }
   // Best effort, for destructors: no raise.
   void AckQuietly() noexcept {

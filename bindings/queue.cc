@@ -22,6 +22,9 @@ namespace {
 std::mutex g_handles_mu;
 std::vector<std::weak_ptr<QueueHandle>> g_handles;
 
+// The fewest samples a tail split of an index work takes.
+constexpr uint64_t kIndexMinSplitSamples = 8;
+
 // The engine's longest wait (WorkQueueOptions durations are at most 7 days).
 constexpr std::chrono::milliseconds kLongestAttach{7LL * 24 * 3600 * 1000};
 
@@ -125,15 +128,19 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
   const std::string name = ToQueueName(queue_name);
   tc::WorkQueueOptions o;
   py::dict open_args;
-  if (py::isinstance<py::str>(works) || py::isinstance<py::bytes>(works) ||
-      py::hasattr(works, "__fspath__")) {
-    o.works.push_back(ToPath(works));
+  if (works.is_none()) {
+    open_args["works"] = py::none();  // an index work (num_samples)
   } else {
-    for (py::handle w : works) o.works.push_back(ToPath(w));
+    if (py::isinstance<py::str>(works) || py::isinstance<py::bytes>(works) ||
+        py::hasattr(works, "__fspath__")) {
+      o.works.push_back(ToPath(works));
+    } else {
+      for (py::handle w : works) o.works.push_back(ToPath(w));
+    }
+    py::list works_list;
+    for (const std::string& w : o.works) works_list.append(FromPath(w));
+    open_args["works"] = works_list;
   }
-  py::list works_list;
-  for (const std::string& w : o.works) works_list.append(FromPath(w));
-  open_args["works"] = works_list;
   o.num_epochs = ToU64(num_epochs, "num_epochs");
   o.shuffle = ToFlag(shuffle, "shuffle");
   if (auto v = ToU64OrNone(seed, "seed")) o.seed = *v;
@@ -160,6 +167,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
       format = v;
     } else if (key == "record_bytes") {
       record_bytes = v;
+    } else if (key == "num_samples") {
+      o.num_samples = ToU64(v, "num_samples", 1);
     } else if (key == "max_clients") {
       o.max_clients = ToU32(v, "max_clients");
     } else if (key == "keep_unfinished") {
@@ -202,6 +211,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
     }
     open_args[py::str(key)] = v;
   }
+  // An index work splits in samples, not bytes: a tail of 8 samples is worth
+  // another process's time (WorkQueueOptions::min_split_bytes).
+  if (o.num_samples != 0) o.min_split_bytes = kIndexMinSplitSamples;
   if (!format.is_none()) {
     h->format = ParseFormat(ToText(format, "format"), record_bytes);
     o.format = h->format->Tag();
@@ -249,17 +261,21 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "agree), max_clients, leases_per_client, attach_timeout and lease_timeout (seconds; "
       "attach_timeout None: no limit; lease_timeout None: off), restore_state (bytes from "
       "state_dict()['state']), on_notice "
-      "(callable taking one str, or None for stderr), auto_ack (PAI compatibility: each take() or "
+      "(callable taking one str, or None for stderr), num_samples (an index work, with "
+      "works=None), auto_ack (PAI compatibility: each take() or "
       "input_producer get() acks the item handed out before it, close() the last; "
       "at-most-once, see docs/python.md); across hosts (docs/global.md): coordinator "
       "('redis://[user[:password]@]HOST:PORT/DB', default TAILCUT_COORDINATOR), host_id (default "
       "TAILCUT_HOST_ID or the hostname), global_ttl (seconds, default 60) and global_block_size "
       "(tickets per block, 0: automatic).");
-  cls.def(py::init(&OpenQueue), py::arg("works"), py::arg("num_epochs") = 1,
+  cls.def(py::init(&OpenQueue), py::arg("works") = py::none(), py::arg("num_epochs") = 1,
           py::arg("shuffle") = true, py::arg("seed") = py::none(), py::arg("prefix") = py::none(),
           py::arg("num_slices") = py::none(), py::arg("num_clients") = 1,
           py::arg("name") = "work_queue",
-          "Creates or joins the queue `name`. Raises NotFoundError, PermissionDeniedError, "
+          "Creates or joins the queue `name`: of `works` (file paths), or with works=None and "
+          "num_samples=N of N samples by index (no file; items are ranges of positions in each "
+          "epoch's seeded permutation of 0..N-1, WorkItem.indices() gives their samples). Raises "
+          "NotFoundError, PermissionDeniedError, "
           "ConfigMismatchError, NoSpaceError, TimeoutError or InvalidArgumentError with the "
           "library's message; TypeError for an unknown keyword.")
       .def(
@@ -347,6 +363,13 @@ QueueClass DefineWorkQueue(py::module_& m) {
           "num_items", [](const HandlePtr& h) { return h->queue->num_items(); }, "Items per epoch.")
       .def_property_readonly(
           "num_epochs", [](const HandlePtr& h) { return h->queue->num_epochs(); }, "Epochs.")
+      .def_property_readonly(
+          "num_samples",
+          [](const HandlePtr& h) -> py::object {
+            if (h->queue->num_samples() == 0) return py::none();
+            return py::int_(h->queue->num_samples());
+          },
+          "N of an index work (WorkQueue(num_samples=N)); None for a queue of files.")
       .def_property_readonly(
           "seed", [](const HandlePtr& h) { return h->queue->seed(); },
           "The shuffle seed every process uses (drawn by the creator when seed=None).")

@@ -31,6 +31,29 @@ uint64_t Mix(uint64_t h, uint64_t v) { return SplitMix64(h ^ v) + 0x9e37; }
 
 std::string Quote(const std::string& s) { return "'" + Printable(s) + "'"; }
 
+// The options an index work (num_samples) must not combine with.
+void CheckIndexWork(const WorkQueueOptions& options) {
+  const std::string queue = "queue '" + options.name + "': ";
+  if (!options.works.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                queue +
+                    "both works and num_samples are set; pass file paths, or num_samples "
+                    "for a data set of samples by index, not both");
+  if (!options.prefix.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                queue + "prefix " + Quote(options.prefix) +
+                    " is set with num_samples; an index work has no file: drop the prefix");
+  if (!options.format.empty() && options.format != kIndexFormat)
+    throw Error(ErrorKind::kInvalidArgument,
+                queue + "format " + Quote(options.format) +
+                    " is set with num_samples; an index work has no records to parse: drop the "
+                    "format");
+  if (options.num_samples > kMaxFileBytes)
+    throw Error(ErrorKind::kInvalidArgument, queue + "num_samples is " +
+                                                 std::to_string(options.num_samples) +
+                                                 "; it must be at most 2^48 - 1");
+}
+
 }  // namespace
 
 uint64_t QueueConfig::PathsHash() const {
@@ -125,9 +148,12 @@ std::vector<WorkQueue::Item> SliceFiles(const std::vector<uint64_t>& sizes, uint
 
 QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   ValidateQueueName(options.name);
-  if (options.works.empty())
+  if (options.works.empty() && options.num_samples == 0)
     throw Error(ErrorKind::kInvalidArgument,
-                "queue '" + options.name + "': works is empty; pass at least one file path");
+                "queue '" + options.name +
+                    "': works is empty; pass at least one file path (or num_samples for a data "
+                    "set of samples by index)");
+  if (options.num_samples != 0) CheckIndexWork(options);
   if (options.works.size() > UINT32_MAX)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': too many works");
   if (options.num_epochs == 0)
@@ -271,8 +297,18 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   }
   if (error_index < n) throw Error(error_kind, "queue '" + options.name + "': " + error_message);
 
+  uint64_t num_slices = config.num_slices;
+  if (options.num_samples != 0) {
+    // No file: one entry of N positions that no work file can be (its path is empty).
+    config.num_samples = options.num_samples;
+    config.paths = {""};
+    config.sizes = {options.num_samples};
+    config.identities = {FileIdentity{options.num_samples, 0, 0, 0}};
+    config.format = kIndexFormat;
+    if (num_slices == 0) num_slices = (options.num_samples + kSamplesPerItem - 1) / kSamplesPerItem;
+  }
   for (uint64_t s : config.sizes) config.total_bytes += s;
-  config.items = SliceFiles(config.sizes, config.num_slices);
+  config.items = SliceFiles(config.sizes, num_slices);
   unsigned __int128 tickets =
       static_cast<unsigned __int128>(config.items.size()) * config.num_epochs;
   if (tickets > kMaxTickets)

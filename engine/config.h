@@ -27,7 +27,7 @@ inline constexpr std::chrono::milliseconds kMaxDuration{7LL * 24 * 3600 * 1000};
 inline constexpr size_t kFormatTagBytes = 64;
 
 struct QueueConfig {
-  std::vector<std::string> paths;  // prefix applied
+  std::vector<std::string> paths;  // prefix applied; {""} in an index work
   std::vector<uint64_t> sizes;
   std::vector<FileIdentity> identities;  // sizes included
   std::vector<WorkQueue::Item> items;
@@ -41,6 +41,10 @@ struct QueueConfig {
   uint32_t leases_per_client = 0;
   std::string format;
   uint64_t total_bytes = 0;
+  // An index work (WorkQueueOptions::num_samples): one file entry with an
+  // empty path (no work file can have one) and size num_samples, whose
+  // "bytes" are positions.
+  uint64_t num_samples = 0;
   // Tickets come from the cross-host tier's feeder (WorkQueueOptions::
   // coordinator): the segment holds the fed block table and skip bitmap.
   bool fed = false;
@@ -53,7 +57,11 @@ struct QueueConfig {
   uint64_t Fingerprint() const;
 };
 
-// Validates options, stats every work file (in parallel) and slices them.
+// The format tag of every index work.
+inline constexpr char kIndexFormat[] = "index";
+
+// Validates options, stats every work file (in parallel) and slices them;
+// an index work has no file to stat.
 // Throws tailcut::Error naming the bad option or file.
 QueueConfig ResolveConfig(const WorkQueueOptions& options);
 

@@ -81,6 +81,17 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
                      "(remove the old queue with `tailcut rm " +
                      s.queue_name() + "` once its jobs are gone)");
   };
+  // An index work is one file entry with an empty path (config.h).
+  const bool theirs_index = h.num_files == 1 && s.file(0).path_length == 0;
+  const uint64_t their_samples = theirs_index ? s.file(0).size : 0;
+  if (theirs_index != (config.num_samples != 0) || their_samples != config.num_samples) {
+    auto works = [](uint64_t samples, uint64_t files) {
+      return samples != 0 ? "num_samples=" + std::to_string(samples)
+                          : std::to_string(files) + (files == 1 ? " work file" : " work files");
+    };
+    throw mismatch("works differ: " + works(config.num_samples, config.paths.size()) + " here, " +
+                   works(their_samples, h.num_files) + " in segment");
+  }
   if (h.num_files != config.paths.size())
     throw mismatch("works differ: " + std::to_string(config.paths.size()) + " files here, " +
                    std::to_string(h.num_files) + " in segment");

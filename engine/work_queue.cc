@@ -719,6 +719,8 @@ const std::string& WorkQueue::name() const noexcept { return impl_->name(); }
 uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.size(); }
 uint64_t WorkQueue::num_epochs() const noexcept { return impl_->config().num_epochs; }
 uint64_t WorkQueue::seed() const noexcept { return impl_->config().seed; }
+bool WorkQueue::shuffle() const noexcept { return impl_->config().shuffle; }
+uint64_t WorkQueue::num_samples() const noexcept { return impl_->config().num_samples; }
 const std::string& WorkQueue::format() const noexcept { return impl_->config().format; }
 std::chrono::milliseconds WorkQueue::lease_timeout() const noexcept {
   return impl_->lease_timeout();

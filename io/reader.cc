@@ -43,6 +43,12 @@ void SetText(std::string* out, const char* format, ...) noexcept {
 // Each step may throw tailcut::Error, naming the option or file and the fix;
 // a Reader whose Open throws is destroyed half set up (Close allows for it).
 void Reader::Impl::Open() {
+  if (queue_.num_samples() != 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "reader: queue '" + queue_.name() +
+                    "' is an index work (num_samples=" + std::to_string(queue_.num_samples()) +
+                    "): it has no file to read; take its items and walk their sample "
+                    "indices instead");
   CheckGeometry();
   SetUpItems();  // a bad format is an argument error before any memory is mapped
   SetUpArena();

@@ -94,7 +94,8 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
     for kwargs, message in cases:
         with pytest.raises(tailcut.InvalidArgumentError, match=exact(message)):
             tailcut.WorkQueue(files, name=qname, **kwargs)
-    empty = f"queue '{qname}': works is empty; pass at least one file path"
+    empty = (f"queue '{qname}': works is empty; pass at least one file path (or num_samples "
+             f"for a data set of samples by index)")
     with pytest.raises(tailcut.InvalidArgumentError, match=exact(empty)):
         tailcut.WorkQueue([], name=qname)
     assert not os.path.exists(tailcut.segment_path(qname))

@@ -137,6 +137,8 @@ class WorkItem:
     def give_back(self) -> None: ...
     def progress(self, offset: int, records: int = 0) -> None: ...
     def commit(self, offset: int) -> None: ...
+    def claim(self, up_to: int) -> int: ...
+    def indices(self, start: Optional[int] = None, stop: Optional[int] = None) -> list[int]: ...
     def __enter__(self) -> "WorkItem": ...
     def __exit__(
         self,
@@ -235,7 +237,7 @@ class _SummaryWriter:
 class WorkQueue:
     def __init__(
         self,
-        works: Union[_Path, Sequence[_Path]],
+        works: Union[None, _Path, Sequence[_Path]] = None,
         num_epochs: int = 1,
         shuffle: bool = True,
         seed: Optional[int] = None,
@@ -246,6 +248,7 @@ class WorkQueue:
         *,
         format: Optional[_Format] = ...,
         record_bytes: Optional[int] = ...,
+        num_samples: int = ...,
         max_clients: int = ...,
         leases_per_client: int = ...,
         attach_timeout: Optional[float] = ...,
@@ -326,6 +329,8 @@ class WorkQueue:
     def num_items(self) -> int: ...
     @property
     def num_epochs(self) -> int: ...
+    @property
+    def num_samples(self) -> Optional[int]: ...
     @property
     def seed(self) -> int: ...
     @property

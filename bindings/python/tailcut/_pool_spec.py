@@ -23,8 +23,8 @@ _MAX_BYTES = 64 << 20
 _QUEUE_KEYS = {"works", "num_epochs", "shuffle", "seed", "prefix", "num_slices", "num_clients",
                "name", "format", "record_bytes", "max_clients", "keep_unfinished", "auto_ack",
                "leases_per_client", "attach_timeout", "lease_timeout", "coordinator", "host_id",
-               "global_ttl", "global_block_size"}
-_QUEUE_COUNTS = {"num_epochs": 1, "num_clients": 1, "max_clients": 1, "leases_per_client": 1,
+               "global_ttl", "global_block_size", "num_samples"}
+_QUEUE_COUNTS = {"num_samples": 1, "num_epochs": 1, "num_clients": 1, "max_clients": 1, "leases_per_client": 1,
                  "seed": 0, "num_slices": 1, "record_bytes": 1, "global_block_size": 0}
 _QUEUE_FLAGS = ("shuffle", "keep_unfinished", "auto_ack")
 _QUEUE_SECONDS = ("attach_timeout", "lease_timeout", "global_ttl")
@@ -132,7 +132,8 @@ def _check(spec):
         if key not in _QUEUE_KEYS:
             raise _Damaged(f"field 'queue' has the unknown key {key!r}")
     _field(queue, "name", _args.text, "queue.")
-    _field(queue, "works", str_list, "queue.")
+    if queue.get("num_samples") is None or queue.get("works") is not None:  # else an index work
+        _field(queue, "works", str_list, "queue.")
     for key in set(queue) & set(_QUEUE_COUNTS):
         _field(queue, key,
                lambda n, v: _args.count(n, v, _QUEUE_COUNTS[key], allow_none=True), "queue.")

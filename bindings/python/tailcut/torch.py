@@ -33,7 +33,7 @@ from tailcut import _args
 from tailcut._job import default_name as _default_name
 from tailcut._job import torchrun_job as _torchrun_job
 
-__all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
+__all__ = ["QueueDataset", "IndexDataset", "EqualSteps", "PooledLoader"]
 
 _log = logging.getLogger(__name__)
 
@@ -871,4 +871,6 @@ class EqualSteps:
                 f"carry_over={self.carry_over})")
 
 
-from .pool import PooledLoader, _pool_state  # noqa: E402  (docs/pooled.md; EqualSteps)
+from tailcut import _pool_state  # noqa: E402  (EqualSteps: a restored epoch)
+from tailcut.pool import PooledLoader  # noqa: E402  (docs/pooled.md)
+from tailcut._index_dataset import IndexDataset  # noqa: E402  (map-style datasets, per rank)

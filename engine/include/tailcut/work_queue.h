@@ -69,9 +69,21 @@
 
 namespace tailcut {
 
+// Samples per item of an index work when num_slices is unset.
+inline constexpr uint64_t kSamplesPerItem = 256;
+
 struct WorkQueueOptions {
   // The options of PAI's WorkQueue (see the top of this file).
   std::vector<std::string> works;  // file paths; prefix is prepended
+  // An index work instead of files: N samples (a map-style data set), no
+  // file. Items are ranges [begin, end) of positions in the epoch's seeded
+  // permutation of 0..N-1 (SampleOrder in tailcut/sample_order.h maps a
+  // position to its sample); Progress, Commit, Claim and tail splitting
+  // count positions where a file queue counts bytes (min_split_bytes is a
+  // number of samples). works and prefix must be empty, format is "index"
+  // (set when empty); num_slices unset gives items of about
+  // kSamplesPerItem samples.
+  uint64_t num_samples = 0;
   uint64_t num_epochs = 1;
   bool shuffle = true;
   std::optional<uint64_t> seed;  // unset: the creator draws one, all use it
@@ -160,10 +172,11 @@ struct WorkItem {
   uint64_t ticket = 0;  // epoch * num_items + position
   uint64_t epoch = 0;
   uint64_t index = 0;       // item index in [0, num_items): which slice
-  uint32_t file = 0;        // index into works
-  std::string_view path;    // prefix + works[file]
-  uint64_t begin = 0;       // byte range [begin, end) of the file; an item handed
-  uint64_t end = 0;         // out again begins at its floor (see Commit)
+  uint32_t file = 0;        // index into works (0 in an index work)
+  std::string_view path;    // prefix + works[file] ("" in an index work)
+  uint64_t begin = 0;       // byte range [begin, end) of the file (of positions
+  uint64_t end = 0;         // in an index work); an item handed out again begins
+                            // at its floor (see Commit)
   uint32_t lease = 0;       // lease slot, for Ack/GiveBack/Progress
   uint64_t generation = 0;  // lease generation, to refuse stale acks
   bool piece = false;       // a tail split off another process's item
@@ -378,10 +391,14 @@ class TAILCUT_EXPORT WorkQueue {
   uint64_t num_items() const noexcept;
   uint64_t num_epochs() const noexcept;
   uint64_t seed() const noexcept;
+  bool shuffle() const noexcept;
+  // WorkQueueOptions::num_samples of an index work; 0 for a queue of files.
+  uint64_t num_samples() const noexcept;
   // The queue's lease timeout, as its segment holds it (0: never); see
   // WorkQueueOptions::lease_timeout.
   std::chrono::milliseconds lease_timeout() const noexcept;
-  // The paths (prefix applied) in works order.
+  // The paths (prefix applied) in works order; one empty path in an index
+  // work.
   const std::vector<std::string>& paths() const noexcept;
   // Each path's identity when the queue was created, in works order. A
   // reader of a file checks it at every open (see FileIdentity).

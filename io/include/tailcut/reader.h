@@ -213,7 +213,7 @@ class TAILCUT_EXPORT Reader {
   // Sets up the arena, the I/O backend and the parsers; takes no item yet.
   // Throws tailcut::Error: kInvalidArgument for bad options (naming the field)
   // or a format the queue's format tag does not allow (RecordFormat::FitsTag;
-  // ReadMode::kRecords only), naming both,
+  // ReadMode::kRecords only), naming both, or an index work (no file),
   // kNoSpace when the arena cannot be mapped, kIo when a forced io_uring
   // cannot be set up.
   static std::unique_ptr<Reader> Open(WorkQueue& queue, ReaderOptions options);

@@ -1,0 +1,137 @@
+"""How a pooled loader makes a batch of a map-style dataset's samples, and how
+the rank gets its structure back (pool/_map_source.py): small, with no
+import of tailcut.torch, so that a loader started with `python3 -m
+tailcut.pool` unpickles these from the pool's description cheaply."""
+
+import json
+
+import numpy as np
+
+from tailcut import _map_style
+
+
+class LoadSample:
+    """index -> (index, dataset[index]), in a loader; an exception names the index."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        # How the pool's description names it (tailcut.pool._description).
+        self.__module__ = type(dataset).__module__
+        self.__qualname__ = f"{type(dataset).__qualname__} (the dataset)"
+
+    def __call__(self, index):
+        try:
+            return index, self.dataset[index]
+        except Exception as e:
+            _map_style.add_note(e, f"tailcut: raised by dataset[{index}] "
+                                   f"({type(self.dataset).__name__}, in a pooled loader)")
+            raise
+
+    def __reduce__(self):
+        return LoadSample, (self.dataset,)
+
+
+class Collate:
+    """[(index, sample)] -> the flat arrays of collate_fn(samples), then
+    transform; a batch that does not collate names the index and the field
+    that differ."""
+
+    def __init__(self, collate_fn, transform):
+        self.collate_fn, self.transform = collate_fn, transform
+
+    def __call__(self, records):
+        indices = [i for i, _ in records]
+        samples = [s for _, s in records]
+        if self.collate_fn is None:
+            from torch.utils.data import default_collate as collate
+        else:
+            collate = self.collate_fn
+        try:
+            batch = collate(samples)
+        except Exception as e:
+            where = _first_difference(samples, indices)
+            _map_style.add_note(e, "tailcut: the samples of a batch do not collate: " +
+                                (where or f"dataset[{indices[0]}] .. dataset[{indices[-1]}]"))
+            raise
+        if self.transform is not None:
+            batch = self.transform(batch)
+        leaves = []
+        tree = _flatten(batch, leaves, "batch")
+        leaves.append(np.frombuffer(json.dumps(tree).encode("utf-8"), dtype=np.uint8))
+        return tuple(leaves)
+
+
+def _flatten(x, leaves, path):
+    numpy = getattr(x, "numpy", None)
+    if isinstance(x, np.ndarray) or numpy is not None:
+        leaves.append(x)
+        return {"a": len(leaves) - 1}
+    if isinstance(x, dict):
+        for k in x:
+            if not isinstance(k, str):
+                raise TypeError(f"a pooled batch's dict keys are str; {path} has {k!r}")
+        return {"d": [[k, _flatten(v, leaves, f"{path}[{k!r}]")] for k, v in x.items()]}
+    if isinstance(x, (tuple, list)):
+        kind = "l" if isinstance(x, list) else "t"
+        return {kind: [_flatten(v, leaves, f"{path}[{i}]") for i, v in enumerate(x)]}
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return {"v": x}
+    raise TypeError(f"a pooled batch holds tensors, arrays, dicts, tuples, lists and plain "
+                    f"values (str, int, float, bool, None); {path} is a {type(x).__name__}: "
+                    f"convert it in collate_fn")
+
+
+def unflatten(tree, leaves):
+    if "a" in tree:
+        return leaves[tree["a"]]
+    if "d" in tree:
+        return {k: unflatten(v, leaves) for k, v in tree["d"]}
+    if "l" in tree:
+        return [unflatten(v, leaves) for v in tree["l"]]
+    if "t" in tree:
+        return tuple(unflatten(v, leaves) for v in tree["t"])
+    return tree["v"]
+
+
+def _describe(x):
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return f"a {type(x).__name__} of shape {tuple(shape)} and dtype {x.dtype}"
+    return f"a {type(x).__name__}"
+
+
+def _differ(a, b, path):
+    """The path of the first field where samples a and b differ in kind, keys,
+    length or shape, with what each holds; None when they match."""
+    if type(a) is not type(b):
+        return path, _describe(b), _describe(a)
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            return path, f"keys {sorted(map(str, b))}", f"keys {sorted(map(str, a))}"
+        for k in a:
+            found = _differ(a[k], b[k], f"{path}[{k!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(a, (tuple, list)):
+        if len(a) != len(b):
+            return path, f"{len(b)} fields", f"{len(a)} fields"
+        for i, (u, v) in enumerate(zip(a, b)):
+            found = _differ(u, v, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if getattr(a, "shape", None) is not None:
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            return path, _describe(b), _describe(a)
+    return None
+
+
+def _first_difference(samples, indices):
+    for sample, index in zip(samples[1:], indices[1:]):
+        found = _differ(samples[0], sample, "")
+        if found:
+            path, theirs, first = found
+            return (f"field {path or '(the sample)'} of dataset[{index}] is {theirs}, that of "
+                    f"dataset[{indices[0]}] {first}")
+    return None

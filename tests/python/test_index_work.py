@@ -1,0 +1,193 @@
+"""Index works: WorkQueue(num_samples=N) from Python (items give their sample indices) and
+tailcut.torch.IndexDataset, the per-rank path for a map-style dataset (DataLoader workers
+pulling index items, EqualSteps over the ranks)."""
+
+import collections
+import json
+import multiprocessing
+import os
+import pathlib
+import time
+
+import pytest
+
+import tailcut
+
+
+def drain(q):
+    seen = collections.Counter()
+    while (item := q.take(timeout=10)) is not None:
+        with item:
+            seen.update((item.epoch, i) for i in item.indices())
+    return seen
+
+
+def test_an_index_queue_hands_out_every_sample_once_per_epoch(qname):
+    with tailcut.WorkQueue(num_samples=1000, num_epochs=2, seed=4, name=qname) as q:
+        assert q.num_samples == 1000
+        assert q.num_items == 4  # items of 256 samples
+        assert q.open_args["works"] is None and q.open_args["num_samples"] == 1000
+        seen = drain(q)
+    assert set(seen) == {(e, i) for e in range(2) for i in range(1000)}
+    assert set(seen.values()) == {1}
+
+
+def test_items_give_their_samples_in_a_shuffled_order_set_by_the_seed(qname):
+    def order(name, seed):
+        with tailcut.WorkQueue(num_samples=500, num_slices=1, seed=seed, name=name) as q:
+            item = q.take()
+            with item:
+                assert (item.begin, item.end) == (0, 500)
+                return item.indices(), item.indices(10, 20)
+    a, part = order(qname, 1)
+    assert part == a[10:20]
+    assert sorted(a) == list(range(500)) and a != list(range(500))
+    assert order(qname + "-same", 1)[0] == a
+    assert order(qname + "-other", 2)[0] != a
+
+
+def test_a_commit_counts_positions_and_the_item_resumes_there(qname):
+    with tailcut.WorkQueue(num_samples=100, num_slices=1, seed=1, name=qname) as q:
+        item = q.take()
+        first = item.indices()
+        item.commit(30)  # positions 0..29 delivered
+        item.give_back()
+        again = q.take()
+        assert (again.begin, again.end) == (30, 100)
+        assert again.indices() == first[30:]
+        again.ack()
+
+
+def test_bad_index_work_arguments_name_the_fix(tmp_path, qname):
+    path = tmp_path / "a.txt"
+    path.write_text("x\n")
+    with pytest.raises(tailcut.InvalidArgumentError, match="both works and num_samples"):
+        tailcut.WorkQueue([str(path)], num_samples=10, name=qname)
+    with pytest.raises(tailcut.InvalidArgumentError, match="format 'tfrecord' is set with"):
+        tailcut.WorkQueue(num_samples=10, format="tfrecord", name=qname)
+    with pytest.raises(tailcut.InvalidArgumentError, match="or num_samples"):
+        tailcut.WorkQueue(name=qname)
+    with pytest.raises(ValueError, match="num_samples"):
+        tailcut.WorkQueue(num_samples=0, name=qname)
+    with tailcut.WorkQueue([str(path)], name=qname) as q:
+        with q.take() as item:
+            with pytest.raises(tailcut.InvalidArgumentError, match="not samples by index"):
+                item.indices()
+    with tailcut.WorkQueue(num_samples=10, name=qname + "-n") as q:
+        with pytest.raises(tailcut.ConfigMismatchError,
+                           match="num_samples=20 here, num_samples=10 in segment"):
+            tailcut.WorkQueue(num_samples=20, name=qname + "-n")
+        with q.take() as item:
+            with pytest.raises(tailcut.InvalidArgumentError, match="start <= stop <= 10"):
+                item.indices(0, 11)
+
+
+def test_records_of_an_index_queue_are_refused_with_what_to_do(qname):
+    with tailcut.WorkQueue(num_samples=10, name=qname) as q:
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match=r"is an index work \(num_samples=10\): it has no file to read"):
+            next(iter(q.records(format="lines")))
+
+
+torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
+from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
+
+import tailcut.torch as tt  # noqa: E402
+from _index_workers import Labelled, index_rank  # noqa: E402
+
+
+def test_dataloader_workers_read_every_sample_once_with_its_label(qname):
+    ds = tt.IndexDataset(Labelled(1000), name=qname, num_epochs=2, seed=2, num_clients=1)
+    loader = DataLoader(ds, batch_size=16, num_workers=2)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        ids = []
+        for x, y in loader:
+            assert x.shape[1] == 2 and torch.equal(x[:, 0].long() % 10, y)
+            ids += x[:, 0].long().tolist()
+        assert sorted(ids) == list(range(1000)), epoch
+        assert ids != sorted(ids)  # shuffled
+    ds.close()
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_index_dataset_refuses_what_it_cannot_index(qname):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    class NoLen:
+        def __getitem__(self, i):
+            return i
+
+    with pytest.raises(TypeError, match="IterableDataset.*use tailcut.torch.QueueDataset"):
+        tt.IndexDataset(Stream(), name=qname)
+    with pytest.raises(TypeError, match="has no __len__"):
+        tt.IndexDataset(NoLen(), name=qname)
+    with pytest.raises(ValueError, match=r"is empty \(len 0\)"):
+        tt.IndexDataset(Labelled(0), name=qname)
+
+
+def test_an_exception_of_getitem_names_the_index(qname):
+    class Broken(Labelled):
+        def __getitem__(self, i):
+            if i == 7:
+                raise KeyError("no such image")
+            return super().__getitem__(i)
+
+    ds = tt.IndexDataset(Broken(50), name=qname, num_clients=1)
+    with pytest.raises(KeyError) as info:
+        list(ds)
+    assert "raised by dataset[7] (Broken" in "\n".join(getattr(info.value, "__notes__", []))
+    ds.close()
+
+
+def test_ranks_with_dataloader_workers_run_equal_steps_and_use_every_sample_once(tmp_path,
+                                                                                qname):
+    """2 ranks x 2 DataLoader workers on one index queue, rank 1 slow: equal steps, and
+    every sample of every epoch trained once or reported left over."""
+    args = dict(n=960, epochs=2, items=48, job=qname, world=2, slow=0.002,
+                out_dir=str(tmp_path))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=index_rank, args=(r, args)) for r in range(2)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 120
+    try:
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        assert [p.exitcode for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    logs = [json.loads((pathlib.Path(tmp_path) / f"rank{r}.json").read_text()) for r in range(2)]
+    for e in range(2):
+        assert logs[0][e]["steps"] == logs[1][e]["steps"]
+        used = collections.Counter()
+        for log in logs:
+            used.update(log[e]["trained"] + log[e]["dropped"])
+        assert set(used) == set(range(960)) and set(used.values()) == {1}, e
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_an_idle_process_splits_the_unread_tail_of_an_index_item(qname):
+    """Index works split in positions, in the engine's split units of 4096 (so items of
+    more than 8192 samples), and parts of at least 8 samples, not 64 KiB: a claimed item
+    gives its tail to a process with nothing to take."""
+    owner = tailcut.WorkQueue(num_samples=10000, num_slices=1, seed=1, name=qname)
+    thief = tailcut.WorkQueue(num_samples=10000, num_slices=1, seed=1, name=qname)
+    item = owner.take()
+    order = item.indices()
+    assert item.claim(1000) == 10000
+    piece = thief.take(timeout=1)
+    assert 1000 <= piece.begin < 10000 and piece.begin % 4096 == 0 and piece.end == 10000
+    end = item.claim(10000)
+    assert end == piece.begin
+    assert sorted(item.indices(0, end) + piece.indices()) == list(range(10000))
+    assert piece.indices() == order[piece.begin:]
+    item.ack()
+    piece.ack()
+    owner.close()
+    thief.close()
