@@ -21,7 +21,6 @@ import multiprocessing
 import multiprocessing.util
 import os
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -29,9 +28,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _args
+from tailcut import _args, _attempts
 from tailcut._job import default_name as _default_name
-from tailcut._job import torchrun_job as _torchrun_job
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
 
@@ -78,108 +76,6 @@ def _env_int(name, default):
     return default if value in (None, "") else int(value)
 
 
-def _remove_earlier_attempts(name):
-    """After an elastic restart, removes the queues of the job's earlier
-    attempts: torchrun stopped all their processes (DataLoader workers of a
-    killed rank may linger a few seconds; they only hold a mapping)."""
-    head, _, count = name.rpartition("-")
-    for attempt in range(int(count)):
-        try:
-            tailcut.remove_queue(f"{head}-{attempt}", force=True)
-        except tailcut.NotFoundError:
-            pass
-
-
-def _remove_stale_later_attempts(name):
-    """A new run (attempt 0) of a job whose last run crashed after elastic
-    restarts finds that run's queue under a later attempt's name, which no
-    attempt of this run uses: removes it (the progress it had is in the job's
-    checkpoint, if it keeps one) and says so."""
-    head = name.rpartition("-")[0]
-    for listing in tailcut.list_queues():
-        other = listing["name"]
-        attempt = other[len(head) + 1:]
-        if other.startswith(head + "-") and attempt.isdigit() and int(attempt) > 0:
-            stale = _stale(other)
-            if stale is not None:
-                tailcut.remove_queue(other, force=True)
-                _log.warning("tailcut.torch: removed %s: only a run's first attempt is resumed by "
-                             "a rerun; resume from the job's checkpoint (restore_state=)",
-                             _describe(other, stale))
-
-
-def _stale(name):
-    """inspect_queue() of a queue left by an earlier run: unfinished, no process alive; else None."""
-    try:
-        summary = tailcut.inspect_queue(name)
-    except tailcut.NotFoundError:
-        return None
-    if any(c["alive"] for c in summary["clients"]) or summary["done"] >= summary["total"]:
-        return None
-    return summary
-
-
-def _describe(name, stale):
-    return (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
-            f"{stale['done']} of {stale['total']} items done)")
-
-
-def _carry_over(queue_args):
-    """The state of a stale queue (finished items, progress within open ones),
-    after which it is removed, quietly (a notice would belie the resume); None
-    if another process joined it meanwhile (it is then resumed as it is)."""
-    args = {k: v for k, v in queue_args.items() if k not in ("restore_state", "on_notice")}
-    q = tailcut.WorkQueue(**args, on_notice=lambda line: None)
-    try:
-        state = q.state_dict()
-    finally:
-        q.close()
-    try:
-        tailcut.remove_queue(args["name"])
-    except tailcut.NotFoundError:
-        pass  # its close removed it
-    except tailcut.InvalidArgumentError:
-        return None  # a live process uses it
-    return state
-
-
-def _prepare(queue_args, resume, restarted, torchrun_default):
-    """What local rank 0 does before a job opens its queue: remove the queues of
-    earlier attempts (or, in a new run, those a crashed run left under later
-    attempts' names), and, in one line, resume a queue an earlier run left
-    unfinished (resume=True) or discard it: a checkpoint (restore_state)
-    decides where the job goes on, and without one a fresh model is trained.
-
-    A queue is resumed in a fresh queue of the same name created from its
-    state (as restore_state would), not joined as it is: the steps EqualSteps
-    agreed on in the crashed run stay with the old queue, and agree_step
-    refuses steps below them."""
-    name = queue_args["name"]
-    if restarted:
-        _remove_earlier_attempts(name)
-    elif torchrun_default:
-        _remove_stale_later_attempts(name)
-    stale = _stale(name)
-    if stale is None:
-        return
-    what = _describe(name, stale)
-    if "restore_state" in queue_args:
-        tailcut.remove_queue(name, force=True)
-        _log.warning("tailcut.torch: discarded %s: restore_state (a checkpoint) was given", what)
-    elif resume:
-        state = _carry_over(queue_args)
-        if state is not None:
-            queue_args["restore_state"] = state
-        warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
-                      f"and the job goes on at epoch {stale['done'] // stale['num_items']} "
-                      f"(EqualSteps and PooledLoader start there: loop from their .epoch)",
-                      RuntimeWarning, 4)
-    else:
-        tailcut.remove_queue(name, force=True)
-        _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "
-                     "(restore_state=); resume=True or TAILCUT_RESUME=1 resumes its data", what)
-
-
 def _current_epoch(q):
     """The epoch the job is in: that of the queue's first item not done
     (items are done in about ticket order), not that of its next ticket, which
@@ -187,11 +83,6 @@ def _current_epoch(q):
     a sibling's shuffle buffer, say."""
     s = q.summary()
     return min(s["epoch"], s["done"] // max(s["num_items"], 1))
-
-
-def _resume_default(resume):
-    value = os.environ.get("TAILCUT_RESUME", "0") if resume is None else str(bool(resume))
-    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 # ---- Reading without waiting for other processes at the end of the data -------------------
@@ -441,33 +332,10 @@ class QueueDataset(IterableDataset):
         self._queue = None
         self._queue_pid = None
         self._closed = False
-        self.resume = _resume_default(resume)
+        self.resume = _attempts.resume_default(resume)
         if multiprocessing.parent_process() is None and get_worker_info() is None:
-            self._before_open()
+            _attempts.before_open(self._queue_args, self.resume)
         self.queue  # opens it: joins this process to the queue, checks the options
-
-    def _before_open(self):
-        name = self._queue_args["name"]
-        torchrun_default = name == _default_name() and _torchrun_job() is not None
-        restarted = torchrun_default and _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
-        if self._queue_args.get("restore_state") is None:
-            self._queue_args.pop("restore_state", None)
-        first = _env_int("LOCAL_RANK", 0) == 0
-        if first:
-            _prepare(self._queue_args, self.resume, restarted, torchrun_default)
-        if _env_int("LOCAL_WORLD_SIZE", 1) <= 1:
-            return
-        # The other ranks of the host open the queue after local rank 0
-        # prepared it (it may remove or replace a queue of that name): at a
-        # barrier when the process group is up, else once the name holds no
-        # stale queue (local rank 0 resumes or removes it).
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-        elif not first:
-            deadline = time.monotonic() + 120
-            while _stale(name) is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
 
     @property
     def queue(self):
