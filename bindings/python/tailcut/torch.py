@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _args, _attempts
+from tailcut import _args, _attempts, _steps
 from tailcut._job import default_name as _default_name
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
@@ -586,10 +586,7 @@ class EqualSteps:
         _args.callable_or_none("count", count)
         self._count = count or _count_records
         self._group = group
-        dist = torch.distributed
-        if group is None and dist.is_available() and dist.is_initialized():
-            if dist.get_world_size() > self.world_size:
-                self._group = dist.group.WORLD
+        self._steps = None  # the _steps.StepAgreement, made at the first iteration
         self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
         self._carried = []
@@ -638,40 +635,36 @@ class EqualSteps:
     def __iter__(self):
         return self._epoch_steps()
 
+    def _agreement(self):
+        if self._steps is None:  # made here: torch.distributed may start after __init__
+            self._steps = _steps.StepAgreement(self.queue, self.rank, self.world_size,
+                                               timeout=self.timeout, group=self._group,
+                                               who="EqualSteps")
+        return self._steps
+
     def _agree(self, epoch, step, has_batch):
-        if step >= (1 << 32):
-            raise ValueError("EqualSteps: more than 2**32 steps in one epoch")
-        status = self.queue.agree_step(self.rank, self.world_size, (epoch << 32) | step, has_batch,
-                                       timeout=self.timeout)
-        if status == "timeout":
-            raise tailcut.TimeoutError(
-                f"EqualSteps: rank {self.rank} of {self.world_size} waited {self.timeout} s at "
-                f"epoch {epoch}, step {step} of queue '{self.queue.name}' for ranks that did not "
-                f"arrive (did one die, stop iterating early, or run a different epoch?)")
-        if self._group is not None:
-            dist = torch.distributed
-            device = "cpu"
-            if dist.get_backend(self._group) == "nccl":
-                device = torch.device("cuda", torch.cuda.current_device())
-            flag = torch.tensor([1 if status == "all_have_batch" else 0], dtype=torch.int32,
-                                device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
-            status = "all_have_batch" if int(flag.item()) else "end_epoch"
-        return status
+        return self._agreement().agree(epoch, step, has_batch)
 
     def _epoch_steps(self):
         epoch = self.epoch
-        if epoch >= (1 << 30):
+        if epoch >= _steps.MAX_EPOCH:
             raise ValueError("EqualSteps: epoch must be below 2**30")
+        self._agreement()
         self.epoch = epoch + 1
         last_epoch = epoch + 1 >= self.queue.num_epochs
         dataset = getattr(self.loader, "dataset", self.loader)
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)
         carried, self._carried = self._carried, []
-        report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
-                      leftover_records=0, carried_out=0, dropped_batches=0, dropped_records=0)
+        report = _steps.new_report(epoch, len(carried))
         self.reports.append(report)
+        leftovers = _steps.Leftovers(self.carry_over, self.on_leftover, "tailcut.torch")
+
+        def leftover(batch):
+            leftovers.add(report, self._count(batch), last_epoch,
+                          keep=lambda: self._carried.append(_clone(batch)),
+                          show=lambda on_leftover: on_leftover and on_leftover(batch))
+
         it = iter(self.loader)
         exhausted = False
         step = 0
@@ -683,30 +676,26 @@ class EqualSteps:
             else:
                 try:
                     batch = next(it, _END)
-                except BaseException:
-                    # Tell the others this rank has no batch, so that they end
-                    # the epoch here instead of waiting for it.
-                    try:
-                        self.queue.agree_step(self.rank, self.world_size, (epoch << 32) | step,
-                                              False, timeout=0)
-                    except Exception:
-                        pass
+                except BaseException as e:
+                    # Tell the others this rank has no batch, so that they
+                    # raise or end the epoch here instead of waiting for it.
+                    self._agreement().leave(epoch, step, e)
                     raise
                 exhausted = batch is _END
             has_batch = batch is not _END
-            if self._agree(epoch, step, has_batch) == "all_have_batch":
+            if self._agree(epoch, step, has_batch):
                 step += 1
                 report["steps"] = step
                 yield batch  # a zero-copy batch dies at the next next(it)
                 continue
             # The group ends the epoch here: whatever this rank still has is left over.
             if has_batch:
-                self._leftover(batch, report, last_epoch)
+                leftover(batch)
             for batch in carried:
-                self._leftover(batch, report, last_epoch)
+                leftover(batch)
             if not exhausted:
                 for batch in it:
-                    self._leftover(batch, report, last_epoch)
+                    leftover(batch)
             break
         # Once every rank read its loader to the end, no item of this epoch is
         # open, and until every rank took the state no item of the next one
@@ -714,25 +703,7 @@ class EqualSteps:
         self._agree(epoch, step + 1, False)
         self._epoch_end_state = self.queue.state_dict()
         self._agree(epoch, step + 2, False)
-        if report["dropped_records"] and self.on_leftover is None:
-            why = ("the queue has no later epoch to carry them into" if self.carry_over else
-                   "pass carry_over=True to use them in the next epoch")
-            _log.warning("tailcut.torch: rank %d dropped %d leftover records (%d batches) at the "
-                         "end of epoch %d (%s, or on_leftover= to handle them)", self.rank,
-                         report["dropped_records"], report["dropped_batches"], epoch, why)
-
-    def _leftover(self, batch, report, last_epoch):
-        n = self._count(batch)
-        report["leftover_batches"] += 1
-        report["leftover_records"] += n
-        if self.carry_over and not last_epoch:
-            self._carried.append(_clone(batch))
-            report["carried_out"] += 1
-            return
-        report["dropped_batches"] += 1
-        report["dropped_records"] += n
-        if self.on_leftover is not None:
-            self.on_leftover(batch)
+        leftovers.end_epoch(report, self.rank)
 
     def __repr__(self):
         return (f"EqualSteps(rank={self.rank}, world_size={self.world_size}, epoch={self.epoch}, "
