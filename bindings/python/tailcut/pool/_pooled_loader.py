@@ -8,6 +8,7 @@ import os
 import sys
 import weakref
 
+import tailcut
 from tailcut import _args, _core, _job, _lifecycle, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
 from tailcut.pool import _description
@@ -37,6 +38,22 @@ class _RankFailures:
 
     def raise_if_failed(self):
         _lifecycle.raise_if_failed(self.ring_name)
+
+
+def _refuse_fed(queue):
+    """A queue fed by a coordinator (the host's queue is '<name>.<host id>')
+    is refused: the loaders end an epoch once the host's queue acked
+    num_items items of it, and a fed host acks only its share, so no epoch
+    would end (the ranks would wait `timeout`, then fail)."""
+    local = queue.summary()["name"]
+    if local != queue.name:
+        host = local[len(queue.name) + 1:]
+        raise tailcut.InvalidArgumentError(
+            f"PooledLoader: queue '{queue.name}' is fed by a coordinator (host '{host}'), and a "
+            f"pool cannot end the epochs of a fed queue yet (its loaders count the host's "
+            f"acks, and a host acks only its share of the job): give each host its own queue "
+            f"without a coordinator (works=files[host::hosts], a name per host); the ranks of "
+            f"every host still agree on equal steps through torch.distributed")
 
 
 def _env_int(name, default):
@@ -112,6 +129,7 @@ class PooledLoader:
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(f"local rank {self.local_rank} is not in "
                              f"[0, {self.local_world_size})")
+        _refuse_fed(self.queue)
         self.name = name or f"{self.queue.name}.pool"
         self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
         self.carry_over = _args.flag("carry_over", carry_over)
