@@ -93,7 +93,8 @@ def _remove_stale_later_attempts(name):
 
 
 def left_unfinished(name):
-    """inspect_queue() of a queue left by an earlier run: unfinished, no process alive; else None."""
+    """inspect_queue() of a queue left by an earlier run: unfinished, no
+    process alive; else None."""
     try:
         summary = tailcut.inspect_queue(name)
     except tailcut.NotFoundError:
