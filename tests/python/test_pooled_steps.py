@@ -16,7 +16,8 @@ from tailcut import _steps, pool
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pooled_hosts import RECORD, host_rank, ids_of, write_ids  # noqa: E402
+from _pooled_hosts import (RECORD, equal_steps_host_rank, host_rank, ids_of,  # noqa: E402
+                           write_ids)
 
 
 def _remove(names):
@@ -64,14 +65,14 @@ def test_a_pooled_loader_past_epoch_2_30_is_refused(tmp_path, qname, monkeypatch
         _remove([qname])
 
 
-def run_hosts(tmp_path, job, works, local_world, limit_s=90, **extra):
-    """Runs len(works) * local_world spawned ranks of host_rank; returns their logs."""
+def run_hosts(tmp_path, job, works, local_world, limit_s=90, target=host_rank, **extra):
+    """Runs len(works) * local_world spawned ranks of `target`; returns their logs."""
     world = len(works) * local_world
     args = dict(works=works, job=job, world=world, local_world=local_world, epochs=2,
                 num_slices=12, init_file=str(tmp_path / "rendezvous"), out_dir=str(tmp_path),
                 **extra)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=host_rank, args=(r, args)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, args)) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + limit_s
@@ -189,3 +190,18 @@ def test_a_rank_whose_batch_raises_makes_the_other_local_rank_raise_without_torc
     assert [r["error"] for r in results] == ["ZeroDivisionError", "ZeroDivisionError"], results
     assert results[0]["message"] == "rank 1 fails at step 2"
     assert abs(results[0]["at"] - results[1]["at"]) < 5.0
+
+
+def test_equal_steps_on_two_hosts_raise_everywhere_when_a_rank_s_loader_raises(tmp_path, qname):
+    """EqualSteps through the same agreement: host 1's transform raises at its
+    3rd batch; host 0's rank raises RankFailed naming rank 1 and the step.
+    Before, host 1's vote stayed on its own host's queue: host 0 went on into
+    the step's all_reduce and failed with gloo's "Connection closed by peer"
+    once host 1's process was gone (or waited the group's timeout while it
+    lived)."""
+    works = [[write_ids(tmp_path / "h0.bin", 0, 800)], [write_ids(tmp_path / "h1.bin", 800, 800)]]
+    logs = run_hosts(tmp_path, qname, works, local_world=1, target=equal_steps_host_rank,
+                     fail_rank=1, fail_at=3)
+    assert [log["error"] for log in logs] == ["RankFailed", "ZeroDivisionError"], logs
+    assert "EqualSteps: rank 1 of the process group raised at epoch 0, step 2" in logs[0]["message"]
+    assert abs(logs[0]["at"] - logs[1]["at"]) < 5.0
