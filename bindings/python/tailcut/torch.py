@@ -16,7 +16,6 @@ Importing this module imports torch; ``import tailcut`` does not.
 See docs/pytorch.md.
 """
 
-import logging
 import multiprocessing
 import multiprocessing.util
 import os
@@ -32,8 +31,6 @@ from tailcut import _args, _attempts, _steps
 from tailcut._job import default_name as _default_name
 
 __all__ = ["QueueDataset", "EqualSteps", "PooledLoader"]
-
-_log = logging.getLogger(__name__)
 
 # Zero-copy batches are read-only numpy views of the reader's buffers, and
 # torch.from_numpy warns about read-only arrays because torch has no read-only
@@ -559,7 +556,8 @@ class EqualSteps:
     Across hosts: the queue is per host. When torch.distributed is initialized
     with more ranks than world_size (or `group` is given), each step's answer
     is also combined over that group with an all_reduce, so every rank of
-    every host runs the same steps.
+    every host runs the same steps, and a rank whose loader raises makes the
+    ranks of other hosts raise (tailcut._steps, which PooledLoader shares).
 
     count(batch) -> records in a batch, for the reports (default: the first
     dimension of the first tensor found).
