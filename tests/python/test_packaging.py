@@ -33,7 +33,13 @@ def test_pip_install_into_a_target_directory_then_import(tmp_path):
         " on_notice=lambda line: None)\n"
         "assert [bytes(r) for r in q.records()] == [b'a', b'b', b'c']\n"
         "q.close()\n"
+        # The subpackage too (tailcut/pool/), and its __main__.
+        "import tailcut.pool\n"
+        f"assert tailcut.pool.__file__.startswith({str(target)!r}), tailcut.pool.__file__\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(target)
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path, timeout=60)
+    helped = subprocess.run([sys.executable, "-m", "tailcut.pool", "--help"], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "python3 -m tailcut.pool" in helped.stdout, helped.stderr

@@ -16,12 +16,10 @@ Importing this module imports torch; ``import tailcut`` does not.
 See docs/pytorch.md.
 """
 
-import logging
 import multiprocessing
 import multiprocessing.util
 import os
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -29,13 +27,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _args
+from tailcut import _args, _attempts, _steps
 from tailcut._job import default_name as _default_name
-from tailcut._job import torchrun_job as _torchrun_job
 
 __all__ = ["QueueDataset", "IndexDataset", "EqualSteps", "PooledLoader"]
-
-_log = logging.getLogger(__name__)
 
 # Zero-copy batches are read-only numpy views of the reader's buffers, and
 # torch.from_numpy warns about read-only arrays because torch has no read-only
@@ -78,108 +73,6 @@ def _env_int(name, default):
     return default if value in (None, "") else int(value)
 
 
-def _remove_earlier_attempts(name):
-    """After an elastic restart, removes the queues of the job's earlier
-    attempts: torchrun stopped all their processes (DataLoader workers of a
-    killed rank may linger a few seconds; they only hold a mapping)."""
-    head, _, count = name.rpartition("-")
-    for attempt in range(int(count)):
-        try:
-            tailcut.remove_queue(f"{head}-{attempt}", force=True)
-        except tailcut.NotFoundError:
-            pass
-
-
-def _remove_stale_later_attempts(name):
-    """A new run (attempt 0) of a job whose last run crashed after elastic
-    restarts finds that run's queue under a later attempt's name, which no
-    attempt of this run uses: removes it (the progress it had is in the job's
-    checkpoint, if it keeps one) and says so."""
-    head = name.rpartition("-")[0]
-    for listing in tailcut.list_queues():
-        other = listing["name"]
-        attempt = other[len(head) + 1:]
-        if other.startswith(head + "-") and attempt.isdigit() and int(attempt) > 0:
-            stale = _stale(other)
-            if stale is not None:
-                tailcut.remove_queue(other, force=True)
-                _log.warning("tailcut.torch: removed %s: only a run's first attempt is resumed by "
-                             "a rerun; resume from the job's checkpoint (restore_state=)",
-                             _describe(other, stale))
-
-
-def _stale(name):
-    """inspect_queue() of a queue left by an earlier run: unfinished, no process alive; else None."""
-    try:
-        summary = tailcut.inspect_queue(name)
-    except tailcut.NotFoundError:
-        return None
-    if any(c["alive"] for c in summary["clients"]) or summary["done"] >= summary["total"]:
-        return None
-    return summary
-
-
-def _describe(name, stale):
-    return (f"queue '{name}', left unfinished by an earlier run (epoch {stale['epoch']}, "
-            f"{stale['done']} of {stale['total']} items done)")
-
-
-def _carry_over(queue_args):
-    """The state of a stale queue (finished items, progress within open ones),
-    after which it is removed, quietly (a notice would belie the resume); None
-    if another process joined it meanwhile (it is then resumed as it is)."""
-    args = {k: v for k, v in queue_args.items() if k not in ("restore_state", "on_notice")}
-    q = tailcut.WorkQueue(**args, on_notice=lambda line: None)
-    try:
-        state = q.state_dict()
-    finally:
-        q.close()
-    try:
-        tailcut.remove_queue(args["name"])
-    except tailcut.NotFoundError:
-        pass  # its close removed it
-    except tailcut.InvalidArgumentError:
-        return None  # a live process uses it
-    return state
-
-
-def _prepare(queue_args, resume, restarted, torchrun_default):
-    """What local rank 0 does before a job opens its queue: remove the queues of
-    earlier attempts (or, in a new run, those a crashed run left under later
-    attempts' names), and, in one line, resume a queue an earlier run left
-    unfinished (resume=True) or discard it: a checkpoint (restore_state)
-    decides where the job goes on, and without one a fresh model is trained.
-
-    A queue is resumed in a fresh queue of the same name created from its
-    state (as restore_state would), not joined as it is: the steps EqualSteps
-    agreed on in the crashed run stay with the old queue, and agree_step
-    refuses steps below them."""
-    name = queue_args["name"]
-    if restarted:
-        _remove_earlier_attempts(name)
-    elif torchrun_default:
-        _remove_stale_later_attempts(name)
-    stale = _stale(name)
-    if stale is None:
-        return
-    what = _describe(name, stale)
-    if "restore_state" in queue_args:
-        tailcut.remove_queue(name, force=True)
-        _log.warning("tailcut.torch: discarded %s: restore_state (a checkpoint) was given", what)
-    elif resume:
-        state = _carry_over(queue_args)
-        if state is not None:
-            queue_args["restore_state"] = state
-        warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
-                      f"and the job goes on at epoch {stale['done'] // stale['num_items']} "
-                      f"(EqualSteps and PooledLoader start there: loop from their .epoch)",
-                      RuntimeWarning, 4)
-    else:
-        tailcut.remove_queue(name, force=True)
-        _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "
-                     "(restore_state=); resume=True or TAILCUT_RESUME=1 resumes its data", what)
-
-
 def _current_epoch(q):
     """The epoch the job is in: that of the queue's first item not done
     (items are done in about ticket order), not that of its next ticket, which
@@ -187,11 +80,6 @@ def _current_epoch(q):
     a sibling's shuffle buffer, say."""
     s = q.summary()
     return min(s["epoch"], s["done"] // max(s["num_items"], 1))
-
-
-def _resume_default(resume):
-    value = os.environ.get("TAILCUT_RESUME", "0") if resume is None else str(bool(resume))
-    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 # ---- Reading without waiting for other processes at the end of the data -------------------
@@ -441,33 +329,10 @@ class QueueDataset(IterableDataset):
         self._queue = None
         self._queue_pid = None
         self._closed = False
-        self.resume = _resume_default(resume)
+        self.resume = _attempts.resume_default(resume)
         if multiprocessing.parent_process() is None and get_worker_info() is None:
-            self._before_open()
+            _attempts.before_open(self._queue_args, self.resume)
         self.queue  # opens it: joins this process to the queue, checks the options
-
-    def _before_open(self):
-        name = self._queue_args["name"]
-        torchrun_default = name == _default_name() and _torchrun_job() is not None
-        restarted = torchrun_default and _env_int("TORCHELASTIC_RESTART_COUNT", 0) > 0
-        if self._queue_args.get("restore_state") is None:
-            self._queue_args.pop("restore_state", None)
-        first = _env_int("LOCAL_RANK", 0) == 0
-        if first:
-            _prepare(self._queue_args, self.resume, restarted, torchrun_default)
-        if _env_int("LOCAL_WORLD_SIZE", 1) <= 1:
-            return
-        # The other ranks of the host open the queue after local rank 0
-        # prepared it (it may remove or replace a queue of that name): at a
-        # barrier when the process group is up, else once the name holds no
-        # stale queue (local rank 0 resumes or removes it).
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-        elif not first:
-            deadline = time.monotonic() + 120
-            while _stale(name) is not None and time.monotonic() < deadline:
-                time.sleep(0.05)
 
     @property
     def queue(self):
@@ -691,7 +556,8 @@ class EqualSteps:
     Across hosts: the queue is per host. When torch.distributed is initialized
     with more ranks than world_size (or `group` is given), each step's answer
     is also combined over that group with an all_reduce, so every rank of
-    every host runs the same steps.
+    every host runs the same steps, and a rank whose loader raises makes the
+    ranks of other hosts raise (tailcut._steps, which PooledLoader shares).
 
     count(batch) -> records in a batch, for the reports (default: the first
     dimension of the first tensor found).
@@ -718,10 +584,7 @@ class EqualSteps:
         _args.callable_or_none("count", count)
         self._count = count or _count_records
         self._group = group
-        dist = torch.distributed
-        if group is None and dist.is_available() and dist.is_initialized():
-            if dist.get_world_size() > self.world_size:
-                self._group = dist.group.WORLD
+        self._steps = None  # the _steps.StepAgreement, made at the first iteration
         self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
         self._carried = []
@@ -770,40 +633,36 @@ class EqualSteps:
     def __iter__(self):
         return self._epoch_steps()
 
+    def _agreement(self):
+        if self._steps is None:  # made here: torch.distributed may start after __init__
+            self._steps = _steps.StepAgreement(self.queue, self.rank, self.world_size,
+                                               timeout=self.timeout, group=self._group,
+                                               who="EqualSteps")
+        return self._steps
+
     def _agree(self, epoch, step, has_batch):
-        if step >= (1 << 32):
-            raise ValueError("EqualSteps: more than 2**32 steps in one epoch")
-        status = self.queue.agree_step(self.rank, self.world_size, (epoch << 32) | step, has_batch,
-                                       timeout=self.timeout)
-        if status == "timeout":
-            raise tailcut.TimeoutError(
-                f"EqualSteps: rank {self.rank} of {self.world_size} waited {self.timeout} s at "
-                f"epoch {epoch}, step {step} of queue '{self.queue.name}' for ranks that did not "
-                f"arrive (did one die, stop iterating early, or run a different epoch?)")
-        if self._group is not None:
-            dist = torch.distributed
-            device = "cpu"
-            if dist.get_backend(self._group) == "nccl":
-                device = torch.device("cuda", torch.cuda.current_device())
-            flag = torch.tensor([1 if status == "all_have_batch" else 0], dtype=torch.int32,
-                                device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
-            status = "all_have_batch" if int(flag.item()) else "end_epoch"
-        return status
+        return self._agreement().agree(epoch, step, has_batch)
 
     def _epoch_steps(self):
         epoch = self.epoch
-        if epoch >= (1 << 30):
+        if epoch >= _steps.MAX_EPOCH:
             raise ValueError("EqualSteps: epoch must be below 2**30")
+        self._agreement()
         self.epoch = epoch + 1
         last_epoch = epoch + 1 >= self.queue.num_epochs
         dataset = getattr(self.loader, "dataset", self.loader)
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)
         carried, self._carried = self._carried, []
-        report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
-                      leftover_records=0, carried_out=0, dropped_batches=0, dropped_records=0)
+        report = _steps.new_report(epoch, len(carried))
         self.reports.append(report)
+        leftovers = _steps.Leftovers(self.carry_over, self.on_leftover, "tailcut.torch")
+
+        def leftover(batch):
+            leftovers.add(report, self._count(batch), last_epoch,
+                          keep=lambda: self._carried.append(_clone(batch)),
+                          show=lambda on_leftover: on_leftover and on_leftover(batch))
+
         it = iter(self.loader)
         exhausted = False
         step = 0
@@ -815,30 +674,26 @@ class EqualSteps:
             else:
                 try:
                     batch = next(it, _END)
-                except BaseException:
-                    # Tell the others this rank has no batch, so that they end
-                    # the epoch here instead of waiting for it.
-                    try:
-                        self.queue.agree_step(self.rank, self.world_size, (epoch << 32) | step,
-                                              False, timeout=0)
-                    except Exception:
-                        pass
+                except BaseException as e:
+                    # Tell the others this rank has no batch, so that they
+                    # raise or end the epoch here instead of waiting for it.
+                    self._agreement().leave(epoch, step, e)
                     raise
                 exhausted = batch is _END
             has_batch = batch is not _END
-            if self._agree(epoch, step, has_batch) == "all_have_batch":
+            if self._agree(epoch, step, has_batch):
                 step += 1
                 report["steps"] = step
                 yield batch  # a zero-copy batch dies at the next next(it)
                 continue
             # The group ends the epoch here: whatever this rank still has is left over.
             if has_batch:
-                self._leftover(batch, report, last_epoch)
+                leftover(batch)
             for batch in carried:
-                self._leftover(batch, report, last_epoch)
+                leftover(batch)
             if not exhausted:
                 for batch in it:
-                    self._leftover(batch, report, last_epoch)
+                    leftover(batch)
             break
         # Once every rank read its loader to the end, no item of this epoch is
         # open, and until every rank took the state no item of the next one
@@ -846,25 +701,7 @@ class EqualSteps:
         self._agree(epoch, step + 1, False)
         self._epoch_end_state = self.queue.state_dict()
         self._agree(epoch, step + 2, False)
-        if report["dropped_records"] and self.on_leftover is None:
-            why = ("the queue has no later epoch to carry them into" if self.carry_over else
-                   "pass carry_over=True to use them in the next epoch")
-            _log.warning("tailcut.torch: rank %d dropped %d leftover records (%d batches) at the "
-                         "end of epoch %d (%s, or on_leftover= to handle them)", self.rank,
-                         report["dropped_records"], report["dropped_batches"], epoch, why)
-
-    def _leftover(self, batch, report, last_epoch):
-        n = self._count(batch)
-        report["leftover_batches"] += 1
-        report["leftover_records"] += n
-        if self.carry_over and not last_epoch:
-            self._carried.append(_clone(batch))
-            report["carried_out"] += 1
-            return
-        report["dropped_batches"] += 1
-        report["dropped_records"] += n
-        if self.on_leftover is not None:
-            self.on_leftover(batch)
+        leftovers.end_epoch(report, self.rank)
 
     def __repr__(self):
         return (f"EqualSteps(rank={self.rank}, world_size={self.world_size}, epoch={self.epoch}, "

@@ -9,7 +9,7 @@ import sys
 import weakref
 
 import tailcut
-from tailcut import _args, _core, _job, _lifecycle, _pool_state
+from tailcut import _args, _core, _job, _lifecycle, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
 from tailcut.pool import _description
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
@@ -24,6 +24,36 @@ def _cuda_initialized():
                     torch.cuda.is_initialized())
     except Exception:  # a torch without CUDA support
         return False
+
+
+class _RankFailures:
+    """Where a rank's exception is recorded for the host's other ranks: the
+    pool's failure record (tailcut._lifecycle), which they raise."""
+
+    def __init__(self, ring_name):
+        self.ring_name = ring_name
+
+    def record(self, exc):
+        _lifecycle.report_failure(self.ring_name, os.getpid(), exc, who="rank")
+
+    def raise_if_failed(self):
+        _lifecycle.raise_if_failed(self.ring_name)
+
+
+def _refuse_fed(queue):
+    """A queue fed by a coordinator (the host's queue is '<name>.<host id>')
+    is refused: the loaders end an epoch once the host's queue acked
+    num_items items of it, and a fed host acks only its share, so no epoch
+    would end (the ranks would wait `timeout`, then fail)."""
+    local = queue.summary()["name"]
+    if local != queue.name:
+        host = local[len(queue.name) + 1:]
+        raise tailcut.InvalidArgumentError(
+            f"PooledLoader: queue '{queue.name}' is fed by a coordinator (host '{host}'), and a "
+            f"pool cannot end the epochs of a fed queue yet (its loaders count the host's "
+            f"acks, and a host acks only its share of the job): give each host its own queue "
+            f"without a coordinator (works=files[host::hosts], a name per host); the ranks of "
+            f"every host still agree on equal steps through torch.distributed")
 
 
 def _env_int(name, default):
@@ -49,7 +79,7 @@ class PooledLoader:
     PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
                  transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
                  world_size=None, local_rank=None, name=None, timeout=1800.0,
-                 carry_over=True, on_leftover=None)
+                 carry_over=True, on_leftover=None, group=None)
 
     `dataset` is a tailcut.torch.QueueDataset, or any map-style dataset
     (dataset[i], len(dataset)), which the loaders read by index with the
@@ -71,9 +101,13 @@ class PooledLoader:
     Iterating runs one epoch (set_epoch(e), else 0, 1, ...) and yields each
     batch as torch tensors over the ring's shared memory (no copy), READ-ONLY
     AND VALID UNTIL THE NEXT BATCH IS REQUESTED: the previous batch is
-    released then. Every local rank gets the same number of batches per epoch
-    (WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks, else world_size);
-    the batches left when one rank has none are counted in `reports` and,
+    released then. Every rank gets the same number of batches per epoch
+    (tailcut._steps: WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks of
+    the host, else world_size, combined over the torch.distributed default
+    group, or `group`, when it has more ranks than the host: every rank of
+    every host ends the epoch at the same step). A rank whose next batch
+    raises tells the others, which raise too rather than wait for it. The
+    batches left when one rank has none are counted in `reports` and,
     with carry_over=True (the default: every record once per epoch), yielded
     first in the next epoch (copied); otherwise, and after the queue's last
     epoch, each is passed to on_leftover(batch) and released, and a warning
@@ -84,7 +118,8 @@ class PooledLoader:
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
-                 name=None, timeout=1800.0, carry_over=True, on_leftover=None, **map_options):
+                 name=None, timeout=1800.0, carry_over=True, on_leftover=None, group=None,
+                 **map_options):
         # A map-style dataset is read through an index queue (_map_source.py).
         self._map_source = _map_source(dataset, batch_size, map_options)
         dataset = self._map_source or dataset
@@ -110,6 +145,7 @@ class PooledLoader:
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(f"local rank {self.local_rank} is not in "
                              f"[0, {self.local_world_size})")
+        _refuse_fed(self.queue)
         self.name = name or f"{self.queue.name}.pool"
         self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
         self.carry_over = _args.flag("carry_over", carry_over)
@@ -135,6 +171,9 @@ class PooledLoader:
                                      self.local_rank == 0, self.loaders, self._spec_holder)
         self._end.atexit = False
         atexit.register(self._end)
+        self._group = group  # torch.distributed group of the step agreement (tailcut._steps)
+        self._steps = None  # its StepAgreement, made at the first iteration
+        self._leftovers = None  # this epoch's _steps.Leftovers
         self._current = None
         self._stash = None
         self._carried = []  # _Held leftovers for the next epoch
@@ -251,7 +290,7 @@ class PooledLoader:
             report["late_batches"] += 1
             if self.carry_over:
                 return batch
-            self._drop(batch, report)
+            self._leftovers.drop(report, batch.records, self._shower(batch))
 
     def _tensors(self, batch, copy=False):
         from tailcut.torch import _tensor  # read-only views: torch's warning silenced once
@@ -266,46 +305,40 @@ class PooledLoader:
             return tuple(_tensor(a) for a in arrays)
         return _tensor(arrays)
 
-    def _drop(self, batch, report):
-        """A leftover batch not carried: counted, shown to on_leftover, released."""
-        report["leftover_records"] += batch.records
-        report["dropped_batches"] += 1
-        report["dropped_records"] += batch.records
-        if isinstance(batch, _Held):
-            if self.on_leftover is not None:
-                self.on_leftover(batch.tensors)
-            return
-        try:
-            if self.on_leftover is not None:
-                self.on_leftover(self._tensors(batch))
-        finally:
-            self.ring.release(batch)
+    def _shower(self, batch):
+        """show(on_leftover) of a dropped batch: passes its tensors to
+        on_leftover (if any), then releases its slot."""
+        def show(on_leftover):
+            if isinstance(batch, _Held):
+                if on_leftover is not None:
+                    on_leftover(batch.tensors)
+                return
+            try:
+                if on_leftover is not None:
+                    on_leftover(self._tensors(batch))
+            finally:
+                self.ring.release(batch)
+        return show
 
     def _leftover(self, batch, report, last_epoch):
-        report["leftover_batches"] += 1
-        if not self.carry_over or last_epoch:
-            self._drop(batch, report)
-            return
-        report["leftover_records"] += batch.records
-        report["carried_out"] += 1
-        if isinstance(batch, _Held):
-            self._carried.append(batch)
-            return
-        try:
-            self._carried.append(_Held(self._tensors(batch, copy=True), batch.records,
-                                       _pool_state.batch_ranges(batch.data, batch.header),
-                                       batch.epoch))
-        finally:
-            self.ring.release(batch)
+        def keep():
+            if isinstance(batch, _Held):
+                self._carried.append(batch)
+                return
+            try:
+                self._carried.append(_Held(self._tensors(batch, copy=True), batch.records,
+                                           _pool_state.batch_ranges(batch.data, batch.header),
+                                           batch.epoch))
+            finally:
+                self.ring.release(batch)
+        self._leftovers.add(report, batch.records, last_epoch, keep, self._shower(batch))
 
-    def _agree(self, epoch, step, has_batch):
-        status = self.queue.agree_step(self.local_rank, self.local_world_size,
-                                       (epoch << 32) | step, has_batch, timeout=self.timeout)
-        if status == "timeout":
-            raise tailcut.TimeoutError(
-                f"PooledLoader: local rank {self.local_rank} waited {self.timeout} s at epoch "
-                f"{epoch}, step {step} for ranks that did not arrive")
-        return status == "all_have_batch"
+    def _agreement(self):
+        if self._steps is None:  # made here: torch.distributed may start after __init__
+            self._steps = _steps.StepAgreement(
+                self.queue, self.local_rank, self.local_world_size, timeout=self.timeout,
+                group=self._group, who="PooledLoader", failures=_RankFailures(self.name))
+        return self._steps
 
     def __iter__(self):
         return self._epoch_steps()
@@ -313,16 +346,18 @@ class PooledLoader:
     def _epoch_steps(self):
         if self.local_rank == 0:
             self.start_loaders()
+        steps = self._agreement()
         epoch = self.epoch
+        if epoch >= _steps.MAX_EPOCH:
+            raise ValueError("PooledLoader: epoch must be below 2**30")
         self.epoch = epoch + 1
         last_epoch = epoch + 1 >= self.queue.num_epochs
         carried, self._carried = self._carried, []
         self._carried_now = carried
         self._position = (epoch, 0)
-        report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
-                      leftover_records=0, late_batches=0, carried_out=0, dropped_batches=0,
-                      dropped_records=0)
+        report = _steps.new_report(epoch, len(carried))
         self.reports.append(report)
+        self._leftovers = _steps.Leftovers(self.carry_over, self.on_leftover, "tailcut.pool")
         step = 0
 
         def next_batch():
@@ -332,11 +367,10 @@ class PooledLoader:
             while True:
                 try:
                     batch = next_batch()
-                except BaseException:
-                    _lifecycle.leave_step(self.queue, self.local_rank, self.local_world_size,
-                                          (epoch << 32) | step)
+                except BaseException as e:
+                    steps.leave(epoch, step, e)  # the others raise too, rather than wait
                     raise
-                if self._agree(epoch, step, batch is not None):
+                if steps.agree(epoch, step, batch is not None):
                     step += 1
                     report["steps"] = step
                     self._position = (epoch, step)
@@ -353,13 +387,7 @@ class PooledLoader:
                 break
         finally:
             self._release_current()
-        if report["dropped_records"] and self.on_leftover is None:
-            why = ("the queue has no later epoch to carry them into" if self.carry_over else
-                   "pass carry_over=True to use them in the next epoch")
-            _lifecycle.log.warning(
-                "tailcut.pool: rank %d dropped %d leftover records (%d batches) at the end of "
-                "epoch %d (%s, or on_leftover= to handle them)", self.rank,
-                report["dropped_records"], report["dropped_batches"], epoch, why)
+        self._leftovers.end_epoch(report, self.rank)
 
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
