@@ -12,9 +12,9 @@ import os
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _args, _map_style
+from tailcut import _args, _attempts, _map_style
 from tailcut._job import default_name as _default_name
-from tailcut.torch import QueueDataset, _current_epoch, _env_int, _resume_default
+from tailcut.torch import QueueDataset, _current_epoch, _env_int
 
 
 class IndexDataset(QueueDataset):
@@ -64,9 +64,9 @@ class IndexDataset(QueueDataset):
         self._closed = False
         if resume is not None:
             _args.flag("resume", resume)
-        self.resume = _resume_default(resume)
+        self.resume = _attempts.resume_default(resume)
         if multiprocessing.parent_process() is None and get_worker_info() is None:
-            self._before_open()
+            _attempts.before_open(self._queue_args, self.resume)
         self.queue  # opens it: joins this process to the queue, checks the options
 
     def records_per_epoch(self):
