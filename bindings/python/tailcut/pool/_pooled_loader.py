@@ -279,7 +279,7 @@ class PooledLoader:
                     return None
             if (self._map_source is not None and self._map_source.drop_last
                     and batch.records < self.batch_size):
-                self._drop(batch, report)  # drop_last: a loader's short batch is no step
+                self._leftovers.drop(report, batch.records, self._shower(batch))  # drop_last
                 continue
             if batch.epoch == epoch:
                 return batch
