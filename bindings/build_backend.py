@@ -148,11 +148,12 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     records = []
     path = pathlib.Path(wheel_directory) / wheel_name
     with zipfile.ZipFile(path, "w") as zf:
-        for src in sorted(package.iterdir()):
-            if src.name == "__pycache__" or src.suffix == ".pyc" or not src.is_file():
+        for src in sorted(package.rglob("*")):  # subpackages (tailcut/pool/) too
+            rel = src.relative_to(package)
+            if "__pycache__" in rel.parts or src.suffix == ".pyc" or not src.is_file():
                 continue
             mode = 0o755 if src.suffix == ".so" or ".so." in src.name else 0o644
-            _write(zf, records, f"{NAME}/{src.name}", src.read_bytes(), mode)
+            _write(zf, records, f"{NAME}/{rel.as_posix()}", src.read_bytes(), mode)
         _write(zf, records, f"{dist_info}/METADATA", _metadata().encode())
         wheel = ("Wheel-Version: 1.0\nGenerator: tailcut build_backend\n"
                  f"Root-Is-Purelib: false\nTag: {tag}\n")

@@ -871,4 +871,5 @@ class EqualSteps:
                 f"carry_over={self.carry_over})")
 
 
-from .pool import PooledLoader, _pool_state  # noqa: E402  (docs/pooled.md; EqualSteps)
+from tailcut import _pool_state  # noqa: E402  (EqualSteps: a restored epoch)
+from tailcut.pool import PooledLoader  # noqa: E402  (docs/pooled.md)

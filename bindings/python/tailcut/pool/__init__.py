@@ -1,0 +1,37 @@
+"""tailcut.pool: one pool of loader processes per host, feeding every local rank.
+
+Loader processes (run_loader) take items from a QueueDataset's WorkQueue, read
+their records, build batches (collate_fn, then transform) and publish them into
+a tailcut BatchRing; every local rank pops the next ready batch (PooledLoader),
+whichever loader made it. A slow batch delays one loader, not one rank.
+
+Loaders join and leave while the epoch runs: PooledLoader.add_loaders(n) and
+remove_loaders(n) in the job, or `python3 -m tailcut.pool --ring NAME` from
+any shell of the host (main), which reads the pool's description
+(pool_spec_path: the queue's options, the ring's size, how to build a batch)
+that local rank 0 writes when it starts its loaders.
+
+Batch layout in a slot: tailcut._batch_layout (encode_batch, decode_batch).
+Each batch also carries the (ticket, begin, end) ranges of its records, so
+that PooledLoader.state_dict() (tailcut._pool_state) can have the batches
+not yet used read again after a restore. See docs/pooled.md.
+
+The package, one job per file:
+  _recipe.py         records of a slice, and how a loader makes a batch of them
+  _loader.py         the loader loop (unit of recovery, epochs) and its processes
+  _description.py    the pool's description, for loaders that join from elsewhere
+  _pooled_loader.py  PooledLoader, what a rank iterates
+  _cli.py            python3 -m tailcut.pool (__main__.py)
+"""
+
+from tailcut._batch_layout import HEADER_BYTES, decode_batch, encode_batch
+from tailcut._batch_layout import _DTYPES  # noqa: F401 (docs/pooled.md names it here)
+from tailcut.pool._cli import main
+from tailcut.pool._description import pool_spec_path, read_pool_spec
+from tailcut.pool._loader import run_loader, start_loaders
+from tailcut.pool._pooled_loader import PooledLoader
+from tailcut.pool._recipe import default_collate, item_records
+
+__all__ = ["PooledLoader", "run_loader", "start_loaders", "encode_batch", "decode_batch",
+           "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
+           "HEADER_BYTES"]

@@ -1,0 +1,366 @@
+"""PooledLoader: what a rank iterates. It pops the next ready batch of the
+host's ring, whichever loader made it, and agrees with the other ranks on
+equal steps; local rank 0 starts the host's loaders (tailcut.pool._loader)."""
+
+import atexit
+import functools
+import os
+import sys
+import weakref
+
+import tailcut
+from tailcut import _args, _core, _job, _lifecycle, _pool_state
+from tailcut._batch_layout import decode_batch
+from tailcut.pool import _description
+from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
+from tailcut.pool._recipe import recipe_for
+
+
+def _cuda_initialized():
+    """True when torch is loaded and has initialized CUDA in this process."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available() and
+                    torch.cuda.is_initialized())
+    except Exception:  # a torch without CUDA support
+        return False
+
+
+def _env_int(name, default):
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+_Held = _pool_state.Held  # a leftover batch carried into the next epoch
+
+
+class PooledLoader:
+    """Batches from a host-wide pool of loader processes, equal steps per rank.
+
+    PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
+                 transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
+                 world_size=None, local_rank=None, name=None, timeout=1800.0,
+                 carry_over=True, on_leftover=None)
+
+    `dataset` is a tailcut.torch.QueueDataset. Local rank 0 ($LOCAL_RANK,
+    else local_rank, else rank, else 0) starts num_workers loader processes
+    (run_loader) for the whole host on the first iteration; add_loaders(n)
+    and remove_loaders(n) change their number at any time, and
+    `python3 -m tailcut.pool --ring NAME` adds one from any shell. Every rank
+    pops the next ready batch of the host's ring.
+
+    batch_size, collate_fn and transform default to the dataset's: its
+    batch_size (else 32), and its transform, which then runs in the loaders
+    as it would have in DataLoader workers (on each batch, as torch tensors,
+    if the dataset batches; else on each record, before collate_fn or torch's
+    default_collate). So DataLoader(ds, ..., num_workers=2) per rank becomes
+    PooledLoader(ds, ..., num_workers=8) per host.
+
+    Iterating runs one epoch (set_epoch(e), else 0, 1, ...) and yields each
+    batch as torch tensors over the ring's shared memory (no copy), READ-ONLY
+    AND VALID UNTIL THE NEXT BATCH IS REQUESTED: the previous batch is
+    released then. Every local rank gets the same number of batches per epoch
+    (WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks, else world_size);
+    the batches left when one rank has none are counted in `reports` and,
+    with carry_over=True (the default: every record once per epoch), yielded
+    first in the next epoch (copied); otherwise, and after the queue's last
+    epoch, each is passed to on_leftover(batch) and released, and a warning
+    says how many records were dropped, as EqualSteps does. len() is this
+    rank's steps per epoch, an estimate (records per epoch / batch_size /
+    local ranks). Failures, restarts, what is left: tailcut._lifecycle.
+    """
+
+    def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
+                 slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
+                 name=None, timeout=1800.0, carry_over=True, on_leftover=None):
+        self.dataset = dataset
+        self.queue = dataset.queue
+        self.num_workers = _args.count("num_workers", num_workers)
+        _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+        for key, fn in (("collate_fn", collate_fn), ("transform", transform),
+                        ("on_leftover", on_leftover)):
+            _args.callable_or_none(key, fn)
+        self._recipe = recipe_for(dataset, batch_size, collate_fn, transform)
+        self.batch_size = self._recipe.batch_size
+        self.collate_fn, self.transform = collate_fn, transform
+        self.slot_bytes = _args.count("slot_bytes", slot_bytes, minimum=1)
+        self.num_slots = _args.count("num_slots", num_slots, minimum=1)
+        rank = _args.count("rank", rank, allow_none=True)
+        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
+        local_rank = _args.count("local_rank", local_rank, allow_none=True)
+        self.rank = _env_int("RANK", 0) if rank is None else rank
+        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.local_rank = _env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
+        self.local_world_size = _env_int("LOCAL_WORLD_SIZE", self.world_size)
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(f"local rank {self.local_rank} is not in "
+                             f"[0, {self.local_world_size})")
+        self.name = name or f"{self.queue.name}.pool"
+        self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
+        self.carry_over = _args.flag("carry_over", carry_over)
+        self.on_leftover = on_leftover
+        # Pinned for CUDA only where this process already chose its device
+        # (torch.cuda.set_device, or any CUDA work): registering first would
+        # make a context on device 0 for every rank. See docs/pooled.md.
+        # A ring no live trainer uses is a dead attempt's: removed first, never popped.
+        self.ring = _lifecycle.open_trainer_ring(
+            self.name, _job.earlier_attempts(self.name),
+            lambda: _core.BatchRing(self.name, self.slot_bytes, self.num_slots, "trainer",
+                                    max_clients=RING_MAX_CLIENTS,
+                                    cuda_register=_cuda_initialized()))
+        self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
+        self.reports = []
+        self.loaders = []  # the loader processes this process started
+        self._leaving = set()  # pids of those asked to leave
+        self._started = False
+        self._spec_holder = [None]  # removes the description written here
+        # close()'s end, also at GC or exit (DataLoader users never close()); registered
+        # after multiprocessing's exit handler, so it runs before that one.
+        self._end = weakref.finalize(self, _lifecycle.end_pool, self.ring, self.name,
+                                     self.local_rank == 0, self.loaders, self._spec_holder)
+        self._end.atexit = False
+        atexit.register(self._end)
+        self._current = None
+        self._stash = None
+        self._carried = []  # _Held leftovers for the next epoch
+        self._carried_now = []  # those not yet yielded in this epoch
+        self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
+
+    def state_dict(self):
+        """The pool's data position, the same dict on every local rank: call it
+        on every local rank at the same step (after the step: the batch a rank
+        holds counts as used) and save rank 0's. Batches published but not
+        used (in the ring, held for the next epoch, carried over) and records
+        loaders read ahead are read again after a restore; see docs/pooled.md,
+        "Restarts and checkpoints". More than one local rank: collective over
+        torch.distributed."""
+        return _pool_state.state_dict(self)
+
+    def load_state_dict(self, state):
+        """Resumes at state['epoch']: the dataset's queue must have been opened
+        with restore_state=state['queue'] (InvalidArgumentError otherwise)."""
+        _pool_state.load_state_dict(self, state)
+
+    def set_epoch(self, epoch):
+        """The epoch the next iteration runs."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < (1 << 30):
+            raise ValueError(f"epoch must be an int in [0, 2**30), got {epoch!r}")
+        self.epoch = epoch
+
+    def __len__(self):
+        counter = getattr(self.dataset, "records_per_epoch", None)
+        if counter is not None:
+            records, _ = counter()
+        else:
+            total = sum(os.path.getsize(p) for p in self.queue.paths)
+            fmt = self.queue.format or "lines"
+            records = total // int(fmt.split(":", 1)[1]) if fmt.startswith("fixed:") else total
+        return records // self.batch_size // self.local_world_size
+
+    def _loader_kwargs(self):
+        return dict(batch_size=self._recipe.batch_size, slot_bytes=self.slot_bytes,
+                    num_slots=self.num_slots, collate_fn=self.collate_fn,
+                    transform=self.transform, max_clients=RING_MAX_CLIENTS)
+
+    def _publish_spec(self):
+        if self._spec_holder[0] is None:
+            _description.write(self.name, self.queue, self._recipe, self.slot_bytes, self.num_slots,
+                        RING_MAX_CLIENTS, 0.005)
+            self._spec_holder[0] = functools.partial(_description.remove, self.name, os.getpid())
+
+    def start_loaders(self):
+        """Starts this host's num_workers loader processes (done by local rank
+        0 on the first iteration) and writes the pool's description, so that
+        `python3 -m tailcut.pool --ring NAME` can add loaders; once."""
+        if not self._started:
+            self._started = True
+            self._publish_spec()
+            self.loaders += start_loaders(self.dataset, self.name, self.num_workers,
+                                          **self._loader_kwargs())
+        return self.loaders
+
+    def add_loaders(self, n=1):
+        """Starts n more loader processes for the host now, also mid-epoch and
+        from any local rank; they take items from the queue like the others.
+        Returns them (multiprocessing.Process)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        self._publish_spec()
+        procs = start_loaders(self.dataset, self.name, n, **self._loader_kwargs())
+        self.loaders += procs
+        return procs
+
+    def remove_loaders(self, n=1):
+        """Asks n of the loader processes this process started (the newest
+        first) to leave: each publishes and acks what it holds, then exits
+        (SIGTERM). Returns them without waiting: a loader may have to wait for
+        a free slot, which this rank frees by iterating."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        live = [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
+        chosen = live[len(live) - min(n, len(live)):]
+        for p in chosen:
+            self._leaving.add(p.pid)
+            p.terminate()
+        return chosen
+
+    def _release_current(self):
+        if self._current is not None:
+            batch, self._current = self._current, None
+            self.ring.release(batch)
+
+    def _next(self, epoch, report):
+        """The next batch of `epoch` (or, with carry_over, a late one of an
+        earlier epoch), or None at its end."""
+        self._release_current()
+        while True:
+            if self._stash is not None:
+                if self._stash.epoch > epoch:
+                    return None
+                batch, self._stash = self._stash, None
+            else:
+                batch = _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
+                                       self.num_workers > 0, self.loaders)
+                if batch is None:
+                    return None
+            if batch.epoch == epoch:
+                return batch
+            if batch.epoch > epoch:
+                self._stash = batch  # the next epoch's first
+                return None
+            # An earlier epoch's, published after the ranks ended it: late.
+            report["late_batches"] += 1
+            if self.carry_over:
+                return batch
+            self._drop(batch, report)
+
+    def _tensors(self, batch, copy=False):
+        from tailcut.torch import _tensor  # read-only views: torch's warning silenced once
+        arrays = decode_batch(batch.data, batch.header)
+        if copy:
+            arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
+                      else arrays.copy())
+        if isinstance(arrays, tuple):
+            return tuple(_tensor(a) for a in arrays)
+        return _tensor(arrays)
+
+    def _drop(self, batch, report):
+        """A leftover batch not carried: counted, shown to on_leftover, released."""
+        report["leftover_records"] += batch.records
+        report["dropped_batches"] += 1
+        report["dropped_records"] += batch.records
+        if isinstance(batch, _Held):
+            if self.on_leftover is not None:
+                self.on_leftover(batch.tensors)
+            return
+        try:
+            if self.on_leftover is not None:
+                self.on_leftover(self._tensors(batch))
+        finally:
+            self.ring.release(batch)
+
+    def _leftover(self, batch, report, last_epoch):
+        report["leftover_batches"] += 1
+        if not self.carry_over or last_epoch:
+            self._drop(batch, report)
+            return
+        report["leftover_records"] += batch.records
+        report["carried_out"] += 1
+        if isinstance(batch, _Held):
+            self._carried.append(batch)
+            return
+        try:
+            self._carried.append(_Held(self._tensors(batch, copy=True), batch.records,
+                                       _pool_state.batch_ranges(batch.data, batch.header),
+                                       batch.epoch))
+        finally:
+            self.ring.release(batch)
+
+    def _agree(self, epoch, step, has_batch):
+        status = self.queue.agree_step(self.local_rank, self.local_world_size,
+                                       (epoch << 32) | step, has_batch, timeout=self.timeout)
+        if status == "timeout":
+            raise tailcut.TimeoutError(
+                f"PooledLoader: local rank {self.local_rank} waited {self.timeout} s at epoch "
+                f"{epoch}, step {step} for ranks that did not arrive")
+        return status == "all_have_batch"
+
+    def __iter__(self):
+        return self._epoch_steps()
+
+    def _epoch_steps(self):
+        if self.local_rank == 0:
+            self.start_loaders()
+        epoch = self.epoch
+        self.epoch = epoch + 1
+        last_epoch = epoch + 1 >= self.queue.num_epochs
+        carried, self._carried = self._carried, []
+        self._carried_now = carried
+        self._position = (epoch, 0)
+        report = dict(epoch=epoch, steps=0, carried_in=len(carried), leftover_batches=0,
+                      leftover_records=0, late_batches=0, carried_out=0, dropped_batches=0,
+                      dropped_records=0)
+        self.reports.append(report)
+        step = 0
+
+        def next_batch():
+            return carried.pop(0) if carried else self._next(epoch, report)
+
+        try:
+            while True:
+                try:
+                    batch = next_batch()
+                except BaseException:
+                    _lifecycle.leave_step(self.queue, self.local_rank, self.local_world_size,
+                                          (epoch << 32) | step)
+                    raise
+                if self._agree(epoch, step, batch is not None):
+                    step += 1
+                    report["steps"] = step
+                    self._position = (epoch, step)
+                    if isinstance(batch, _Held):
+                        yield batch.tensors
+                    else:
+                        self._current = batch
+                        yield self._tensors(batch)
+                    continue
+                while batch is not None:  # the group ended the epoch: the rest is left over
+                    self._leftover(batch, report, last_epoch)
+                    batch = next_batch()
+                self._position = (epoch + 1, 0)
+                break
+        finally:
+            self._release_current()
+        if report["dropped_records"] and self.on_leftover is None:
+            why = ("the queue has no later epoch to carry them into" if self.carry_over else
+                   "pass carry_over=True to use them in the next epoch")
+            _lifecycle.log.warning(
+                "tailcut.pool: rank %d dropped %d leftover records (%d batches) at the end of "
+                "epoch %d (%s, or on_leftover= to handle them)", self.rank,
+                report["dropped_records"], report["dropped_batches"], epoch, why)
+
+    def close(self):
+        """Releases what this rank holds and leaves the ring. Local rank 0
+        ends the ring (every epoch; loaders still running leave, giving their
+        items back to the queue). The process that started loaders waits for
+        them (those still running 10 s later are killed: their items go back
+        to the queue), then removes the ring's name and the pool's
+        description: a batch still referenced keeps its mapping, not the
+        name. Done at exit or when the loader is dropped, if not before.
+        Idempotent."""
+        if self.ring.closed:
+            return
+        self._release_current()
+        if self._stash is not None:
+            self.ring.release(self._stash)
+            self._stash = None
+        self._carried = self._carried_now = []
+        self._end()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+

@@ -1,0 +1,90 @@
+"""How a loader makes a batch of records: item_records reads a slice's
+records as the queue's reader parses them; a Recipe turns them into a batch
+(record_transform, collate_fn or default_collate, transform)."""
+
+import numpy as np
+
+from tailcut import _core
+
+DEFAULT_BATCH_SIZE = 32
+
+
+def item_records(path, begin, end, fmt, with_ends=False, item=None):
+    """The records that start in [begin, end) of `path`, as bytes, for a
+    queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord' or
+    'file'. Parsed as the queue's reader parses them (tailcut.slice_records):
+    lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked.
+    with_ends=True: (records, ends), ends[i] the file offset just past record i.
+    item: the WorkItem of the slice, to check the file is still the queue's."""
+    name, _, size = (fmt or "lines").partition(":")
+    return _core.slice_records(path, begin, end, name, int(size) if size else None,
+                               with_ends=with_ends, item=item)
+
+
+def default_collate(records, fmt):
+    """Fixed-size records: an (n, record_bytes) uint8 array. Other formats
+    (lines, tfrecord, file): (data, offsets), uint8 and int64, record i =
+    data[offsets[i]:offsets[i + 1]]."""
+    if fmt and fmt.startswith("fixed:"):
+        size = int(fmt.split(":", 1)[1])
+        return np.frombuffer(b"".join(records), dtype=np.uint8).reshape(len(records), size)
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in records], out=offsets[1:])
+    return np.frombuffer(b"".join(records), dtype=np.uint8), offsets
+
+
+class Recipe:
+    """records -> batch: record_transform on each record, collate_fn on the
+    list (default: default_collate; torch's default_collate after a
+    record_transform, as a DataLoader does), then transform on the batch,
+    handed over as torch tensors when `tensors` is set (what a QueueDataset
+    with batch_size hands its transform)."""
+
+    def __init__(self, batch_size, collate_fn=None, transform=None, record_transform=None,
+                 tensors=False):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.collate_fn, self.transform = collate_fn, transform
+        self.record_transform, self.tensors = record_transform, bool(tensors)
+
+    def build(self, records, fmt):
+        if self.record_transform is not None:
+            records = [self.record_transform(r) for r in records]
+        if self.collate_fn is not None:
+            batch = self.collate_fn(records)
+        elif self.record_transform is not None:
+            from torch.utils.data import default_collate as torch_collate
+            batch = torch_collate(records)
+        else:
+            batch = default_collate(records, fmt)
+        if self.tensors:
+            batch = _torch_of(batch)
+        if self.transform is not None:
+            batch = self.transform(batch)
+        return batch
+
+
+def _torch_of(batch):
+    from tailcut.torch import _tensor  # read-only collated arrays: torch's warning silenced once
+    if isinstance(batch, np.ndarray):
+        return _tensor(batch)
+    if isinstance(batch, tuple) and all(isinstance(a, np.ndarray) for a in batch):
+        return tuple(_tensor(a) for a in batch)
+    return batch
+
+
+def recipe_for(dataset, batch_size=None, collate_fn=None, transform=None):
+    """The recipe of a PooledLoader (or run_loader) over `dataset`: what is
+    given, else what the QueueDataset was given (its batch_size; its
+    transform, on batches when it batches, else on each record), so that
+    replacing a DataLoader over the dataset is a one-line change."""
+    ds_batch = getattr(dataset, "batch_size", None)
+    ds_transform = getattr(dataset, "transform", None)
+    size = batch_size if batch_size is not None else (ds_batch or DEFAULT_BATCH_SIZE)
+    if transform is not None or ds_transform is None:
+        return Recipe(size, collate_fn, transform)
+    if ds_batch is not None:
+        return Recipe(size, collate_fn, ds_transform, tensors=True)
+    return Recipe(size, collate_fn, record_transform=ds_transform)
+
