@@ -148,7 +148,7 @@ class Job:
             assert len(queues) == 1, left
             tailcut.remove_queue(os.path.basename(queues[0]).split(".", 2)[2], force=True)
             left.remove(queues[0])
-        assert left == []
+        assert left == [], f"left in /dev/shm: {left}"
 
     def check_every_rank_stopped(self, since, raised_type, text):
         """Every rank raised `raised_type` with `text` within 2 s of `since`, or was stopped
@@ -250,7 +250,19 @@ def test_loaders_that_raise_reach_every_rank(data, out):
     assert job.wait() != 0
     failed = min(float(p.read_text()) for p in out.glob("failed-*"))
     raised = job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
-    assert "of batch ring" in raised["traceback"] and "in __call__" in raised["traceback"]
+    assert "of batch ring" in raised["traceback"] and "in __call__" in raised["traceback"], (
+        f"the loader's traceback is not the cause: {raised['traceback']}")
+    job.check_gone(queue_kept=True)
+
+
+def test_loaders_that_raise_leave_nothing_when_torchrun_ends_their_rank_first(data, out):
+    # Local rank 0 started the loaders and removes the pool at its exit, but torchrun ends it
+    # as soon as the other rank raised (here: 3 s before rank 0 would leave). The failed
+    # loaders, which stay until then, see their parent gone and remove it.
+    job = Job(data, out, 1, "--fail-after", "3", "--slow-exit", "3")
+    assert job.wait() != 0
+    failed = min(float(p.read_text()) for p in out.glob("failed-*"))
+    job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
     job.check_gone(queue_kept=True)
 
 
