@@ -51,6 +51,21 @@ class Transform:
         return batch
 
 
+_calls = 0
+
+
+def failing_transform(batch):
+    """A transform for `python3 -m tailcut.pool --transform _pooled_job.py:failing_transform`:
+    raises ValueError on its 4th batch, writing the time to $TEST_OUT_DIR/failed-PID first."""
+    global _calls
+    _calls += 1
+    if _calls > 3:
+        with open(os.path.join(os.environ["TEST_OUT_DIR"], f"failed-{os.getpid()}"), "w") as f:
+            f.write(repr(time.time()))
+        raise ValueError(f"transform: bad batch {_calls} in loader {os.getpid()}")
+    return batch
+
+
 def wait_for_file(path):
     while not os.path.exists(path):
         time.sleep(0.01)

@@ -22,6 +22,7 @@ import time
 import pytest
 
 import tailcut
+import tailcut.pool
 
 pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
@@ -138,13 +139,13 @@ class Job:
     def check_gone(self, queue_kept=False):
         """No process of the job alive 3 s after it ended, nothing of it in /dev/shm. With
         queue_kept, the queue of a job one of whose processes died is kept by design (a rerun
-        resumes it): checked, then removed."""
+        resumes it): checked, then removed. queue_kept=None: it may be kept or not."""
         while self.processes() and time.monotonic() < self.ended + 3.0:
             time.sleep(0.05)
         assert self.processes() == [], f"alive 3 s after the job: {self.processes()}"
         left = shm_of(self.out)
-        if queue_kept:
-            queues = [p for p in left if os.path.basename(p).startswith("tailcut.")]
+        queues = [p for p in left if os.path.basename(p).startswith("tailcut.")]
+        if queue_kept or (queue_kept is None and queues):  # None: whether one died is a race
             assert len(queues) == 1, left
             tailcut.remove_queue(os.path.basename(queues[0]).split(".", 2)[2], force=True)
             left.remove(queues[0])
@@ -264,6 +265,27 @@ def test_loaders_that_raise_leave_nothing_when_torchrun_ends_their_rank_first(da
     failed = min(float(p.read_text()) for p in out.glob("failed-*"))
     job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
     job.check_gone(queue_kept=True)
+
+
+def test_a_loader_started_from_another_shell_that_raises_reaches_every_rank(data, out):
+    # No loader of the job's own: one `python3 -m tailcut.pool` whose transform raises.
+    job = Job(data, out, 1, "--workers", "0")
+    ring = wait_for(lambda: (out / "names-0-0.0").exists()
+                    and json.loads((out / "names-0-0.0").read_text())["ring"])
+    wait_for(lambda: os.path.exists(tailcut.pool.pool_spec_path(ring)))
+    env = dict(os.environ, TEST_OUT_DIR=str(out))
+    loader = subprocess.run(
+        [sys.executable, "-m", "tailcut.pool", "--ring", ring, "-q", "--transform",
+         f"{HERE / '_pooled_job.py'}:failing_transform"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert loader.returncode == 1, loader.stdout
+    assert "every rank raises this" in loader.stdout, loader.stdout
+    assert job.wait() != 0
+    failed = min(float(p.read_text()) for p in out.glob("failed-*"))
+    raised = job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
+    assert "of batch ring" in raised["traceback"] and "in failing_transform" in raised["traceback"], (
+        f"the loader's traceback is not the cause: {raised['traceback']}")
+    job.check_gone(queue_kept=None)
 
 
 def test_the_only_loader_killed_reaches_every_rank(data, out):
