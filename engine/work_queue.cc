@@ -18,7 +18,6 @@
 #include "engine/feeder.h"
 #include "engine/futex.h"
 #include "engine/handle_checks.h"
-#include "engine/item_path_token.h"
 #include "engine/local_feed.h"
 #include "engine/queue_core.h"
 #include "engine/resume_point.h"
@@ -113,9 +112,6 @@ class WorkQueue::Impl {
 
   WorkQueueOptions options_;
   QueueConfig config_;
-  // What the paths handed out in WorkItems point into is config_: their
-  // debug check (tailcut/item_path.h) fails once this is destroyed with it.
-  ItemPathToken path_token_;
   std::unique_ptr<Segment> segment_;
   std::unique_ptr<QueueCore> core_;
   LifeHolder holder_;
@@ -468,7 +464,7 @@ void WorkQueue::Impl::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word
   out->index = index != kNoTicket ? index : core_->ItemAt(out->epoch, ticket % n);
   const WorkQueue::Item& item = config_.items[out->index];
   out->file = item.file;
-  out->path = ItemPath::OfQueue(config_.paths[item.file], path_token_.value());
+  out->path = ItemPath::OfQueue(config_.paths[item.file], handle.path_token());
   out->begin = begin;
   out->end = end;
   out->lease = static_cast<uint32_t>(lease);
