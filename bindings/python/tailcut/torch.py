@@ -172,8 +172,9 @@ def _prepare(queue_args, resume, restarted, torchrun_default):
             queue_args["restore_state"] = state
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
                       f"and the job goes on at epoch {stale['done'] // stale['num_items']} "
-                      f"(EqualSteps and PooledLoader start there: loop from their .epoch)",
+                      f"(EqualSteps starts there: loop from its .epoch)",
                       RuntimeWarning, 4)
+        return what  # PooledLoader refuses it: see there
     else:
         tailcut.remove_queue(name, force=True)
         _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "
@@ -454,7 +455,7 @@ class QueueDataset(IterableDataset):
             self._queue_args.pop("restore_state", None)
         first = _env_int("LOCAL_RANK", 0) == 0
         if first:
-            _prepare(self._queue_args, self.resume, restarted, torchrun_default)
+            self._resumed = _prepare(self._queue_args, self.resume, restarted, torchrun_default)
         if _env_int("LOCAL_WORLD_SIZE", 1) <= 1:
             return
         # The other ranks of the host open the queue after local rank 0

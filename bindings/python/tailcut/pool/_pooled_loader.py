@@ -73,6 +73,16 @@ class PooledLoader:
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
                  name=None, timeout=1800.0, carry_over=True, on_leftover=None):
+        resumed = getattr(dataset, "_resumed", None)
+        if resumed is not None:
+            # Loaders ack what they publish: the dead run's batches that no rank used are
+            # done in the queue's state, and with its ring gone nothing says which they were.
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader: {resumed} was resumed without a checkpoint (resume=True), "
+                f"which would lose the batches its loaders had published and no rank had used "
+                f"(up to num_slots): resume from a checkpoint (PooledLoader.state_dict(), then "
+                f"restore_state= and load_state_dict(); docs/pooled.md), or start over "
+                f"(resume=False, the default)")
         self.dataset = dataset
         self.queue = dataset.queue
         self.num_workers = _args.count("num_workers", num_workers)
