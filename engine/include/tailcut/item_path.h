@@ -12,8 +12,8 @@
 //    reading freed memory. The check is one relaxed load of a process-wide
 //    table slot, and it lives in this header, so it follows the NDEBUG of the
 //    code that reads the path, not the library's. Builds with NDEBUG check
-//    nothing: an ItemPath is then a pointer and a length, and Take stores the
-//    same 16 bytes a std::string_view would.
+//    nothing. Either way Take stores 16 bytes, as many as a std::string_view
+//    took: a pointer, a 32-bit length and the queue's 32-bit token.
 //  * An ItemPath made from a std::string_view (WorkItem{}, tests, a caller's
 //    own items) is never checked: it does not belong to a queue.
 //  * Thread safety: like std::string_view (read from any thread). The check
@@ -21,9 +21,9 @@
 //    queue's destruction is a data race on the queue, which no check makes
 //    safe.
 //  * A process opens at most 4,095 checked queues at once (further ones hand
-//    out unchecked paths), and a slot's generation has 20 bits: a read
-//    through a queue destroyed 2^20 openings of the same slot ago may pass.
-//    Paths are shorter than 4 GiB.
+//    out unchecked paths), and generations have 20 bits: a read through a
+//    destroyed queue passes if its slot now holds a queue opened 2^20 (or a
+//    multiple) openings later. Paths are shorter than 4 GiB.
 #ifndef TAILCUT_ITEM_PATH_H_
 #define TAILCUT_ITEM_PATH_H_
 
