@@ -204,21 +204,30 @@ def report_failure(ring_name, pid, exc, who="loader"):
         record["pickle"] = base64.b64encode(pickle.dumps(exc)).decode("ascii")
     except Exception:
         pass
+    # Under the lock that removing the pool takes: a record written after the
+    # removal would be left in /dev/shm with nothing to remove it.
+    try:
+        with ring_lock(ring_name, timeout=5.0):
+            _write_record(ring_name, pid, record)
+            return
+    except tailcut.TimeoutError:
+        pass  # a process stopped while it held the lock: the ranks need the record more
+    _write_record(ring_name, pid, record)
+
+
+def _write_record(ring_name, pid, record):
+    if _live_trainers(ring_name) is None:
+        return  # the pool is gone: nobody is left to read it
     path = failure_path(ring_name)
     tmp = f"{path}.{pid}.tmp"
     try:
-        # Under the lock that removing the pool takes: a record written after
-        # the removal would be left in /dev/shm with nothing to remove it.
-        with ring_lock(ring_name, timeout=5.0):
-            if _live_trainers(ring_name) is None:
-                return  # the pool is gone: nobody is left to read it
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-            try:
-                os.link(tmp, path)  # fails when another loader's record is there
-            except FileExistsError:
-                pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        try:
+            os.link(tmp, path)  # fails when another loader's record is there
+        except FileExistsError:
+            pass
     finally:
         _unlink(tmp)
 
