@@ -333,15 +333,14 @@ def test_sigkill_of_the_whole_job_then_rerun(data, out):
     before, _ = trained(out, "0.0")
     rerun = Job(data, out, 1, "--slow", "0.01", run=1)
     assert rerun.wait() == 0, rerun.log[-4000:]
-    after, steps = trained(out, "1.0")
-    assert len({tuple(s.items()) for s in steps.values()}) == 1, steps
+    after, _ = trained(out, "1.0")
     # Without a checkpoint a rerun starts over (a fresh model must see every record: see
     # "Restarts and checkpoints" in docs/pooled.md), so its own epoch is every record once:
-    # none of the dead run's batches (fenced: never popped), none twice, none lost.
+    # none of the dead run's batches (fenced: never popped), none twice, none lost but the
+    # last epoch's reported leftover (an odd number of batches for 2 ranks leaves one).
     twice = sum(c - 1 for c in after[0].values() if c > 1)
     lost = RECORDS - len(after[0])
     print(f"killed after {at} steps: {sum(before[0].values())} records trained, then "
           f"{sum(after[0].values())} in the rerun; {twice} twice, {lost} never in the rerun")
-    assert twice == 0
-    assert lost == 0
+    check_complete_run(out, "1.0", 1)
     rerun.check_gone()
