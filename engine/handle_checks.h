@@ -1,7 +1,8 @@
 // The process-local side of a WorkQueue handle: whose it is (fork), which
-// items this process finished (a second ack), and which objects depend on it
-// (Readers). work_queue.cc's public calls ask it before and after each call;
-// none of it is in shared memory.
+// items this process finished (a second ack), which objects depend on it
+// (Readers), and the token its items' paths carry (tailcut/item_path.h).
+// work_queue.cc's public calls ask it before and after each call; none of it
+// is in shared memory.
 #ifndef TAILCUT_ENGINE_HANDLE_CHECKS_H_
 #define TAILCUT_ENGINE_HANDLE_CHECKS_H_
 
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "engine/finished_leases.h"
+#include "engine/item_path_token.h"
 #include "engine/process_owner.h"
 #include "tailcut/work_queue.h"
 
@@ -46,10 +48,15 @@ class HandleChecks {
   // Aborts the process with a message naming `queue` while one lives.
   void CheckNoDependents(const std::string& queue) const noexcept;
 
+  // What WorkItem::path carries: its debug check fails once this handle, and
+  // the queue's table of paths with it, is destroyed.
+  uint32_t path_token() const noexcept { return path_token_.value(); }
+
  private:
   ProcessOwner owner_;
   FinishedLeases finished_;
   std::atomic<int> dependents_{0};
+  ItemPathToken path_token_;
 };
 
 }  // namespace tailcut::detail

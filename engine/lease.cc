@@ -319,11 +319,12 @@ std::vector<uint64_t> LeaseTable::HeldTickets() const noexcept {
 
 // --- ClientLeases: one client's takes and item calls ----------------------
 
-ClientLeases::ClientLeases(LeaseTable* table, const std::vector<std::string>* paths, uint64_t slot,
-                           Options options)
+ClientLeases::ClientLeases(LeaseTable* table, const std::vector<std::string>* paths,
+                           uint32_t path_token, uint64_t slot, Options options)
     : table_(table),
       seg_(&table->segment()),
       paths_(paths),
+      path_token_(path_token),
       slot_(slot),
       lease_base_(slot * table->segment().geometry().leases_per_client),
       options_(options) {}
@@ -342,7 +343,7 @@ void ClientLeases::FillItem(WorkItem* out, uint64_t lease, uint64_t open_word, u
   out->index = index != kNoTicket ? index : table_->ItemAt(out->epoch, ticket % n);
   const WorkQueue::Item& item = table_->items()[out->index];
   out->file = item.file;
-  out->path = (*paths_)[item.file];
+  out->path = ItemPath::OfQueue((*paths_)[item.file], path_token_);
   out->begin = begin;
   out->end = end;
   out->lease = static_cast<uint32_t>(lease);

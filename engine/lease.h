@@ -195,9 +195,10 @@ class ClientLeases {
     uint64_t record_bytes = 0;
   };
   // slot: the client slot this process registered in. paths: the queue's
-  // paths, for WorkItem::path; borrowed, as the table.
-  ClientLeases(LeaseTable* table, const std::vector<std::string>* paths, uint64_t slot,
-               Options options);
+  // paths, for WorkItem::path; borrowed, as the table. path_token: the
+  // handle's ItemPath token, which debug builds check a path against.
+  ClientLeases(LeaseTable* table, const std::vector<std::string>* paths, uint32_t path_token,
+               uint64_t slot, Options options);
   ClientLeases(const ClientLeases&) = delete;
   ClientLeases& operator=(const ClientLeases&) = delete;
 
@@ -238,6 +239,7 @@ class ClientLeases {
   LeaseTable* table_;
   Segment* seg_;
   const std::vector<std::string>* paths_;
+  const uint32_t path_token_;
   const uint64_t slot_;
   const uint64_t lease_base_;
   const Options options_;

@@ -457,7 +457,7 @@ void WorkQueue::Impl::Register() {
     segment_->counters().clients_joined.fetch_add(1, std::memory_order_relaxed);
     slot_ = s;
     leases_ = std::make_unique<ClientLeases>(
-        table_.get(), &config_.paths, s,
+        table_.get(), &config_.paths, handle.path_token(), s,
         ClientLeases::Options{options_.split_tail, options_.min_split_bytes, record_bytes_});
     handle.Reset(table_->num_leases());
     return;

@@ -2,7 +2,7 @@
 run under torchrun (or as a plain process).
 
     _pooled_job.py DATA_DIR OUT_DIR EPOCHS [--workers N] [--fail-after N]
-                   [--slow SECONDS] [--no-close]
+                   [--slow SECONDS] [--no-close] [--slow-exit SECONDS]
 
 Every rank reads the *.bin files of DATA_DIR through a QueueDataset (default
 queue name) and one PooledLoader for the host (N loaders, default 2; batches
@@ -15,7 +15,9 @@ exception is written to OUT_DIR/raised-R-A.json (time, type, text), then
 raised. --fail-after N: each loader's transform raises ValueError after its
 N-th batch (writing the time to OUT_DIR/failed-PID first). --slow: seconds
 per batch in the loaders' transform. --no-close: the job never calls
-close(), as a DataLoader user would not.
+close(), as a DataLoader user would not. --slow-exit: local rank 0 takes
+that long to leave after it raised (torchrun ends it meanwhile, as it ends
+every rank once one failed).
 """
 
 import json
@@ -47,6 +49,21 @@ class Transform:
                 f.write(repr(time.time()))
             raise ValueError(f"transform: bad batch {self.batches} in loader {os.getpid()}")
         return batch
+
+
+_calls = 0
+
+
+def failing_transform(batch):
+    """A transform for `python3 -m tailcut.pool --transform _pooled_job.py:failing_transform`:
+    raises ValueError on its 4th batch, writing the time to $TEST_OUT_DIR/failed-PID first."""
+    global _calls
+    _calls += 1
+    if _calls > 3:
+        with open(os.path.join(os.environ["TEST_OUT_DIR"], f"failed-{os.getpid()}"), "w") as f:
+            f.write(repr(time.time()))
+        raise ValueError(f"transform: bad batch {_calls} in loader {os.getpid()}")
+    return batch
 
 
 def wait_for_file(path):
@@ -103,6 +120,8 @@ def main():
         with open(os.path.join(out_dir, f"raised-{tag}.json"), "w") as f:
             json.dump(dict(time=time.time(), type=type(e).__name__, text=str(e),
                            traceback="".join(traceback.format_exception(e))), f)
+        if rank == 0:
+            time.sleep(option(args, "--slow-exit", float, 0.0))
         raise
     with open(os.path.join(out_dir, f"done-{tag}.json"), "w") as f:
         json.dump(dict(reports=loader.reports, queue=ds.queue.name, ring=loader.name), f)

@@ -2,10 +2,12 @@
 at random kill moments and prints one summary line per case and one in all.
 
     PYTHONPATH=build/python:tests/python \
-        python3 tests/python/stress_pooled_restarts.py [ROUNDS] [CASE...]
+        python3 tests/python/stress_pooled_restarts.py [ROUNDS] [--seconds S] [CASE...]
 
-ROUNDS (default 10) rounds of every case given (default: all). A failed round prints its
-error and the case's output; the exit status is 1 if any round failed.
+ROUNDS (default 10) rounds, each running every case given (default: all) once, so that a
+run cut short has run every case about as often. --seconds: start no round after S
+seconds. A failed round prints its error (with the line that failed) and the case's
+output; the exit status is 1 if any round failed.
 """
 
 import contextlib
@@ -16,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -25,6 +28,8 @@ CASES = {
     "rank_killed": t.test_sigkill_of_one_rank_restarts_cleanly,
     "job_killed_rerun": t.test_sigkill_of_the_whole_job_then_rerun,
     "loaders_raise": t.test_loaders_that_raise_reach_every_rank,
+    "raise_rank_ended":
+        t.test_loaders_that_raise_leave_nothing_when_torchrun_ends_their_rank_first,
     "loader_killed": t.test_the_only_loader_killed_reaches_every_rank,
     "no_close": t.test_clean_exit_without_close_leaves_nothing,
 }
@@ -52,7 +57,10 @@ def one_round(case):
     except BaseException as e:  # pytest.fail raises a BaseException
         if isinstance(e, KeyboardInterrupt):
             raise
-        return f"{type(e).__name__}: {str(e)[:400]}", text.getvalue()
+        # Where it failed too: a bare assert says nothing of itself.
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return (f"{type(e).__name__}: {str(e)[:400]} (at {pathlib.Path(where.filename).name}:"
+                f"{where.lineno}: {where.line})", text.getvalue())
     finally:
         for job in t.Job.started:  # what a failed round left running
             for pid in job.processes():
@@ -65,36 +73,52 @@ def numbers(pattern, texts):
     return [float(x) for s in texts for x in re.findall(pattern, s)]
 
 
+def summary(case, outputs, errors):
+    line = f"{case}: {len(outputs) - len(errors)}/{len(outputs)} passed"
+    delays = numbers(r"(?:raised|stopped) ([0-9.]+) s after the fault", outputs)
+    if delays:
+        line += f"; ranks raised or stopped {min(delays):.2f}-{max(delays):.2f} s after it"
+    gone = numbers(r"orphaned loaders gone ([0-9.]+) s", outputs)
+    if gone:
+        line += f"; orphaned loaders gone {min(gone):.2f}-{max(gone):.2f} s after the job"
+    twice = numbers(r"; ([0-9]+) twice", outputs)
+    lost = numbers(r", ([0-9]+) never", outputs)
+    if twice:
+        line += (f"; records twice {int(min(twice))}-{int(max(twice))}, lost "
+                 f"{int(min(lost))}-{int(max(lost))} (per round)")
+    return line
+
+
 def main():
     args = sys.argv[1:]
     rounds = int(args.pop(0)) if args and args[0].isdigit() else 10
+    seconds = float("inf")
+    if "--seconds" in args:
+        at = args.index("--seconds")
+        seconds = float(args[at + 1])
+        del args[at:at + 2]
     cases = args or list(CASES)
-    failed = 0
+    outputs = {case: [] for case in cases}
+    errors = {case: [] for case in cases}
     started = time.monotonic()
-    for case in cases:
-        outputs, errors = [], []
-        for i in range(rounds):
+    done = 0
+    for i in range(rounds):
+        if time.monotonic() - started > seconds:
+            break
+        for case in cases:
             error, output = one_round(case)
-            outputs.append(output)
+            outputs[case].append(output)
             if error:
-                errors.append(error)
+                errors[case].append(error)
                 print(f"{case} round {i}: FAILED {error}\n{output}", flush=True)
-        failed += len(errors)
-        line = f"{case}: {rounds - len(errors)}/{rounds} passed"
-        delays = numbers(r"(?:raised|stopped) ([0-9.]+) s after the fault", outputs)
-        if delays:
-            line += f"; ranks raised or stopped {min(delays):.2f}-{max(delays):.2f} s after it"
-        gone = numbers(r"orphaned loaders gone ([0-9.]+) s", outputs)
-        if gone:
-            line += f"; orphaned loaders gone {min(gone):.2f}-{max(gone):.2f} s after the job"
-        twice = numbers(r"; ([0-9]+) twice", outputs)
-        lost = numbers(r", ([0-9]+) never", outputs)
-        if twice:
-            line += (f"; records twice {int(min(twice))}-{int(max(twice))}, lost "
-                     f"{int(min(lost))}-{int(max(lost))} (per round)")
-        print(line, flush=True)
-    print(f"all: {len(cases) * rounds - failed}/{len(cases) * rounds} rounds passed in "
-          f"{time.monotonic() - started:.0f} s", flush=True)
+        done += 1
+        print(f"round {i}: {sum(map(len, errors.values()))} failed so far, "
+              f"{time.monotonic() - started:.0f} s", flush=True)
+    for case in cases:
+        print(summary(case, outputs[case], errors[case]), flush=True)
+    failed = sum(map(len, errors.values()))
+    print(f"all: {len(cases) * done - failed}/{len(cases) * done} case runs passed in {done} "
+          f"rounds, {time.monotonic() - started:.0f} s", flush=True)
     return 1 if failed else 0
 
 

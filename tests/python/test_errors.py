@@ -49,6 +49,21 @@ def test_every_error_class_is_a_tailcut_error_and_its_builtin(cls, builtin):
         assert issubclass(cls, builtin)
 
 
+def test_a_star_import_leaves_the_builtin_timeout_error_alone():
+    # `from tailcut import *` must not rebind TimeoutError: an `except TimeoutError` after it
+    # would stop catching every other library's timeouts (a socket's, asyncio's).
+    names = {}
+    exec("from tailcut import *", names)
+    assert "TimeoutError" not in names and "WorkQueue" in names
+    caught = []
+    for error in (tailcut.TimeoutError("the library's"), builtins.TimeoutError("anyone's")):
+        try:
+            raise error
+        except TimeoutError as e:  # the built-in catches both
+            caught.append(e)
+    assert caught[0].args == ("the library's",) and caught[1].args == ("anyone's",)
+
+
 def test_arguments_of_the_wrong_type_are_type_errors_naming_the_argument(files, qname):
     cases = [
         (dict(num_epochs="2"), "num_epochs must be an int >= 0, got '2' (str)"),

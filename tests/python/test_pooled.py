@@ -790,3 +790,22 @@ def test_loaders_leave_when_the_rank_that_started_them_is_killed(rname, tmp_path
     assert not any(alive(p) for p in loaders)
     assert gone < 2.0, f"the loaders outlived their rank by {gone:.2f} s"
     assert ring_files(rname + ".pool") == []  # no trainer left: the last loader removed it
+
+
+def test_a_failure_is_recorded_past_a_held_lock_and_never_after_the_pool_is_gone(rname):
+    from tailcut import _lifecycle
+    ring = tailcut.BatchRing(rname, 64, 2, "trainer")
+    try:
+        # The ring's lock held (as by a process stopped while it removes the pool): the
+        # record is written without it after 5 s rather than lost.
+        with _lifecycle.ring_lock(rname):
+            _lifecycle.report_failure(rname, os.getpid(), ValueError("bad batch"))
+        with pytest.raises(ValueError, match="bad batch"):
+            _lifecycle.raise_if_failed(rname)
+    finally:
+        ring.close()
+        _lifecycle.remove_pool(rname)
+    # Once the pool is removed, a late record (a loader failing as the job ends) would be
+    # left in /dev/shm with nothing to remove it: it is dropped.
+    _lifecycle.report_failure(rname, os.getpid(), ValueError("late"))
+    assert not os.path.exists(_lifecycle.failure_path(rname))

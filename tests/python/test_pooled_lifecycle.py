@@ -22,6 +22,7 @@ import time
 import pytest
 
 import tailcut
+import tailcut.pool
 
 pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
@@ -138,17 +139,17 @@ class Job:
     def check_gone(self, queue_kept=False):
         """No process of the job alive 3 s after it ended, nothing of it in /dev/shm. With
         queue_kept, the queue of a job one of whose processes died is kept by design (a rerun
-        resumes it): checked, then removed."""
+        resumes it): checked, then removed. queue_kept=None: it may be kept or not."""
         while self.processes() and time.monotonic() < self.ended + 3.0:
             time.sleep(0.05)
         assert self.processes() == [], f"alive 3 s after the job: {self.processes()}"
         left = shm_of(self.out)
-        if queue_kept:
-            queues = [p for p in left if os.path.basename(p).startswith("tailcut.")]
+        queues = [p for p in left if os.path.basename(p).startswith("tailcut.")]
+        if queue_kept or (queue_kept is None and queues):  # None: whether one died is a race
             assert len(queues) == 1, left
             tailcut.remove_queue(os.path.basename(queues[0]).split(".", 2)[2], force=True)
             left.remove(queues[0])
-        assert left == []
+        assert left == [], f"left in /dev/shm: {left}"
 
     def check_every_rank_stopped(self, since, raised_type, text):
         """Every rank raised `raised_type` with `text` within 2 s of `since`, or was stopped
@@ -250,8 +251,41 @@ def test_loaders_that_raise_reach_every_rank(data, out):
     assert job.wait() != 0
     failed = min(float(p.read_text()) for p in out.glob("failed-*"))
     raised = job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
-    assert "of batch ring" in raised["traceback"] and "in __call__" in raised["traceback"]
+    assert "of batch ring" in raised["traceback"] and "in __call__" in raised["traceback"], (
+        f"the loader's traceback is not the cause: {raised['traceback']}")
     job.check_gone(queue_kept=True)
+
+
+def test_loaders_that_raise_leave_nothing_when_torchrun_ends_their_rank_first(data, out):
+    # Local rank 0 started the loaders and removes the pool at its exit, but torchrun ends it
+    # as soon as the other rank raised (here: 3 s before rank 0 would leave). The failed
+    # loaders, which stay until then, see their parent gone and remove it.
+    job = Job(data, out, 1, "--fail-after", "3", "--slow-exit", "3")
+    assert job.wait() != 0
+    failed = min(float(p.read_text()) for p in out.glob("failed-*"))
+    job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
+    job.check_gone(queue_kept=True)
+
+
+def test_a_loader_started_from_another_shell_that_raises_reaches_every_rank(data, out):
+    # No loader of the job's own: one `python3 -m tailcut.pool` whose transform raises.
+    job = Job(data, out, 1, "--workers", "0")
+    ring = wait_for(lambda: (out / "names-0-0.0").exists()
+                    and json.loads((out / "names-0-0.0").read_text())["ring"])
+    wait_for(lambda: os.path.exists(tailcut.pool.pool_spec_path(ring)))
+    env = dict(os.environ, TEST_OUT_DIR=str(out))
+    loader = subprocess.run(
+        [sys.executable, "-m", "tailcut.pool", "--ring", ring, "-q", "--transform",
+         f"{HERE / '_pooled_job.py'}:failing_transform"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert loader.returncode == 1, loader.stdout
+    assert "every rank raises this" in loader.stdout, loader.stdout
+    assert job.wait() != 0
+    failed = min(float(p.read_text()) for p in out.glob("failed-*"))
+    raised = job.check_every_rank_stopped(failed, "ValueError", "transform: bad batch 4 in loader")
+    assert "of batch ring" in raised["traceback"] and "in failing_transform" in raised["traceback"], (
+        f"the loader's traceback is not the cause: {raised['traceback']}")
+    job.check_gone(queue_kept=None)
 
 
 def test_the_only_loader_killed_reaches_every_rank(data, out):
@@ -299,15 +333,14 @@ def test_sigkill_of_the_whole_job_then_rerun(data, out):
     before, _ = trained(out, "0.0")
     rerun = Job(data, out, 1, "--slow", "0.01", run=1)
     assert rerun.wait() == 0, rerun.log[-4000:]
-    after, steps = trained(out, "1.0")
-    assert len({tuple(s.items()) for s in steps.values()}) == 1, steps
+    after, _ = trained(out, "1.0")
     # Without a checkpoint a rerun starts over (a fresh model must see every record: see
     # "Restarts and checkpoints" in docs/pooled.md), so its own epoch is every record once:
-    # none of the dead run's batches (fenced: never popped), none twice, none lost.
+    # none of the dead run's batches (fenced: never popped), none twice, none lost but the
+    # last epoch's reported leftover (an odd number of batches for 2 ranks leaves one).
     twice = sum(c - 1 for c in after[0].values() if c > 1)
     lost = RECORDS - len(after[0])
     print(f"killed after {at} steps: {sum(before[0].values())} records trained, then "
           f"{sum(after[0].values())} in the rerun; {twice} twice, {lost} never in the rerun")
-    assert twice == 0
-    assert lost == 0
+    check_complete_run(out, "1.0", 1)
     rerun.check_gone()

@@ -68,7 +68,6 @@ __all__ = [
     "NoSpaceError",
     "ConfigMismatchError",
     "CorruptError",
-    "TimeoutError",
     "IoError",
     "StaleItemError",
     "Empty",
@@ -82,6 +81,12 @@ __all__ = [
     "slice_records",
     "__version__",
 ]
+
+# tailcut.TimeoutError is left out of __all__ on purpose: `from tailcut import *`
+# would shadow the built-in TimeoutError, and `except TimeoutError` would then
+# stop catching everyone else's timeouts. It subclasses the built-in, so an
+# `except TimeoutError` catches the library's too.
+_NOT_STARRED = ("TimeoutError",)
 
 from tailcut._core import Batch, BatchRing, Slot, inspect_batch_ring, remove_batch_ring  # noqa: E402
 __all__ += ["BatchRing", "Slot", "Batch", "inspect_batch_ring", "remove_batch_ring"]

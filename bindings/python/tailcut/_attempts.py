@@ -37,17 +37,17 @@ def before_open(queue_args, resume):
     """What every process of the job does before it opens the queue named
     queue_args['name'] (QueueDataset, in a rank, not in its DataLoader
     workers): local rank 0 prepares the name (see the module's comment), the
-    others wait until it has. May set queue_args['restore_state']."""
+    others wait until it has. May set queue_args['restore_state']. Returns
+    what local rank 0 resumed without a checkpoint (resume=True), else None."""
     name = queue_args["name"]
     torchrun_default = name == _job.default_name() and _job.torchrun_job() is not None
     restarted = torchrun_default and _job.restart_count() > 0
     if queue_args.get("restore_state") is None:
         queue_args.pop("restore_state", None)
     first = _env_int("LOCAL_RANK", 0) == 0
-    if first:
-        _prepare(queue_args, resume, restarted, torchrun_default)
+    resumed = _prepare(queue_args, resume, restarted, torchrun_default) if first else None
     if _env_int("LOCAL_WORLD_SIZE", 1) <= 1:
-        return
+        return resumed
     # The other ranks of the host open the queue after local rank 0
     # prepared it (it may remove or replace a queue of that name): at a
     # barrier when the process group is up, else once the name holds no
@@ -60,6 +60,7 @@ def before_open(queue_args, resume):
         deadline = time.monotonic() + 120
         while left_unfinished(name) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
+    return resumed
 
 
 def _remove_earlier_attempts(name):
@@ -157,8 +158,9 @@ def _prepare(queue_args, resume, restarted, torchrun_default):
             queue_args["restore_state"] = state
         warnings.warn(f"tailcut.torch: resuming {what}; its finished items are not read again "
                       f"and the job goes on at epoch {stale['done'] // stale['num_items']} "
-                      f"(EqualSteps and PooledLoader start there: loop from their .epoch)",
+                      f"(EqualSteps starts there: loop from its .epoch)",
                       RuntimeWarning, 4)
+        return what  # PooledLoader refuses it: see there
     else:
         tailcut.remove_queue(name, force=True)
         _log.warning("tailcut.torch: starting over: discarded %s, as no checkpoint was given "

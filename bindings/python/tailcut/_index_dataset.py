@@ -65,8 +65,9 @@ class IndexDataset(QueueDataset):
         if resume is not None:
             _args.flag("resume", resume)
         self.resume = _attempts.resume_default(resume)
+        self._resumed = None  # as QueueDataset's
         if multiprocessing.parent_process() is None and get_worker_info() is None:
-            _attempts.before_open(self._queue_args, self.resume)
+            self._resumed = _attempts.before_open(self._queue_args, self.resume)
         self.queue  # opens it: joins this process to the queue, checks the options
 
     def records_per_epoch(self):

@@ -20,11 +20,17 @@
   it (raise_if_failed), its cause the loader's traceback. A rank that finds
   no live loader (pop) raises and records that the same way, and a rank
   that raises tells the others it has no batch (leave_step): none waits in
-  silence for another.
+  silence for another. A record is written under the ring's lock and only
+  while the ring exists, so none outlives the pool's removal. A forked
+  loader that failed stays (linger) until its parent removed the pool and
+  killed it, or died: torchrun ends the other ranks as soon as one raises,
+  so the parent may be gone before it removed anything, and the loader's
+  parent watch then does it.
 * The end. end_pool() is PooledLoader.close()'s, also run at exit or when
   the PooledLoader is dropped: the process that started the loaders removes
-  the ring's name, description and failure record once they are gone. A
-  batch still referenced keeps its mapping, never the name.
+  the ring's name, description and failure record once they are gone (after
+  a failure: first, then it kills them). A batch still referenced keeps its
+  mapping, never the name.
 
 Every function here may be called from any process of the job; the files
 it reads in /dev/shm are checked to be this user's and private first.
@@ -198,17 +204,41 @@ def report_failure(ring_name, pid, exc, who="loader"):
         record["pickle"] = base64.b64encode(pickle.dumps(exc)).decode("ascii")
     except Exception:
         pass
+    # Under the lock that removing the pool takes: a record written after the
+    # removal would be left in /dev/shm with nothing to remove it.
+    try:
+        with ring_lock(ring_name, timeout=5.0):
+            _write_record(ring_name, pid, record)
+            return
+    except tailcut.TimeoutError:
+        pass  # a process stopped while it held the lock: the ranks need the record more
+    _write_record(ring_name, pid, record)
+
+
+def _write_record(ring_name, pid, record):
+    if _live_trainers(ring_name) is None:
+        return  # the pool is gone: nobody is left to read it
     path = failure_path(ring_name)
     tmp = f"{path}.{pid}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
     try:
-        os.link(tmp, path)  # fails when another loader's record is there
-    except (FileExistsError, FileNotFoundError):  # or the pool was removed meanwhile
-        pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        try:
+            os.link(tmp, path)  # fails when another loader's record is there
+        except FileExistsError:
+            pass
     finally:
         _unlink(tmp)
+
+
+def linger():
+    """What a forked loader does once it recorded its failure: waits to be
+    ended, by its parent (end_pool kills it once the pool is removed) or by
+    its parent watch (watch_parent, when the parent dies first: it removes
+    the pool, then ends this process)."""
+    while True:
+        time.sleep(60)
 
 
 class LoaderTraceback(Exception):
@@ -336,13 +366,18 @@ def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
     if started:
         spec_removal[0]()
     ring.close()
+    if started and failed_now:
+        # Before the loaders go: should this process be killed meanwhile
+        # (torchrun ends the other ranks once one raised), the loaders, still
+        # alive, remove the pool when they see it gone (watch_parent).
+        close_pool(ring_name, failed_now)
     deadline = time.monotonic() + (0.0 if failed_now else 10.0)
     for p in loaders:
         p.join(max(deadline - time.monotonic(), 0.0))
         if p.is_alive():
             p.kill()
             p.join()
-    if started:
+    if started and not failed_now:
         close_pool(ring_name, failed_now)
 
 

@@ -330,8 +330,11 @@ class QueueDataset(IterableDataset):
         self._queue_pid = None
         self._closed = False
         self.resume = _attempts.resume_default(resume)
+        # What local rank 0 resumed without a checkpoint, if anything:
+        # PooledLoader refuses it.
+        self._resumed = None
         if multiprocessing.parent_process() is None and get_worker_info() is None:
-            _attempts.before_open(self._queue_args, self.resume)
+            self._resumed = _attempts.before_open(self._queue_args, self.resume)
         self.queue  # opens it: joins this process to the queue, checks the options
 
     @property

@@ -46,7 +46,8 @@
 //    the process with a message naming the queue, rather than crashing later
 //    at random. A Reader whose queue is closed under it fails with an error
 //    that says so. WorkItem::path points into the queue: copy it to keep it
-//    past the queue's destruction.
+//    past the queue's destruction. Builds without NDEBUG abort with a message
+//    on a read of it after the queue was destroyed (tailcut/item_path.h).
 //  * Errors: Open/SaveState throw tailcut::Error with a message that names the
 //    queue, segment, file or field and what to do.
 #ifndef TAILCUT_WORK_QUEUE_H_
@@ -66,6 +67,7 @@
 #include "tailcut/deadline.h"
 #include "tailcut/error.h"
 #include "tailcut/export.h"
+#include "tailcut/item_path.h"
 
 namespace tailcut {
 
@@ -167,13 +169,15 @@ TAILCUT_EXPORT FileIdentity IdentityOf(const struct ::stat& st) noexcept;
 TAILCUT_EXPORT std::string DescribeFileChange(const FileIdentity& then, const FileIdentity& now);
 
 // An item one process holds (a lease). Plain data; copy it freely. path points
-// into the queue's own table and lives as long as the WorkQueue.
+// into the queue's own table and lives as long as the WorkQueue object: an
+// ItemPath, which reads like a std::string_view and, in builds without
+// NDEBUG, aborts with a message when read after the queue's destruction.
 struct WorkItem {
   uint64_t ticket = 0;  // epoch * num_items + position
   uint64_t epoch = 0;
   uint64_t index = 0;       // item index in [0, num_items): which slice
   uint32_t file = 0;        // index into works (0 in an index work)
-  std::string_view path;    // prefix + works[file] ("" in an index work)
+  ItemPath path;            // prefix + works[file] ("" in an index work)
   uint64_t begin = 0;       // byte range [begin, end) of the file (of positions
   uint64_t end = 0;         // in an index work); an item handed out again begins
                             // at its floor (see Commit)

@@ -125,7 +125,9 @@ a module: its `if __name__ == "__main__":` block does not run).
 Leaving: SIGTERM or Ctrl-C makes the loader publish and ack what it holds, then exit 0 (a
 second one stops it at once; its items then go back to the queue and records of them may come
 out twice). Exit status: 0 when the data ended, the loader left, or the job closed its ring;
-1 on an error (the message says what to do); 2 on a bad command line.
+1 on an error (the message says what to do); 2 on a bad command line. An exception raised
+while loading (the job's dataset, collate_fn or transform, or a read) is recorded for the job,
+as its own loaders' are: every rank raises it, with this loader's traceback as its cause.
 """
 
 
@@ -195,8 +197,13 @@ def main(argv=None):
             f"{queue.num_epochs}, {s['done']} of {s['total']} items done; {loaders} loaders "
             f"now)")
         with _lifecycle.LeaveOnSignals((signal.SIGTERM, signal.SIGINT)) as signals:
-            counts = load(queue, ring, recipe, lambda: signals.signum is not None,
-                           spec["poll"])
+            try:
+                counts = load(queue, ring, recipe, lambda: signals.signum is not None,
+                              spec["poll"])
+            except Exception as e:  # the job's dataset or transform: every rank raises it
+                _lifecycle.report_failure(args.ring, os.getpid(), e)
+                _lifecycle.print_failure(e)
+                return 1
         why = {"end": "finished (no item left)", "ring closed": "stopped (the job closed its ring)"}
         if counts["stopped"] == "left":
             why["left"] = f"left on {signal.Signals(signals.signum).name}"

@@ -220,7 +220,7 @@ def _loader_main(dataset, ring_name, kwargs, parent_pid):
     except Exception as e:  # the ranks raise it (see _lifecycle)
         _lifecycle.report_failure(ring_name, os.getpid(), e)
         _lifecycle.print_failure(e)
-        os._exit(1)
+        _lifecycle.linger()  # ended by the parent or, once it is gone, by watch_parent
     close = getattr(dataset, "close", None)
     if close is not None:
         close()  # leaves the queue now rather than at the next death check

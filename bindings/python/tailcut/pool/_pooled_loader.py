@@ -123,6 +123,16 @@ class PooledLoader:
         # A map-style dataset is read through an index queue (_map_source.py).
         self._map_source = _map_source(dataset, batch_size, map_options)
         dataset = self._map_source or dataset
+        resumed = getattr(dataset, "_resumed", None)
+        if resumed is not None:
+            # Loaders ack what they publish: the dead run's batches that no rank used are
+            # done in the queue's state, and with its ring gone nothing says which they were.
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader: {resumed} was resumed without a checkpoint (resume=True), "
+                f"which would lose the batches its loaders had published and no rank had used "
+                f"(up to num_slots): resume from a checkpoint (PooledLoader.state_dict(), then "
+                f"restore_state= and load_state_dict(); docs/pooled.md), or start over "
+                f"(resume=False, the default)")
         self.dataset = dataset
         self.queue = dataset.queue
         self.num_workers = _args.count("num_workers", num_workers)
