@@ -28,6 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 from tailcut import _args, _attempts, _steps
+from tailcut._file_record import FileRecord
 from tailcut._job import default_name as _default_name
 
 __all__ = ["QueueDataset", "IndexDataset", "EqualSteps", "PooledLoader"]
@@ -99,6 +100,9 @@ class _Source:
 
     def __init__(self, it):
         self._it = it
+        # format="file": the work file of each record of the last piece (an
+        # index into works); None for other formats.
+        self.files = None
 
     def read(self, want):
         """(piece, epoch): the next piece of at most `want` records and the
@@ -106,7 +110,9 @@ class _Source:
         if self._it is None:
             return None
         try:
-            return self._it.read(want, timeout=0), self._it.epoch
+            piece = self._it.read(want, timeout=0)
+            self.files = self._it.files
+            return piece, self._it.epoch
         except (StopIteration, tailcut.Empty):
             self.close()
             return None
@@ -195,7 +201,9 @@ def _full_batches(source, batch_size, drop_last):
         yield _concat(pending), pending_epoch
 
 
-def _records(piece):
+def _records(piece, files=None, paths=None):
+    """The records of a piece as bytes; with `files` (format="file": each
+    record's index in works) as FileRecords, their paths from `paths`."""
     if isinstance(piece, np.ndarray):
         for row in piece:
             yield row.tobytes()
@@ -203,7 +211,13 @@ def _records(piece):
         data, offsets = piece
         raw = data.tobytes()
         for i in range(len(offsets) - 1):
-            yield raw[offsets[i]:offsets[i + 1]]
+            record = raw[offsets[i]:offsets[i + 1]]
+            if files is None:
+                yield record
+            else:
+                # A record restored from an old shuffle state has no file (index out of range).
+                index = int(files[i]) if files[i] < len(paths) else None
+                yield FileRecord(record, None if index is None else paths[index], index)
 
 
 def _count_head(head, fmt):
@@ -239,7 +253,9 @@ class QueueDataset(IterableDataset):
     in each DataLoader worker process, which pulls from it on its own.
 
     batch_size=None: yields each record as bytes, or transform(bytes); batch
-    them with the DataLoader (batch_size=..., collate_fn=...).
+    them with the DataLoader (batch_size=..., collate_fn=...). format="file":
+    each record is a tailcut FileRecord, bytes with .path and .index (the
+    file's place in works), as pooled loaders hand it to a transform.
     batch_size=n: yields batches of n records (the last of each process's
     epoch may be shorter, or dropped with drop_last) as tensors, or
     transform(batch); use DataLoader(batch_size=None). Fixed-size records: a
@@ -444,11 +460,12 @@ class QueueDataset(IterableDataset):
         transform = self.transform
         try:
             if self.batch_size is None:
+                paths = self._file_paths()
                 while (got := source.read(_RECORD_GROUP)) is not None:
                     piece, self.batch_epoch = got
                     if self.batch_epoch < epoch:
                         self.late_records += _count(piece)
-                    for record in _records(piece):
+                    for record in _records(piece, source.files, paths):
                         yield record if transform is None else transform(record)
             else:
                 for piece, self.batch_epoch in _full_batches(source, self.batch_size,
@@ -459,6 +476,15 @@ class QueueDataset(IterableDataset):
                     yield batch if transform is None else transform(batch)
         finally:
             source.close()
+
+    def _file_paths(self):
+        """format="file": each work's path as WorkItem.path gives it (prefix +
+        work), for the FileRecords; None for other formats."""
+        args = self._queue_args
+        if args.get("format") != "file":
+            return None
+        prefix = os.fsdecode(args.get("prefix") or "")
+        return [prefix + os.fsdecode(w) for w in args["works"]]
 
     def close(self):
         """Closes this process's queue (its open items go back). Idempotent."""
