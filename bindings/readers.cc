@@ -207,8 +207,8 @@ struct BatchIterator : IteratorBase {
   std::unique_ptr<tc::Batcher> batcher;       // over rs->reader; used under rs->mu
   std::unique_ptr<ShuffledBatches> shuffled;  // instead, over rs->shuffler; under rs->mu
   tc::Batch batch;
-  uint64_t last_epoch = 0;  // epoch of the items of the last batch
-  bool record_files = false;  // format 'file': each batch says which file each record is
+  uint64_t last_epoch = 0;             // epoch of the items of the last batch
+  bool record_files = false;           // format 'file': each batch says which file each record is
   py::object last_files = py::none();  // the last batch's files (uint32 array), or None
 
   template <typename T>

@@ -151,8 +151,8 @@ TEST(BatcherTest, RecordFilesSayWhichFileEachRecordOfABatchMixingItemsCameFrom) 
       std::string_view record = batch.record(i);
       EXPECT_EQ(record.substr(0, record.find('r')), "f" + std::to_string(batch.files[i]));
     }
-    mixed += std::adjacent_find(batch.files.begin(), batch.files.end(),
-                                std::not_equal_to<>()) != batch.files.end();
+    mixed += std::adjacent_find(batch.files.begin(), batch.files.end(), std::not_equal_to<>()) !=
+             batch.files.end();
     records += batch.count;
   }
   EXPECT_EQ(records, data.records.size()) << batcher.error();

@@ -160,8 +160,8 @@ class TAILCUT_EXPORT Shuffler {
     uint64_t end = 0;  // Record::end
     uint64_t epoch = 0;
     uint32_t file = kUnknownFile;  // WorkItem::file of its item
-    uint64_t seq = 0;       // its place among its item's records (Tracked::first_seq)
-    uint32_t item = kNone;  // index in items_; kNone for records of a version 1 or 2 state
+    uint64_t seq = 0;              // its place among its item's records (Tracked::first_seq)
+    uint32_t item = kNone;         // index in items_; kNone for records of a version 1 or 2 state
   };
   // A record of a tracked item, in the order its Reader handed them over.
   struct Pending {
