@@ -207,7 +207,9 @@ struct BatchIterator : IteratorBase {
   std::unique_ptr<tc::Batcher> batcher;       // over rs->reader; used under rs->mu
   std::unique_ptr<ShuffledBatches> shuffled;  // instead, over rs->shuffler; under rs->mu
   tc::Batch batch;
-  uint64_t last_epoch = 0;  // epoch of the items of the last batch
+  uint64_t last_epoch = 0;             // epoch of the items of the last batch
+  bool record_files = false;           // format 'file': each batch says which file each record is
+  py::object last_files = py::none();  // the last batch's files (uint32 array), or None
 
   template <typename T>
   static py::array OwnedArray(std::vector<T>* v, std::vector<py::ssize_t> shape) {
@@ -242,6 +244,11 @@ struct BatchIterator : IteratorBase {
       Raise(g_exc.empty, "queue '" + rs->h->name +
                              "': no records within the timeout; other processes hold the last "
                              "items, which come back if they die or give them back");
+    last_files = py::none();
+    if (record_files) {
+      auto* files = new std::vector<uint32_t>(std::move(batch.files));
+      last_files = OwnedArray<uint32_t>(files, {static_cast<py::ssize_t>(files->size())});
+    }
     const bool fixed = rs->format.kind == tc::RecordFormatKind::kFixed;
     const uint64_t rb = rs->format.record_bytes;
     const auto n = static_cast<py::ssize_t>(batch.count);
@@ -372,7 +379,13 @@ void DefineReaders(py::module_& m) {
       .def_property_readonly(
           "epoch", [](const BatchIterator& it) { return it.last_epoch; },
           "The epoch of the items the last batch came from (with max_epoch a batch holds one "
-          "epoch's records; otherwise its last record's).");
+          "epoch's records; otherwise its last record's).")
+      .def_property_readonly(
+          "files", [](const BatchIterator& it) { return it.last_files; },
+          "format 'file' only: the work file of each record of the last batch, as a uint32 "
+          "array of indices into the queue's works (a batch may mix files of several items; "
+          "4294967295 for a record restored from an old shuffle state); None for other formats "
+          "and before the first batch.");
 
   m.def(
       "crc32c",
@@ -456,9 +469,11 @@ void DefineReaderMethods(QueueClass& queue) {
             shuffle.batched = true;
             it->rs =
                 OpenReader(h, format, record_bytes, options, "batches", &shuffle, it->max_epoch);
+            // Whole files: a transform wants each one's path (a label in a folder name).
+            it->record_files = bo.record_files = it->rs->format.kind == tc::RecordFormatKind::kFile;
             if (it->rs->shuffler) {
-              it->shuffled =
-                  std::make_unique<ShuffledBatches>(*it->rs->shuffler, bo.short_at_end, drop_last);
+              it->shuffled = std::make_unique<ShuffledBatches>(*it->rs->shuffler, bo.short_at_end,
+                                                               drop_last, bo.record_files);
             } else {
               bo.zero_copy = it->rs->format.kind == tc::RecordFormatKind::kFixed && !copy;
               it->batcher = std::make_unique<tc::Batcher>(*it->rs->reader, bo);

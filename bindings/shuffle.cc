@@ -113,6 +113,7 @@ void ShuffledBatches::Emit(size_t i, size_t want, tc::Batch* out) {
     out->count = g.count();
     out->storage = std::move(g.data);
     out->offsets = std::move(g.offsets);
+    out->files = std::move(g.files);
     groups_.erase(groups_.begin() + static_cast<std::ptrdiff_t>(i));
   } else {  // read(n) asked for fewer than the group holds: hand out its first `want`
     const auto cut = static_cast<size_t>(g.offsets[want]);
@@ -123,6 +124,11 @@ void ShuffledBatches::Emit(size_t i, size_t want, tc::Batch* out) {
     g.data.erase(g.data.begin(), g.data.begin() + static_cast<std::ptrdiff_t>(cut));
     g.offsets.erase(g.offsets.begin(), g.offsets.begin() + static_cast<std::ptrdiff_t>(want));
     for (int64_t& o : g.offsets) o -= static_cast<int64_t>(cut);
+    if (record_files_) {
+      const auto split = g.files.begin() + static_cast<std::ptrdiff_t>(want);
+      out->files.assign(g.files.begin(), split);
+      g.files.erase(g.files.begin(), split);
+    }
   }
   out->data = out->storage.data();
   // Every record the Shuffler handed out is in batches the caller has: a
@@ -143,6 +149,7 @@ tc::ReadStatus ShuffledBatches::Drain(size_t want, tc::Batch* out, tc::ReadStatu
 
 tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline deadline) noexcept {
   out->count = 0;
+  out->files.clear();
   out->in_place = false;
   out->data = nullptr;
   // Every record handed out so far left in a batch the consumer now used.
@@ -168,6 +175,7 @@ tc::ReadStatus ShuffledBatches::Next(tc::Batch* out, size_t want, tc::Deadline d
           const auto* p = reinterpret_cast<const uint8_t*>(record.data);
           g.data.insert(g.data.end(), p, p + record.size);
           g.offsets.push_back(static_cast<int64_t>(g.data.size()));
+          if (record_files_) g.files.push_back(shuffler_.file());
           if (g.count() >= want) {
             Emit(i, want, out);
             return tc::ReadStatus::kOk;

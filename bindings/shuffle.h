@@ -78,8 +78,14 @@ std::function<void(const std::string&)> OncePerLine(std::function<void(const std
 // thread at a time; the Shuffler must outlive it.
 class ShuffledBatches {
  public:
-  ShuffledBatches(tc::Shuffler& shuffler, bool short_at_end, bool drop_last)
-      : shuffler_(shuffler), short_at_end_(short_at_end), drop_last_(drop_last) {}
+  // record_files: fill Batch::files (tc::BatcherOptions::record_files), each
+  // record's file from the Shuffler (tc::Shuffler::kUnknownFile for a record
+  // of an old state).
+  ShuffledBatches(tc::Shuffler& shuffler, bool short_at_end, bool drop_last, bool record_files)
+      : shuffler_(shuffler),
+        short_at_end_(short_at_end),
+        drop_last_(drop_last),
+        record_files_(record_files) {}
 
   // As tc::Batcher::Next: kOk with 1..want records in out->storage and
   // out->offsets (never in place); kEmpty, kEnd, kError with none. kEmpty
@@ -95,6 +101,7 @@ class ShuffledBatches {
     uint64_t epoch = 0;
     std::vector<uint8_t> data;
     std::vector<int64_t> offsets{0};
+    std::vector<uint32_t> files;  // with record_files_: one per record
     size_t count() const { return offsets.size() - 1; }
   };
   // Hands out up to `want` records of groups_[i]; may throw std::bad_alloc.
@@ -106,6 +113,7 @@ class ShuffledBatches {
   tc::Shuffler& shuffler_;
   bool short_at_end_;
   bool drop_last_;
+  bool record_files_;
   std::vector<Group> groups_;  // records read but not handed out; usually one group
   bool ended_ = false;         // the Shuffler said kEnd
   bool failed_ = false;        // the Shuffler said kError, or memory ran out

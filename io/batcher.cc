@@ -32,6 +32,7 @@ ReadStatus Batcher::Next(Batch* out, size_t limit, Deadline deadline) noexcept {
   out->in_place = false;
   out->storage.clear();
   out->offsets.clear();
+  out->files.clear();
   // A forked child's copy: held-back records point into the parent's Reader.
   if (reader_.forked()) return ReadStatus::kForked;
   if (failed_) return ReadStatus::kError;
@@ -44,6 +45,7 @@ ReadStatus Batcher::Next(Batch* out, size_t limit, Deadline deadline) noexcept {
     out->count = 0;
     out->storage.clear();
     out->offsets.clear();
+    out->files.clear();
     pending_count_ = 0;
     reader_.Close();  // gives back the current item: its records are read again
     return Fail("batcher: out of memory packing a batch of up to " + std::to_string(want) +
@@ -53,6 +55,7 @@ ReadStatus Batcher::Next(Batch* out, size_t limit, Deadline deadline) noexcept {
     out->count = 0;
     out->storage.clear();
     out->offsets.clear();
+    out->files.clear();
   } else if (!out->in_place) {
     out->data = out->storage.data();
   }
@@ -68,6 +71,8 @@ static bool BackToBack(const Record* r, size_t n) {
 }
 
 size_t Batcher::Append(const Record* records, size_t n, size_t want, Batch* out) {
+  // Invariant 1: new and held-back records alike come from the current item.
+  const uint32_t file = reader_.current_item().file;
   size_t i = 0;
   for (; i < n && out->count < want; ++i) {
     const uint64_t bytes = out->storage.size();
@@ -76,6 +81,7 @@ size_t Batcher::Append(const Record* records, size_t n, size_t want, Batch* out)
     const auto* p = reinterpret_cast<const uint8_t*>(records[i].data);
     out->storage.insert(out->storage.end(), p, p + records[i].size);
     out->offsets.push_back(static_cast<int64_t>(bytes + records[i].size));
+    if (options_.record_files) out->files.push_back(file);
     ++out->count;
   }
   return i;
@@ -129,6 +135,7 @@ ReadStatus Batcher::Fill(Batch* out, size_t want, Deadline deadline) {
           for (size_t i = 0; i < n; ++i) {
             out->offsets.push_back(static_cast<int64_t>(src[i].data - src[0].data + src[i].size));
           }
+          if (options_.record_files) out->files.assign(n, reader_.current_item().file);
           out->count = n;
           out->epoch = epoch;
           out->in_place = true;

@@ -168,6 +168,7 @@ void Shuffler::Take(uint32_t r, const Record& record, uint64_t epoch) {
   slot.offset = record.offset;
   slot.end = record.end;
   slot.epoch = epoch;
+  slot.file = item.file;
   slot.seq = t.first_seq + t.pending.size() - 1;
   slot.item = reading_[r];
   t.read_to = record.end;

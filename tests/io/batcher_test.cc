@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -130,6 +131,32 @@ TEST(BatcherTest, BatchesAreFullAcrossItemsAndHandOutEveryRecordOnce) {
   for (size_t i = 0; i + 1 < counts.size(); ++i) EXPECT_EQ(counts[i], 64u) << "batch " << i;
   EXPECT_EQ(counts.back(), data.records.size() % 64);
   EXPECT_EQ(batcher.Next(&batch), ReadStatus::kEnd);
+}
+
+// Each record starts "f<file>r", so its text names the file it came from.
+TEST(BatcherTest, RecordFilesSayWhichFileEachRecordOfABatchMixingItemsCameFrom) {
+  TempDir dir;
+  Data data = MakeData(dir.path(), 3, 200);
+  std::string name = UniqueQueueName("batcher");
+  QueueGuard cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(data, name, 7));
+  auto reader = Reader::Open(*queue, SmallReaderOptions(data.format));
+  Batcher batcher(*reader, {.max_records = 64, .record_files = true});
+  Batch batch;
+  size_t records = 0;
+  size_t mixed = 0;  // batches holding records of two files or more
+  while (batcher.Next(&batch, 1 + records % 64) == ReadStatus::kOk) {
+    ASSERT_EQ(batch.files.size(), batch.count);
+    for (size_t i = 0; i < batch.count; ++i) {
+      std::string_view record = batch.record(i);
+      EXPECT_EQ(record.substr(0, record.find('r')), "f" + std::to_string(batch.files[i]));
+    }
+    mixed += std::adjacent_find(batch.files.begin(), batch.files.end(), std::not_equal_to<>()) !=
+             batch.files.end();
+    records += batch.count;
+  }
+  EXPECT_EQ(records, data.records.size()) << batcher.error();
+  EXPECT_GT(mixed, 0u);
 }
 
 TEST(BatcherTest, ALimitPerCallCapsTheBatchAndHeldBackRecordsComeFirst) {

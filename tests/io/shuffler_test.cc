@@ -271,6 +271,35 @@ TEST(ShufflerTest, AVersion2StateHandsOutTheRecordsItCarries) {
   EXPECT_EQ(ids, expected);
 }
 
+// file(): the file of the record handed out last (file f holds ids
+// 100f..100f+99 here); unknown for a record of a version 2 state.
+TEST(ShufflerTest, FileNamesTheWorkFileOfTheRecordHandedOutLast) {
+  TempDir dir;
+  auto paths = MakeFiles(dir.path(), 3, 100);
+  std::string name = UniqueQueueName("shuffler");
+  QueueGuard cleanup{name};
+  auto queue = WorkQueue::Open(QueueOptions(paths, name, 9));
+  Readers readers = OpenReaders(*queue, 2);
+  std::string state("tcshuf2\0", 8);
+  auto put = [&](uint64_t v) { state.append(reinterpret_cast<const char*>(&v), 8); };
+  const std::string restored = "1000:a";
+  for (uint64_t v : {uint64_t{5}, uint64_t{1}, uint64_t{0}, uint64_t{0}, restored.size()}) put(v);
+  state += restored;
+  Shuffler shuffler(readers.Pointers(), {.buffer_records = 16, .seed = 3}, state);
+  Record record;
+  size_t n = 0;
+  while (shuffler.Next(&record) == ReadStatus::kOk) {
+    const int64_t id = IdOf(record);
+    if (id == 1000) {
+      EXPECT_EQ(shuffler.file(), Shuffler::kUnknownFile);
+    } else {
+      EXPECT_EQ(shuffler.file(), static_cast<uint32_t>(id / 100)) << "record " << id;
+    }
+    ++n;
+  }
+  EXPECT_EQ(n, 301u) << shuffler.error();
+}
+
 // Exactly once across a kill -9: a child process reads through a Shuffler
 // with a full buffer (records of finished items in it), writes each record's
 // id to a pipe as it uses it and is killed mid-epoch. Its unacked items come

@@ -37,6 +37,7 @@ def index_rank(rank, args):
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
     left = []
     steps = tailcut.torch.EqualSteps(loader, rank=rank, world_size=args["world"], timeout=30,
+                                     carry_over=False,
                                      on_leftover=lambda b: left.append(b[0][:, 0].tolist()))
     log = []
     for epoch in range(args["epochs"]):

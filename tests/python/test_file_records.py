@@ -1,12 +1,15 @@
-"""format="file": a pooled loader hands the transform each file's bytes with its path and
-index in works (FileRecord, a bytes subclass: transforms written for bytes keep working)."""
+"""format="file": a pooled loader, and a QueueDataset read per rank, hand the transform each
+file's bytes with its path and index in works (FileRecord, a bytes subclass: transforms
+written for bytes keep working)."""
 
 import os
 
+import numpy as np
 import pytest
 
 import tailcut
 import tailcut.pool as pool
+from tailcut._file_record import FileRecord
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 import tailcut.torch as tt  # noqa: E402
@@ -72,3 +75,58 @@ def test_a_transform_written_for_bytes_keeps_working(folder, qname, monkeypatch)
     assert sizes == sorted(2 * os.path.getsize(p) for p in folder)
     loader.close()
     ds.close()
+
+
+@pytest.mark.parametrize("order", [{}, dict(shuffle_buffer=0, interleave=1)],
+                         ids=["shuffled", "file-order"])
+def test_a_per_rank_dataset_hands_the_transform_the_path_and_index(folder, qname, monkeypatch,
+                                                                   order):
+    """QueueDataset read in the rank's DataLoader workers: each record a FileRecord too, though
+    the reader's batches of records mix files of several items."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    ds = tt.QueueDataset(folder, format="file", transform=label_and_size, name=qname, **order)
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2,
+                                         multiprocessing_context="fork", timeout=60)
+    got = []
+    for sizes, labels, indices in loader:
+        got += list(zip(sizes.tolist(), labels.tolist(), indices.tolist()))
+    want = [(os.path.getsize(p), CLASSES.index(os.path.basename(os.path.dirname(p))), i)
+            for i, p in enumerate(folder)]
+    assert sorted(got) == sorted(want)
+    ds.close()
+
+
+def test_per_rank_file_records_have_the_prefixed_path_as_items_do(folder, qname, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    root = os.path.dirname(os.path.dirname(folder[0])) + os.sep
+    works = [os.path.relpath(p, root) for p in folder]
+    with tt.QueueDataset(works, format="file", prefix=root, name=qname) as ds:
+        records = list(ds)
+    assert all(type(r) is FileRecord for r in records)
+    assert sorted((r.index, r.path, len(r)) for r in records) == [
+        (i, p, os.path.getsize(p)) for i, p in enumerate(folder)]
+
+
+@pytest.mark.parametrize("shuffle_buffer,interleave", [(0, 1), (4, 2)],
+                         ids=["batcher", "shuffled"])
+def test_batches_say_which_file_each_record_is(folder, qname, shuffle_buffer, interleave):
+    """BatchIterator.files: batches of 4 mix items; the file sizes are all distinct, so each
+    record's size names its file. None for formats other than 'file'."""
+    with tailcut.WorkQueue(folder, format="file", name=qname, on_notice=lambda line: None) as q:
+        it = q.batches(4, shuffle_buffer=shuffle_buffer, interleave=interleave)
+        assert it.files is None  # before the first batch
+        seen = []
+        for data, offsets in it:
+            files = it.files
+            assert files.dtype == np.uint32 and len(files) == len(offsets) - 1
+            sizes = (offsets[1:] - offsets[:-1]).tolist()
+            assert sizes == [os.path.getsize(folder[f]) for f in files]
+            seen += files.tolist()
+        assert sorted(seen) == list(range(len(folder)))
+    text = os.path.join(os.path.dirname(folder[0]), "lines.txt")
+    with open(text, "wb") as f:
+        f.write(b"a\nb\n")
+    with tailcut.WorkQueue([text], name=qname + "-lines", on_notice=lambda line: None) as q:
+        it = q.batches(4)
+        next(it)
+        assert it.files is None

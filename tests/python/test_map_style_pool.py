@@ -4,6 +4,7 @@ structure reach the rank; every sample once per epoch, also with loaders SIGKILL
 from state_dict(); the bad inputs."""
 
 import collections
+import logging
 import os
 import pathlib
 import subprocess
@@ -201,12 +202,17 @@ def test_a_dataset_that_cannot_be_pickled_works_with_forked_loaders(one_rank):
     assert sorted(got) == list(range(300))
 
 
-def test_drop_last_drops_the_short_batches_and_reports_them(one_rank):
-    loader = one_rank(Labelled(205), batch_size=10, num_workers=1, num_epochs=1,
+def test_drop_last_drops_the_short_batches_and_reports_them(one_rank, caplog):
+    loader = one_rank(Labelled(205), batch_size=10, num_workers=1, num_epochs=2,
                       drop_last=True, shuffle=False, num_slices=1)
-    sizes = [len(y) for _, y in loader]
+    with caplog.at_level(logging.WARNING, logger="tailcut.pool"):
+        sizes = [len(y) for _, y in loader]
     assert sizes == [10] * 20  # 5 samples in a short last batch, dropped
     assert loader.reports[-1]["dropped_records"] == 5
+    # The warning says what drop_last did, not that carry_over would keep them.
+    (warning,) = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert "5 in short batches, as drop_last=True asks: pass drop_last=False" in warning
+    assert "carry_over" not in warning and "no later epoch" not in warning
 
 
 def test_a_loader_from_another_shell_loads_a_dataset_it_can_import(one_rank):

@@ -366,6 +366,60 @@ def test_equal_steps_counts_records_of_text_batches_from_dataloader_workers(tmp_
     ds.close()
 
 
+def test_batches_carried_at_an_epoch_end_survive_a_checkpoint_and_restore(tmp_path, qname):
+    """By default (carry_over=True) a rank's leftover batches are carried into the next epoch,
+    and state_dict() keeps them: the queue's epoch-end state counts their records as done.
+    Rank 1 (a thread) has no batch at step 3 of epoch 0, so the rest of rank 0's epoch 0 is
+    carried; a new job restores the epoch-end state and yields the carried batches first.
+    Shuffled records, DataLoader workers: every record of both epochs exactly once."""
+    import io
+    works = [write_records(tmp_path / f"p{i}.bin", range(i * 500, (i + 1) * 500))
+             for i in range(2)]
+    opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_epochs=2, num_slices=8, seed=4,
+                on_notice=quiet)
+    ds = tt.QueueDataset(works, 20, name=f"{qname}-a", **opts)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                        timeout=60)
+    steps = tt.EqualSteps(loader, rank=0, world_size=2, timeout=30)
+
+    def rank1():  # a batch for steps 0..2, none at 3; then the two epoch-end agreements
+        for step in range(6):
+            ds.queue.agree_step(1, 2, step, step < 3, timeout=30)
+
+    other = threading.Thread(target=rank1, daemon=True)
+    other.start()
+    epoch0 = [i for batch in steps for i in ids_of(batch)]
+    other.join(30)
+    report = steps.reports[0]
+    assert report["steps"] == 3 and report["dropped_records"] == 0
+    assert report["carried_out"] > 0 and len(epoch0) + report["leftover_records"] == 1000
+    buffer = io.BytesIO()
+    torch.save(steps.state_dict(), buffer)  # rank 0 checkpoints; the job stops
+    del loader
+    ds.close()
+
+    buffer.seek(0)
+    ckpt = torch.load(buffer)
+    assert sorted(ckpt["carried"]) == [0] and len(ckpt["carried"][0]) == report["carried_out"]
+    with tt.QueueDataset(works, 20, name=f"{qname}-b", restore_state=ckpt["queue"],
+                         **opts) as ds:
+        with pytest.raises(tailcut.InvalidArgumentError, match=r"rank\(s\) \[0\], not of rank 1"):
+            tt.EqualSteps(ds, rank=1, world_size=2).load_state_dict(ckpt)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                            timeout=60)
+        steps = tt.EqualSteps(loader, rank=0, world_size=1, timeout=30)
+        steps.load_state_dict(ckpt)
+        assert steps.epoch == 1
+        got = [ids_of(batch) for batch in steps]
+    carried_in = steps.reports[0]["carried_in"]
+    assert carried_in == report["carried_out"]
+    epoch0 += [i for ids in got[:carried_in] for i in ids]
+    epoch1 = [i for ids in got[carried_in:] for i in ids]
+    assert sorted(epoch0) == list(range(1000)), "epoch 0: a record lost or trained twice"
+    assert sorted(epoch1) == list(range(1000)), "epoch 1: a record lost or trained twice"
+    assert steps.leftover == 0
+
+
 # ---- Record-level shuffle ----------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """A real torchrun job: 4 ranks (gloo, CPU), 2 DataLoader workers each, rank 1
-slower, QueueDataset + EqualSteps under the default (per-job) queue name.
-The job itself is tests/python/_torchrun_train.py.
+slower, QueueDataset + EqualSteps (leftovers carried over) under the default
+(per-job) queue name. The job itself is tests/python/_torchrun_train.py.
 """
 
 import collections
@@ -89,31 +89,39 @@ def epochs_of(out):
     return by_epoch
 
 
-def check_epoch(ranks):
-    assert sorted(ranks) == list(range(RANKS))
-    steps = {r["steps"] for r in ranks.values()}
-    assert len(steps) == 1, f"unequal steps {steps}"
-    trained = collections.Counter(i for r in ranks.values() for i in r["ids"])
-    assert all(c == 1 for c in trained.values()), "a record trained on twice in one epoch"
-    leftover = sum(r["leftover_records"] for r in ranks.values())
-    assert len(trained) + leftover == RECORDS, (len(trained), leftover)
-    return steps.pop()
+def check_epochs(by_epoch, epochs):
+    """Equal steps on every rank in each epoch; every record of each epoch trained on exactly
+    once, in it or carried into the next, or (the last epoch's) reported left over. Returns
+    the steps of each epoch."""
+    assert sorted(by_epoch) == list(range(epochs))
+    steps = []
+    for e in range(epochs):
+        ranks = by_epoch[e]
+        assert sorted(ranks) == list(range(RANKS))
+        counts = {r["steps"] for r in ranks.values()}
+        assert len(counts) == 1, f"unequal steps {counts} in epoch {e}"
+        steps.append(counts.pop())
+        trained = collections.Counter(i for r in ranks.values() for i in r["ids"])
+        if e + 1 < epochs:
+            trained.update(i for r in by_epoch[e + 1].values() for i in r["carried_ids"])
+        else:
+            assert not any(r["carried_out"] for r in ranks.values()), "carried past the end"
+        assert all(c == 1 for c in trained.values()), f"a record of epoch {e} trained twice"
+        dropped = sum(r["dropped_records"] for r in ranks.values())
+        assert len(trained) + dropped == RECORDS, (e, len(trained), dropped)
+    return steps
 
 
 def test_torchrun_job_equal_steps_every_record_prompt_exit(data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     exits, _ = torchrun(data, out, 2)
-    by_epoch = epochs_of(out)
-    assert sorted(by_epoch) == [0, 1]
-    for epoch in (0, 1):
-        steps = check_epoch(by_epoch[epoch])
-        results = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
+    results = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
+    for steps in check_epochs(epochs_of(out), 2):
         # len(EqualSteps): the even split, within a few steps of the real count.
         estimate = results[0]["len"]
         assert estimate == RECORDS // (RANKS * 16)
         assert abs(steps - estimate) <= 4, (steps, estimate)
-    results = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
     assert len({r["queue"] for r in results}) == 1
     assert len(exits) == RANKS
     last_step = max(r["last_step"] for r in results)
@@ -135,21 +143,25 @@ def test_persistent_workers_leave_no_segment(data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     torchrun(data, out, 2, "--persistent")
-    for epoch in (0, 1):
-        check_epoch(epochs_of(out)[epoch])
+    check_epochs(epochs_of(out), 2)
     assert shm_segments(out) == []
 
 
 def test_elastic_restart_after_sigkill_resumes_from_the_checkpoint(data, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    _, proc = torchrun(data, out, 2, "--kill-rank", "2", "--kill-step", "5", restarts=1)
+    _, proc = torchrun(data, out, 3, "--kill-rank", "2", "--kill-step", "5",
+                       "--file-order-rank", "3", restarts=1)
     by_epoch = epochs_of(out)
-    assert sorted(by_epoch) == [0, 1]
-    for epoch in (0, 1):
-        check_epoch(by_epoch[epoch])
+    # Epoch 1 ended with batches carried, which the checkpoint (rank 0's alone) kept for
+    # every rank: the restarted ranks yield them first, and each record is trained on once.
+    carried = [by_epoch[1][r]["carried_out"] for r in range(RANKS)]
+    assert sum(carried) > 0, "no batch carried out of epoch 1: the restore tests nothing"
+    assert [len(by_epoch[2][r]["carried_ids"]) > 0 for r in range(RANKS)] == [
+        n > 0 for n in carried]
+    check_epochs(by_epoch, 3)
     restarted = [json.loads(p.read_text()) for p in out.glob("rank-*-attempt-1.json")]
     assert len(restarted) == RANKS, proc.log[-3000:]
-    assert {r["start_epoch"] for r in restarted} == {1}  # resumed after epoch 0's checkpoint
+    assert {r["start_epoch"] for r in restarted} == {2}  # resumed after epoch 1's checkpoint
     assert {r["queue"].rpartition("-")[2] for r in restarted} == {"1"}  # the attempt's own queue
     assert shm_segments(out) == []

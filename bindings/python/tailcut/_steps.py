@@ -154,6 +154,7 @@ class Leftovers:
         self.carry_over, self.on_leftover = carry_over, on_leftover
         self.log = logging.getLogger(log_name)
         self.log_name = log_name
+        self.short_records = 0  # of the dropped records, those drop_last dropped
 
     def add(self, report, records, last_epoch, keep, show):
         """A leftover batch of `records` records: keep() stores it for the
@@ -168,18 +169,27 @@ class Leftovers:
         self.drop(report, records, show)
         return False
 
-    def drop(self, report, records, show):
-        """A batch dropped: a leftover not carried, or a late one (of an
-        earlier epoch, after the group ended it) without carry_over."""
+    def drop(self, report, records, show, short=False):
+        """A batch dropped: a leftover not carried, a late one (of an earlier
+        epoch, after the group ended it) without carry_over, or (short=True)
+        a short batch that drop_last drops, which carry_over would not keep."""
         report["leftover_records"] += records
         report["dropped_batches"] += 1
         report["dropped_records"] += records
+        if short:
+            self.short_records += records
         show(self.on_leftover)
 
     def end_epoch(self, report, rank):
         if report["dropped_records"] and self.on_leftover is None:
-            why = ("the queue has no later epoch to carry them into" if self.carry_over else
-                   "pass carry_over=True to use them in the next epoch")
+            whys = []
+            if self.short_records:
+                whys.append(f"{self.short_records} in short batches, as drop_last=True asks: "
+                            f"pass drop_last=False to use them")
+            if report["dropped_records"] > self.short_records:
+                whys.append("the queue has no later epoch to carry them into" if self.carry_over
+                            else "pass carry_over=True to use them in the next epoch")
+            why = "; ".join(whys)
             self.log.warning(
                 "%s: rank %d dropped %d leftover records (%d batches) at the end of epoch %d "
                 "(%s, or on_leftover= to handle them)", self.log_name, rank,

@@ -9,8 +9,8 @@
 * :class:`EqualSteps` wraps the loader of a synchronous data-parallel trainer
   (DDP). The ranks of a host agree through the queue, step by step, that each
   has a batch; when one has none, every rank ends the epoch at the same step.
-  What the others still had is counted, reported and, with
-  ``carry_over=True``, used first in the next epoch.
+  What the others still had is counted, reported and (``carry_over=True``,
+  the default) used first in the next epoch.
 
 Importing this module imports torch; ``import tailcut`` does not.
 See docs/pytorch.md.
@@ -28,6 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 from tailcut import _args, _attempts, _steps
+from tailcut._file_record import FileRecord
 from tailcut._job import default_name as _default_name
 
 __all__ = ["QueueDataset", "IndexDataset", "EqualSteps", "PooledLoader"]
@@ -99,6 +100,9 @@ class _Source:
 
     def __init__(self, it):
         self._it = it
+        # format="file": the work file of each record of the last piece (an
+        # index into works); None for other formats.
+        self.files = None
 
     def read(self, want):
         """(piece, epoch): the next piece of at most `want` records and the
@@ -106,7 +110,9 @@ class _Source:
         if self._it is None:
             return None
         try:
-            return self._it.read(want, timeout=0), self._it.epoch
+            piece = self._it.read(want, timeout=0)
+            self.files = self._it.files
+            return piece, self._it.epoch
         except (StopIteration, tailcut.Empty):
             self.close()
             return None
@@ -195,7 +201,9 @@ def _full_batches(source, batch_size, drop_last):
         yield _concat(pending), pending_epoch
 
 
-def _records(piece):
+def _records(piece, files=None, paths=None):
+    """The records of a piece as bytes; with `files` (format="file": each
+    record's index in works) as FileRecords, their paths from `paths`."""
     if isinstance(piece, np.ndarray):
         for row in piece:
             yield row.tobytes()
@@ -203,7 +211,13 @@ def _records(piece):
         data, offsets = piece
         raw = data.tobytes()
         for i in range(len(offsets) - 1):
-            yield raw[offsets[i]:offsets[i + 1]]
+            record = raw[offsets[i]:offsets[i + 1]]
+            if files is None:
+                yield record
+            else:
+                # A record restored from an old shuffle state has no file (index out of range).
+                index = int(files[i]) if files[i] < len(paths) else None
+                yield FileRecord(record, None if index is None else paths[index], index)
 
 
 def _count_head(head, fmt):
@@ -239,7 +253,9 @@ class QueueDataset(IterableDataset):
     in each DataLoader worker process, which pulls from it on its own.
 
     batch_size=None: yields each record as bytes, or transform(bytes); batch
-    them with the DataLoader (batch_size=..., collate_fn=...).
+    them with the DataLoader (batch_size=..., collate_fn=...). format="file":
+    each record is a tailcut FileRecord, bytes with .path and .index (the
+    file's place in works), as pooled loaders hand it to a transform.
     batch_size=n: yields batches of n records (the last of each process's
     epoch may be shorter, or dropped with drop_last) as tensors, or
     transform(batch); use DataLoader(batch_size=None). Fixed-size records: a
@@ -444,11 +460,12 @@ class QueueDataset(IterableDataset):
         transform = self.transform
         try:
             if self.batch_size is None:
+                paths = self._file_paths()
                 while (got := source.read(_RECORD_GROUP)) is not None:
                     piece, self.batch_epoch = got
                     if self.batch_epoch < epoch:
                         self.late_records += _count(piece)
-                    for record in _records(piece):
+                    for record in _records(piece, source.files, paths):
                         yield record if transform is None else transform(record)
             else:
                 for piece, self.batch_epoch in _full_batches(source, self.batch_size,
@@ -459,6 +476,15 @@ class QueueDataset(IterableDataset):
                     yield batch if transform is None else transform(batch)
         finally:
             source.close()
+
+    def _file_paths(self):
+        """format="file": each work's path as WorkItem.path gives it (prefix +
+        work), for the FileRecords; None for other formats."""
+        args = self._queue_args
+        if args.get("format") != "file":
+            return None
+        prefix = os.fsdecode(args.get("prefix") or "")
+        return [prefix + os.fsdecode(w) for w in args["works"]]
 
     def close(self):
         """Closes this process's queue (its open items go back). Idempotent."""
@@ -532,7 +558,7 @@ class EqualSteps:
     """Equal steps per epoch for the ranks of a synchronous trainer (DDP).
 
     EqualSteps(loader, queue=None, *, rank=None, world_size=None,
-               carry_over=False, timeout=1800.0, on_leftover=None,
+               carry_over=True, timeout=1800.0, on_leftover=None,
                count=None, group=None)
 
     Iterating it runs one epoch of `loader` (a DataLoader over a QueueDataset,
@@ -546,10 +572,11 @@ class EqualSteps:
 
     Leftovers: the batches a rank still had when the group ended the epoch
     (and what its loader still had for this epoch, which is read to its end)
-    are counted in `reports`. With carry_over=True they are yielded first in
-    the next epoch (copied: zero-copy views would not survive); otherwise, and
-    after the queue's last epoch, each is passed to on_leftover(batch) and
-    logged. None is silently dropped.
+    are counted in `reports`. With carry_over=True (the default: every record
+    once per epoch) they are yielded first in the next epoch (copied:
+    zero-copy views would not survive), and state_dict() keeps them; with
+    carry_over=False, and after the queue's last epoch, each is passed to
+    on_leftover(batch) and logged. None is silently dropped.
 
     Each wait is bounded by `timeout` seconds (tailcut.TimeoutError names the
     step), so a rank that died or stopped iterating early makes the others
@@ -566,7 +593,7 @@ class EqualSteps:
     dimension of the first tensor found).
     """
 
-    def __init__(self, loader, queue=None, *, rank=None, world_size=None, carry_over=False,
+    def __init__(self, loader, queue=None, *, rank=None, world_size=None, carry_over=True,
                  timeout=1800.0, on_leftover=None, count=None, group=None):
         self.loader = loader
         dataset = getattr(loader, "dataset", loader)
@@ -592,6 +619,8 @@ class EqualSteps:
         self.reports = []
         self._carried = []
         self._epoch_end_state = None
+        # {rank: its carried batches} when the last epoch ended (see state_dict()).
+        self._epoch_end_carried = None
 
     def set_epoch(self, epoch):
         """The epoch the next iteration runs (first a restored queue's, else 0; then one more)."""
@@ -618,15 +647,55 @@ class EqualSteps:
         """What a checkpoint needs to resume this trainer's data at the start of
         the next epoch: {'epoch': the next epoch, 'queue': the queue's state
         taken when every rank of the host had finished the last epoch (None
-        before the first epoch ends)}. Restore it by passing 'queue' to the
+        before the first epoch ends), 'carried': {rank: the batches that rank
+        carries into the next epoch}}. The queue counts carried records as
+        done, so they live on in 'carried', copies of the batches themselves
+        (pickled with the checkpoint). With torch.distributed initialized
+        every rank's carried batches are gathered at the epoch's end, so any
+        one rank's state restores them all (rank = the global rank);
+        otherwise it holds this rank's alone (rank = the local rank) and each
+        rank saves and loads its own. Restore it by passing 'queue' to the
         restarted job's QueueDataset(restore_state=...) and this dict to
         load_state_dict()."""
-        return {"epoch": self.epoch, "queue": self._epoch_end_state}
+        return {"epoch": self.epoch, "queue": self._epoch_end_state,
+                "carried": self._epoch_end_carried}
 
     def load_state_dict(self, state):
-        """Resumes at state['epoch'] (see state_dict())."""
+        """Resumes at state['epoch'] (see state_dict()), the batches this rank
+        carried yielded first. Raises tailcut.InvalidArgumentError when the
+        state holds other ranks' carried batches but not this rank's."""
+        carried = state.get("carried")
+        mine = []
+        if carried is not None:
+            rank = self._rank_key()
+            if rank not in carried:
+                raise tailcut.InvalidArgumentError(
+                    f"EqualSteps.load_state_dict(): the state holds the carried batches of "
+                    f"rank(s) {sorted(carried)}, not of rank {rank}: without torch.distributed "
+                    f"each rank saves and loads its own state_dict() (or initialize the process "
+                    f"group before the first epoch ends, which gathers them all)")
+            mine = list(carried[rank])
         self.set_epoch(int(state["epoch"]))
         self._epoch_end_state = state.get("queue")
+        self._epoch_end_carried = carried
+        self._carried = mine
+
+    def _rank_key(self):
+        """This rank's key in state_dict()['carried']: the global rank, else the local one."""
+        dist = _steps._dist()
+        return dist.get_rank() if dist is not None else self.rank
+
+    def _gather_carried(self):
+        """{rank: carried batches} of every rank of the process group (or of
+        `group`), else of this rank alone. Every rank calls it at every epoch
+        end, when torch.distributed is initialized: it is a collective."""
+        dist = _steps._dist()
+        mine = (self._rank_key(), list(self._carried))  # the next epoch pops self._carried
+        if dist is None:
+            return dict([mine])
+        every = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(every, mine, group=self._group)
+        return dict(every)
 
     @property
     def leftover(self):
@@ -704,6 +773,7 @@ class EqualSteps:
         self._agree(epoch, step + 1, False)
         self._epoch_end_state = self.queue.state_dict()
         self._agree(epoch, step + 2, False)
+        self._epoch_end_carried = self._gather_carried()
         leftovers.end_epoch(report, self.rank)
 
     def __repr__(self):

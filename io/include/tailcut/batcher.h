@@ -90,6 +90,10 @@ struct BatcherOptions {
   bool drop_last = false;
   bool zero_copy = false;             // hand out whole back-to-back batches in place
   std::optional<uint64_t> max_epoch;  // stop at the first item past it
+  // Fill Batch::files: which work file each record came from (a batch may
+  // hold the records of several items). One push_back per record, so off
+  // unless asked for (format "file", whose records are whole files).
+  bool record_files = false;
 };
 
 // One batch: record i is data[offsets[i], offsets[i + 1]).
@@ -101,6 +105,9 @@ struct Batch {
   // uint8_t so that the vectors can be handed to numpy / torch as they are.
   std::vector<uint8_t> storage;
   std::vector<int64_t> offsets;  // count + 1 entries; offsets[0] == 0
+  // With BatcherOptions::record_files: record i came from works[files[i]]
+  // (WorkItem::file); count entries. Empty otherwise.
+  std::vector<uint32_t> files;
 
   size_t bytes() const noexcept { return count == 0 ? 0 : static_cast<size_t>(offsets[count]); }
   std::string_view record(size_t i) const noexcept {

@@ -143,6 +143,11 @@ class TAILCUT_EXPORT Shuffler {
   size_t buffered() const noexcept { return count_; }
   // The epoch of the item the record handed out last came from.
   uint64_t epoch() const noexcept { return slots_[count_].epoch; }
+  // The work file (WorkItem::file, an index into works) the record handed
+  // out last came from; kUnknownFile for a record restored from a version 1
+  // or 2 state, which did not keep it.
+  static constexpr uint32_t kUnknownFile = UINT32_MAX;
+  uint32_t file() const noexcept { return slots_[count_].file; }
   const std::string& error() const noexcept { return error_; }
   // After kError: the failing Reader's kind, or kNoSpace (out of memory).
   ErrorKind error_kind() const noexcept { return error_kind_; }
@@ -154,8 +159,9 @@ class TAILCUT_EXPORT Shuffler {
     uint64_t offset = 0;
     uint64_t end = 0;  // Record::end
     uint64_t epoch = 0;
-    uint64_t seq = 0;       // its place among its item's records (Tracked::first_seq)
-    uint32_t item = kNone;  // index in items_; kNone for records of a version 1 or 2 state
+    uint32_t file = kUnknownFile;  // WorkItem::file of its item
+    uint64_t seq = 0;              // its place among its item's records (Tracked::first_seq)
+    uint32_t item = kNone;         // index in items_; kNone for records of a version 1 or 2 state
   };
   // A record of a tracked item, in the order its Reader handed them over.
   struct Pending {

@@ -289,7 +289,7 @@ class PooledLoader:
                     return None
             if (self._map_source is not None and self._map_source.drop_last
                     and batch.records < self.batch_size):
-                self._leftovers.drop(report, batch.records, self._shower(batch))  # drop_last
+                self._leftovers.drop(report, batch.records, self._shower(batch), short=True)
                 continue
             if batch.epoch == epoch:
                 return batch
