@@ -406,6 +406,20 @@ QueueClass DefineWorkQueue(py::module_& m) {
           "The keyword arguments that open this same queue in another process (without "
           "restore_state and on_notice): tailcut.WorkQueue(**q.open_args).")
       .def(
+          "settled_tickets",
+          [](const HandlePtr& h, py::object start) {
+            uint64_t from = ToU64(start, "start");
+            Use use(*h);
+            return h->queue->SettledTickets(from);
+          },
+          py::arg("start") = 0,
+          "How far this host's queue is settled: the first ticket (epoch * num_items + position) "
+          "at or above `start` that is neither done nor, fed by a coordinator, another host's, "
+          "and below the tickets granted so far. Epoch e is over on this host once it reaches "
+          "(e + 1) * num_items; fed, that is once the host finished what it took of the epoch "
+          "and took a ticket beyond it, or the coordinator has handed out every block. Raises "
+          "InvalidArgumentError once closed.")
+      .def(
           "item_at",
           [](const HandlePtr& h, py::object epoch, py::object position) {
             uint64_t e = ToU64(epoch, "epoch"), p = ToU64(position, "position");

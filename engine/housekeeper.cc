@@ -327,6 +327,23 @@ bool Housekeeper::AllDone() noexcept {
   return true;
 }
 
+uint64_t Housekeeper::SettledPrefix(uint64_t from) const noexcept {
+  // acquire: pairs with the feeder's release store of the limit (LocalFeed::RaiseLimit): the
+  // skip bits it set below the new limit are seen below. On one host it is total_tickets.
+  const uint64_t limit = std::min(seg_->cursor().limit.load(std::memory_order_acquire), total_);
+  const bool fed = seg_->geometry().fed;
+  for (uint64_t t = from; t < limit; t = (t / 64 + 1) * 64) {
+    // acquire: pairs with FinishAck's acq_rel fetch_or of the done bit; a ticket seen done has
+    // its item's records consumed (a pool's loader acks after it published them).
+    uint64_t settled = seg_->done_word(t / 64).load(std::memory_order_acquire);
+    // seq_cst: as Segment::IsSkipped.
+    if (fed) settled |= seg_->skip_word(t / 64).load(std::memory_order_seq_cst);
+    uint64_t open = ~settled >> (t % 64);
+    if (open != 0) return std::min(limit, t + static_cast<uint64_t>(__builtin_ctzll(open)));
+  }
+  return std::max(from, limit);
+}
+
 QueueStats Housekeeper::Stats(const std::string& name) noexcept {
   QueueStats s;
   const Header& h = seg_->header();

@@ -55,6 +55,10 @@ class Housekeeper {
   void TrySweep(uint64_t self) noexcept;
   // True once every ticket is done and no lease is held.
   bool AllDone() noexcept;
+  // WorkQueue::SettledTickets: the first ticket at or above `from` that is
+  // neither done nor (fed) skipped, and below the cursor's limit; the limit
+  // (or `from`, if above it) when there is none.
+  uint64_t SettledPrefix(uint64_t from) const noexcept;
   // Number of live clients other than self, after recovering dead ones.
   int LiveClients(uint64_t self, bool admin_held = false) noexcept;
   // Pids of live clients other than self.

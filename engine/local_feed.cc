@@ -200,6 +200,8 @@ int LocalFeed::Drop(const FedBlockInfo& block, std::span<const uint64_t> tickets
   return taken;
 }
 
+void LocalFeed::Drained() noexcept { RaiseLimit(table_->total()); }
+
 void LocalFeed::End() noexcept {
   RaiseLimit(table_->total());
   // release: pairs with AllDone's acquire load of fed_end: the skip bits set by RaiseLimit are

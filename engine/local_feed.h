@@ -12,7 +12,7 @@
 //  * One feeder per host: TryLead trylocks the segment's robust feeder
 //    mutex; the thread that got it calls everything else and Resign. When a
 //    feeder dies its successor gets kTookOver and continues from Blocks().
-//  * Grant, Drop, Forget and End are the feeder's alone; Finished and
+//  * Grant, Drop, Forget, Drained and End are the feeder's alone; Finished and
 //    Untaken only read. None allocates on a hot path of the queue: they run
 //    on the feeder's own thread, a few times a second.
 //  * Ordering: Grant sets skip bits, then raises the limit (release; TakeOnce
@@ -76,6 +76,13 @@ class TAILCUT_EXPORT LocalFeed {
   // refused, kStale) and then completed without being read; its entry is
   // freed. Returns how many leases it took back.
   int Drop(const FedBlockInfo& block, std::span<const uint64_t> tickets) noexcept;
+  // The tier has handed out every block once (its cursor is at the end;
+  // only a block that expires can still come): the tickets no grant covers
+  // are other hosts' and are skipped, so that this host's settled prefix
+  // (WorkQueue::SettledTickets) passes the epochs it finished before the
+  // other hosts finish theirs. A block re-owned later lies below the cursor:
+  // Grant gives its tickets back and has them swept. Idempotent.
+  void Drained() noexcept;
   // Every ticket of the job is done on some host: the rest is skipped and
   // Take returns kEnd here once the local leases are settled.
   void End() noexcept;

@@ -80,6 +80,7 @@ class WorkQueue::Impl {
   std::string SaveState() const;
   QueueStats Stats() const { return keeper_->Stats(options_.name); }
   std::string JobLossMessage() const { return closed_ || !feeder_ ? "" : feeder_->LossMessage(); }
+  uint64_t SettledTickets(uint64_t from) const noexcept { return keeper_->SettledPrefix(from); }
   void Close() noexcept;
 
   const std::string& name() const { return options_.name; }
@@ -714,6 +715,11 @@ QueueStats WorkQueue::Stats() const {
   return impl_->Stats();
 }
 std::string WorkQueue::JobLossMessage() const { return impl_->JobLossMessage(); }
+uint64_t WorkQueue::SettledTickets(uint64_t from) const noexcept {
+  ItemStatus refused;
+  if (impl_->handle.Refused(impl_->closed(), &refused)) return 0;  // a forked child's: unmapped
+  return impl_->SettledTickets(from);
+}
 void WorkQueue::Close() noexcept { impl_->Close(); }
 const std::string& WorkQueue::name() const noexcept { return impl_->name(); }
 uint64_t WorkQueue::num_items() const noexcept { return impl_->config().items.size(); }

@@ -293,6 +293,9 @@ class HostFeeder final : public Feeder {
       }
       if (st == GlobalClaimStatus::kWait) {
         // Nothing new: only a block that expires comes back, or the end.
+        // The rest is other hosts': the epochs this host finished are over
+        // here (a pool's loaders end them without waiting for the others).
+        feed_->Drained();
         // Ask again soon, so that the end is seen without delay.
         next_claim_ = Clock::now() + std::clamp<milliseconds>(retry, kFeedPeriod, kWaitPeriod);
         return;

@@ -84,6 +84,28 @@ TEST_F(WorkQueueTest, TakeWithEveryLeaseSlotHeldIsLimitNotEnd) {
   EXPECT_EQ(Drain(*q).size(), 15u);
 }
 
+TEST_F(WorkQueueTest, SettledTicketsStopAtTheFirstTicketNotDone) {
+  auto o = Options("settled", dir_.Files("f", 4, {100}));
+  o.num_epochs = 2;
+  o.shuffle = false;
+  auto q = WorkQueue::Open(o);
+  EXPECT_EQ(q->SettledTickets(), 0u);
+  WorkItem first, second;
+  ASSERT_EQ(q->TryTake(&first), TakeStatus::kOk);
+  ASSERT_EQ(q->TryTake(&second), TakeStatus::kOk);
+  EXPECT_EQ(q->Ack(second), ItemStatus::kOk);
+  EXPECT_EQ(q->SettledTickets(), 0u) << "ticket 0 is held, not done";
+  EXPECT_EQ(q->SettledTickets(1), 2u) << "from 1 on: ticket 1 done, 2 never taken";
+  EXPECT_EQ(q->Ack(first), ItemStatus::kOk);
+  EXPECT_EQ(q->SettledTickets(), 2u);
+  EXPECT_EQ(Drain(*q).size(), 6u);
+  EXPECT_EQ(q->SettledTickets(), 8u) << "every ticket of both epochs";
+  EXPECT_EQ(q->SettledTickets(5), 8u);
+  EXPECT_EQ(q->SettledTickets(100), 100u) << "past the end: where it was asked to start";
+  q->Close();
+  EXPECT_EQ(q->SettledTickets(), 0u) << "closed";
+}
+
 TEST_F(WorkQueueTest, StatsCountWhatThisProcessDid) {
   const std::vector<uint64_t> sizes = {1000, 2000, 3000};
   std::vector<std::string> works;

@@ -4,7 +4,9 @@
 // WorkQueue API and logs each ack; the parent checks the logs against every
 // (epoch, item) of the job: exactly once with all hosts alive and through a
 // Redis crash, and nothing lost, nothing doubled by the survivors when a
-// whole host is killed or paused past its TTL.
+// whole host is killed or paused past its TTL; and each host's settled tickets
+// (WorkQueue::SettledTickets) reach the end once its share is done, while
+// another host still holds the last blocks.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -347,6 +349,147 @@ TEST_F(CoordinatedQueueTest, WhenAHostsFeederDiesAnotherProcessOfTheHostTakesOve
   EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
   for (const auto& [key, n] : Counts({second, other})) EXPECT_EQ(n, 1) << "key " << key;
   EXPECT_GT(Counts({second}).size(), 0u) << "host a's survivor never got items";
+}
+
+// Takes and acks until no item comes within `wait` (or the end). Returns how many.
+uint64_t TakeAndAckWhileItemsCome(WorkQueue& q, milliseconds wait) {
+  uint64_t n = 0;
+  WorkItem item;
+  while (q.Take(&item, Clock::now() + wait) == TakeStatus::kOk) n += q.Ack(item) == ItemStatus::kOk;
+  return n;
+}
+
+// Takes and acks until it acked a ticket at or past `ticket`; so the host
+// holds a few blocks ahead, no more (its feeder claims as its takers take).
+uint64_t TakeAndAckUpTo(WorkQueue& q, uint64_t ticket) {
+  uint64_t n = 0;
+  WorkItem item;
+  while (q.Take(&item, Clock::now() + std::chrono::seconds(10)) == TakeStatus::kOk) {
+    n += q.Ack(item) == ItemStatus::kOk;
+    if (item.ticket >= ticket) break;
+  }
+  return n;
+}
+
+// How many tickets before the end host a stops, so that host b claims the
+// job's last blocks (a host claims two blocks of 4 ahead of its takers).
+constexpr uint64_t kLeftForB = 60;
+
+TEST_F(CoordinatedQueueTest,
+       AHostsSettledTicketsReachTheEndOnceItsShareIsDoneThoughAnotherHostHoldsTheLastBlocks) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("settled");
+  auto a = WorkQueue::Open(Options(job_, "a", 1));
+  const uint64_t n = a->num_items(), total = n * kEpochs;
+  uint64_t done_by_a = TakeAndAckUpTo(*a, total - kLeftForB);
+  EXPECT_GE(a->SettledTickets(), 2 * n) << "host a alone: its first epochs are settled";
+  // Host b holds one item and does the rest of the job but the blocks host a
+  // claimed ahead: b claimed the last ones, a's limit stops below the end.
+  auto b = WorkQueue::Open(Options(job_, "b", 1));
+  WorkItem held;
+  ASSERT_EQ(b->Take(&held, Clock::now() + std::chrono::seconds(10)), TakeStatus::kOk);
+  uint64_t done_by_b = TakeAndAckWhileItemsCome(*b, milliseconds(1000));
+  done_by_a += TakeAndAckWhileItemsCome(*a, milliseconds(1000));
+  // Every block is handed out, the rest is b's: a's share is settled to the
+  // end, from any start, while b's is not (the ticket it holds).
+  EXPECT_EQ(a->SettledTickets(), total);
+  EXPECT_EQ(a->SettledTickets(n), total);
+  EXPECT_LE(b->SettledTickets(), held.ticket);
+  ASSERT_EQ(b->Ack(held), ItemStatus::kOk);
+  WorkItem item;
+  EXPECT_EQ(b->Take(&item, Clock::now() + std::chrono::seconds(10)), TakeStatus::kEnd);
+  EXPECT_EQ(done_by_a + done_by_b + 1, total);
+  EXPECT_EQ(b->SettledTickets(), total);
+  EXPECT_EQ(a->Take(&item, Clock::now() + std::chrono::seconds(10)), TakeStatus::kEnd);
+  a->Close();
+  b->Close();
+}
+
+void AwaitFile(const std::string& path) {
+  auto give_up = Clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(path) && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+}
+
+// A process of host a (2 processes): acks up to kLeftForB tickets before the
+// end, says so (`dir`/a.<p>.paused) and waits for `dir`/go; then acks while
+// items come, waits (bounded) for its host's settled tickets, which the
+// feeder thread of whichever process leads moves, to reach the end, writes
+// them to `dir`/a.<p>.settled and takes until the end.
+int PauseThenFinishShare(const Job& job, const std::string& dir, int p) {
+  auto q = WorkQueue::Open(Options(job, "a", 2));
+  const uint64_t total = q->num_items() * kEpochs;
+  TakeAndAckUpTo(*q, total - kLeftForB);
+  std::ofstream(dir + "/a." + std::to_string(p) + ".paused") << "\n";
+  AwaitFile(dir + "/go");
+  TakeAndAckWhileItemsCome(*q, milliseconds(1000));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (q->SettledTickets() < total && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  std::ofstream(dir + "/a." + std::to_string(p) + ".settled") << q->SettledTickets() << "\n";
+  WorkItem item;
+  TakeStatus end = q->Take(&item, Clock::now() + std::chrono::seconds(60));
+  q->Close();
+  return end == TakeStatus::kEnd ? 0 : 2;
+}
+
+// The process of host b: holds one item, acks the rest while items come,
+// says so (`dir`/b.idle) and waits for `dir`/release; checks that its
+// host's settled tickets are still below the item; acks it; ends.
+int HoldOneAndDoTheRest(const Job& job, const std::string& dir) {
+  auto q = WorkQueue::Open(Options(job, "b", 1));
+  WorkItem held;
+  if (q->Take(&held, Clock::now() + std::chrono::seconds(30)) != TakeStatus::kOk) return 2;
+  TakeAndAckWhileItemsCome(*q, milliseconds(1000));
+  std::ofstream(dir + "/b.idle") << "\n";
+  AwaitFile(dir + "/release");
+  if (q->SettledTickets() > held.ticket) return 3;
+  if (q->Ack(held) != ItemStatus::kOk) return 4;
+  TakeAndAckWhileItemsCome(*q, milliseconds(30000));
+  if (q->SettledTickets() != q->num_items() * kEpochs) return 5;
+  q->Close();
+  return 0;
+}
+
+int ExitCode(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_F(CoordinatedQueueTest, EveryProcessOfAHostSeesItsShareSettledBeforeAnotherHostFinishes) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("settledproc");
+  const uint64_t total = NumItems(job_) * kEpochs;
+  const std::string& dir = dir_.path();
+  std::vector<pid_t> a;
+  for (int p = 0; p < 2; ++p) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(PauseThenFinishShare(job_, dir, p));
+    a.push_back(pid);
+  }
+  AwaitFile(dir + "/a.0.paused");
+  AwaitFile(dir + "/a.1.paused");
+  pid_t b = fork();
+  if (b == 0) _exit(HoldOneAndDoTheRest(job_, dir));
+  AwaitFile(dir + "/b.idle");
+  std::ofstream(dir + "/go") << "\n";
+  AwaitFile(dir + "/a.0.settled");
+  AwaitFile(dir + "/a.1.settled");
+  // Both processes of host a saw the end while host b still held its item.
+  for (int p = 0; p < 2; ++p) {
+    uint64_t settled = 0;
+    std::ifstream(dir + "/a." + std::to_string(p) + ".settled") >> settled;
+    EXPECT_EQ(settled, total) << "process " << p << " of host a";
+  }
+  std::ofstream(dir + "/release") << "\n";
+  for (pid_t pid : a) EXPECT_EQ(ExitCode(pid), 0) << "host a";
+  EXPECT_EQ(ExitCode(b), 0) << "host b";
+  EXPECT_EQ(JobStats(job_).done, total);
 }
 
 TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOnceInRedis) {

@@ -1,7 +1,7 @@
-"""PooledLoaders of a job on several nodes: a queue fed by a coordinator (a redis-server of the
-test's own, hosts simulated by host ids) is refused at once with what to do instead, not a wait
-that ends in a timeout; two nodes of two ranks under torchrun, a pool and a queue per node,
-end every epoch at the same step (also with a loader of one node killed)."""
+"""PooledLoaders of a job on several nodes: two nodes of two ranks under torchrun, a pool and a
+queue per node, end every epoch at the same step (also with a loader of one node killed), with
+a static split of the files and with each node's queue fed by a coordinator (a redis-server of
+the test's own, the nodes told apart by TAILCUT_HOST_ID)."""
 
 import collections
 import json
@@ -19,32 +19,8 @@ import pytest
 import tailcut
 
 torch = pytest.importorskip("torch")
-import tailcut.torch as tt  # noqa: E402
 
-from _pooled_hosts import RECORD, write_ids  # noqa: E402
 from test_global import REDIS, redis_url  # noqa: E402,F401 (the fixture)
-
-
-@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
-def test_a_queue_fed_by_a_coordinator_is_refused_naming_what_to_do(  # noqa: F811 (redis_url)
-        redis_url, tmp_path, qname, monkeypatch):
-    """Before, the pool took it: its loaders end an epoch once the host's queue
-    acked num_items items of it, a fed host acks only its share, and the ranks
-    waited for an epoch end that never came (`timeout`, 1800 s by default)."""
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    path = write_ids(tmp_path / "ids.bin", 0, 400)
-    ds = tt.QueueDataset([path], name=qname, format="fixed", record_bytes=RECORD, num_slices=8,
-                         coordinator=redis_url, host_id="n0", on_notice=lambda line: None)
-    try:
-        with pytest.raises(tailcut.InvalidArgumentError,
-                           match=rf"PooledLoader: queue '{qname}' is fed by a coordinator "
-                                 r"\(host 'n0'\), and a pool cannot end the epochs"):
-            tt.PooledLoader(ds, num_workers=1, batch_size=16, slot_bytes=1 << 13, num_slots=2,
-                            timeout=5)
-        assert not os.path.exists(f"/dev/shm/tailcut-ring.{os.geteuid()}.{qname}.pool")
-    finally:
-        ds.close()
 
 
 # ---- Two nodes under torchrun ------------------------------------------------------------------
@@ -67,9 +43,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150):
+def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordinator=None):
     """Runs torchrun --nnodes 2 twice (one per node) on this machine; returns the
-    ranks' logs and the pid of the loader killed, if any."""
+    ranks' logs and the pid of the loader killed, if any. With a coordinator
+    (URL), the nodes' queues are fed by it, node n as host 'n<n>'."""
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     out.mkdir()
@@ -78,13 +55,17 @@ def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150):
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    fed = {}
+    if coordinator is not None:
+        fed = dict(TAILCUT_COORDINATOR=coordinator)
     procs = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node_rank",
          str(n), f"--nproc_per_node={PER_NODE}", "--rdzv_backend", "c10d", "--rdzv_endpoint",
          f"127.0.0.1:{port}", "--rdzv_id", job, "--redirects", "1", "--tee", "2",
          "--monitor_interval=0.2", str(HERE / "_pooled_nodes_job.py"), str(data), str(out),
-         str(EPOCHS), job, "0.002"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+         str(EPOCHS), job, "0.002"] + (["fed"] if fed else []),
+        env=dict(env, **fed, **(dict(TAILCUT_HOST_ID=f"n{n}") if fed else {})),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True) for n in range(NODES)]
     killed = None
     deadline = time.monotonic() + limit_s
@@ -162,3 +143,48 @@ def test_two_nodes_under_torchrun_end_every_epoch_at_the_same_step(tmp_path, kil
     ranks, killed = run_nodes(tmp_path, job, kill_a_loader_of_node_1=kill)
     assert (killed is not None) == kill
     check_nodes(ranks, job, repeats_allowed=64 if kill else 0)
+
+
+def check_fed_nodes(ranks, job, repeats_allowed=0):
+    """Equal steps on every rank of every node in each epoch; every record of
+    the job once per epoch across the nodes (trained or left over and
+    reported), apart from repeats_allowed records repeated by a killed loader;
+    both nodes took part; nothing left."""
+    every = {i for f in range(len(FILE_RECORDS)) for i in file_ids(f)}
+    for e in range(EPOCHS):
+        steps = {r["epochs"][e]["steps"] for r in ranks}
+        assert len(steps) == 1 and min(steps) > 0, [r["epochs"][e]["steps"] for r in ranks]
+        seen = collections.Counter(i for r in ranks for i in r["epochs"][e]["ids"] +
+                                   r["epochs"][e]["dropped"])
+        assert set(seen) == every, (e, len(set(seen)), len(every))
+        assert sum(seen.values()) - len(seen) <= repeats_allowed, e
+        for r in ranks:
+            assert len(r["epochs"][e]["dropped"]) == r["epochs"][e]["report"]["dropped_records"]
+        trained = [sum(len(r["epochs"][e]["ids"]) for r in ranks if r["node"] == node)
+                   for node in range(NODES)]
+        assert min(trained) > 0, trained
+        print(f"epoch {e}: {min(steps)} steps on every rank; records trained per node "
+              f"{trained}, {sum(len(r['epochs'][e]['dropped']) for r in ranks)} left over and "
+              f"reported, {sum(seen.values()) - len(seen)} twice")
+    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]
+    assert not left, left
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+@pytest.mark.parametrize("kill", [False, True], ids=["clean", "a_loader_of_node_1_killed"])
+def test_two_nodes_fed_by_a_coordinator_end_every_epoch_at_the_same_step(  # noqa: F811
+        redis_url, tmp_path, kill):
+    """2 nodes x 2 ranks, node 1's steps slower, each node a pool over its own
+    queue fed by one coordinator (TAILCUT_HOST_ID=n0|n1), 2 epochs: the job
+    ends, every rank ran the same steps in each epoch, every record of the job
+    once per epoch across the nodes (trained, or left over and reported),
+    nothing left in /dev/shm or running. Killed: one of node 1's two loaders
+    SIGKILLed mid-epoch; the other reads its items again (at most one batch
+    repeated). Before, PooledLoader refused a fed queue: its loaders ended an
+    epoch once the host's queue acked every item of it, and a host acks only
+    its share."""
+    job = f"pytest-fed-{os.getpid()}-{int(kill)}"
+    ranks, killed = run_nodes(tmp_path, job, kill_a_loader_of_node_1=kill,
+                              coordinator=redis_url)
+    assert (killed is not None) == kill
+    check_fed_nodes(ranks, job, repeats_allowed=64 if kill else 0)

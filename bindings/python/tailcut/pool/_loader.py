@@ -37,19 +37,18 @@ _ACQUIRE_SLICE = 1.0
 
 class _EpochGate:
     """Keeps a loader from acking items of epoch e + 1 before every item of
-    epoch e is acked, and ends epoch e in the ring once it is."""
+    epoch e is settled, and ends epoch e in the ring once it is. Settled: the
+    host's queue says so (WorkQueue.settled_tickets): acked here, or, in a
+    queue fed by a coordinator, another host's."""
 
     def __init__(self, queue, ring):
         self.queue, self.ring = queue, ring
         self.ended = -1
 
-    def done(self):
-        return self.queue.summary()["done"]
-
     def try_end(self):
-        done = self.done()
         n = self.queue.num_items
-        while self.ended + 1 < self.queue.num_epochs and done >= (self.ended + 2) * n:
+        settled = self.queue.settled_tickets((self.ended + 1) * n)
+        while self.ended + 1 < self.queue.num_epochs and settled >= (self.ended + 2) * n:
             self.ended += 1
             self.ring.end_epoch(self.ended)
         return self.ended

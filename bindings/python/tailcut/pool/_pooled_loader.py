@@ -40,22 +40,6 @@ class _RankFailures:
         _lifecycle.raise_if_failed(self.ring_name)
 
 
-def _refuse_fed(queue):
-    """A queue fed by a coordinator (the host's queue is '<name>.<host id>')
-    is refused: the loaders end an epoch once the host's queue acked
-    num_items items of it, and a fed host acks only its share, so no epoch
-    would end (the ranks would wait `timeout`, then fail)."""
-    local = queue.summary()["name"]
-    if local != queue.name:
-        host = local[len(queue.name) + 1:]
-        raise tailcut.InvalidArgumentError(
-            f"PooledLoader: queue '{queue.name}' is fed by a coordinator (host '{host}'), and a "
-            f"pool cannot end the epochs of a fed queue yet (its loaders count the host's "
-            f"acks, and a host acks only its share of the job): give each host its own queue "
-            f"without a coordinator (works=files[host::hosts], a name per host); the ranks of "
-            f"every host still agree on equal steps through torch.distributed")
-
-
 def _env_int(name, default):
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
@@ -114,6 +98,11 @@ class PooledLoader:
     says how many records were dropped, as EqualSteps does. len() is this
     rank's steps per epoch, an estimate (records per epoch / batch_size /
     local ranks). Failures, restarts, what is left: tailcut._lifecycle.
+
+    Several hosts: a pool per host, named after the host's queue; with a
+    coordinator (TAILCUT_COORDINATOR, TAILCUT_HOST_ID) that queue is fed its
+    share of the job, and an epoch ends on the host once its share of it is
+    settled (WorkQueue.settled_tickets). See docs/pooled.md, "Several hosts".
     """
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
@@ -155,8 +144,9 @@ class PooledLoader:
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(f"local rank {self.local_rank} is not in "
                              f"[0, {self.local_world_size})")
-        _refuse_fed(self.queue)
-        self.name = name or f"{self.queue.name}.pool"
+        # Named after the host's queue: '<name>.<host id>' where a coordinator feeds it, so
+        # that the pools of hosts sharing a machine (or a test's simulated hosts) never meet.
+        self.name = name or f"{self.queue.summary()['name']}.pool"
         self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
         self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = on_leftover
