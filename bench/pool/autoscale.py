@@ -75,7 +75,7 @@ def job(args):
         first = workers[0] if isinstance(workers, tuple) else workers
         if args.start > first:
             loader.add_loaders(args.start - first)  # started with more than needed
-        ok, epochs, held = True, [], 0.0
+        ok, epochs, alive, held = True, [], [], 0.0
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             seen = np.zeros(args.records, np.int64)
@@ -87,13 +87,14 @@ def job(args):
                 held += len(loader.live_loaders()) * (now - t)
                 t = now
             epochs.append(time.monotonic() - start)
+            alive.append(len(loader.live_loaders()))  # after the last epoch: those still leaving
             once = bool((seen == 1).all())
             ok &= once
             print(f"trainer: epoch {epoch}: {int(seen.sum())} records in {epochs[-1]:.2f} s, "
-                  f"{len(loader.live_loaders())} loaders alive; "
+                  f"{alive[-1]} loaders alive; "
                   f"{'every record once' if once else 'RECORDS MISSING OR REPEATED'}",
                   flush=True)
-        result = dict(epochs=epochs, alive=len(loader.live_loaders()), started=len(loader.loaders),
+        result = dict(epochs=epochs, alive=alive, started=len(loader.loaders),
                       loader_seconds=held, ok=ok,
                       decisions=len(loader.autoscale.decisions) if loader.autoscale else 0)
         loader.close()
@@ -136,8 +137,9 @@ def bench(args):
                 res = run_job(args, workers, costs[case], step, args.records, args.epochs, start)
                 results[(case, label)].append(res)
                 print(f"round {r} {case:8s} {label:28s} epochs "
-                      f"{' '.join(f'{e:.2f}' for e in res['epochs'])} s, alive at the end "
-                      f"{res['alive']}, loader-s {res['loader_seconds']:.1f}", flush=True)
+                      f"{' '.join(f'{e:.2f}' for e in res['epochs'])} s, loaders alive after "
+                      f"epoch 0: {res['alive'][0]}, loader-s {res['loader_seconds']:.1f}",
+                      flush=True)
     print(f"\n{args.repeats} rounds, {args.records} records x {args.epochs} epochs, batch "
           f"{args.batch}, step {step} ms; median [range]")
     for case, runs in cases.items():
@@ -151,8 +153,8 @@ def bench(args):
                 ratios = [x["epochs"][e] / b["epochs"][e] for x, b in zip(rs, base)]
                 cols.append(f"epoch {e} {spread(times)} s ({spread(ratios)}x)")
             total = [sum(x["epochs"]) / sum(b["epochs"]) for x, b in zip(rs, base)]
-            print(f"  {label:28s} {'; '.join(cols)}; all epochs {spread(total)}x; alive at "
-                  f"the end {spread([x['alive'] for x in rs], '{:.0f}')}; loader-s "
+            print(f"  {label:28s} {'; '.join(cols)}; all epochs {spread(total)}x; alive after "
+                  f"epoch 0 {spread([x['alive'][0] for x in rs], '{:.0f}')}; loader-s "
                   f"{spread([x['loader_seconds'] for x in rs], '{:.1f}')}")
     return 0
 
@@ -180,6 +182,8 @@ def main():
         args.start = int(args.start)
         return job(args)
     if args.bench:
+        if args.epochs < 2:
+            p.error("--bench needs --epochs 2 or more (it reports the loaders alive after epoch 0)")
         args.records, args.step_ms = args.records or 32000, args.step_ms or 4.0
         return bench(args)
     if args.demo:

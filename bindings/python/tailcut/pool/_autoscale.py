@@ -55,7 +55,7 @@ class Autoscale:
     PooledLoader (see the module's docstring for the policy and its knobs).
     Used by one PooledLoader, from its local rank 0 only."""
 
-    def __init__(self, minimum, maximum, *, interval=0.5, starve=0.2, full_for=2.0,
+    def __init__(self, minimum, maximum, *, interval=0.25, starve=0.2, full_for=2.0,
                  cooldown=1.0, max_loaders=None):
         what = "num_workers=(min, max)"
         self.minimum = _args.count(f"{what}: min", minimum, minimum=1)
