@@ -15,8 +15,9 @@ since the last look it measures
 
 and decides:
 
-* add, when starve >= `starve` and idle < 0.5 (every loader busy: more of
-  them make more batches), no earlier than `cooldown` seconds after the
+* add, when two looks in a row saw starve >= `starve` and idle < 0.5
+  (every loader busy: more of them make more batches; one look could be
+  the wait at an epoch's end), no earlier than `cooldown` seconds after the
   last decision: as many as would have fed the trainers, L / (1 - starve)
   for L loaders (1 - starve taken as 0.1 at least), up to `max`;
 * remove, when for `full_for` seconds every look saw idle >= 1.5 and starve
@@ -55,7 +56,7 @@ class Autoscale:
     PooledLoader (see the module's docstring for the policy and its knobs).
     Used by one PooledLoader, from its local rank 0 only."""
 
-    def __init__(self, minimum, maximum, *, interval=0.25, starve=0.2, full_for=2.0,
+    def __init__(self, minimum, maximum, *, interval=0.25, starve=0.1, full_for=2.0,
                  cooldown=1.0, max_loaders=None):
         what = "num_workers=(min, max)"
         self.minimum = _args.count(f"{what}: min", minimum, minimum=1)
@@ -77,6 +78,7 @@ class Autoscale:
         self._last = None  # (monotonic time, {(slot, joined_ns): wait seconds}) of the last look
         self._quiet_until = 0.0
         self._full_since = None
+        self._starved_looks = 0
         self._at_max = False
 
     def __repr__(self):
@@ -99,7 +101,7 @@ class Autoscale:
                  for c in stats["clients"] if c["alive"]}
         last, self._last = self._last, (now, waits)
         if last is None or now - last[0] > 3 * self.interval:
-            self._full_since = None  # a gap: the window says nothing about the loaders
+            self._full_since, self._starved_looks = None, 0  # a gap: the window says nothing
             return
         span = now - last[0]
 
@@ -125,9 +127,11 @@ class Autoscale:
 
     def _scale(self, now, starve, idle, alive, seen):
         starving = starve >= self.starve and idle < _BUSY_IDLE
+        self._starved_looks = self._starved_looks + 1 if starving else 0
+        starved = self._starved_looks >= 2
         if not starving:
             self._at_max = False
-        elif alive >= self.maximum:
+        elif starved and alive >= self.maximum:
             if not self._at_max:
                 self._at_max = True
                 log.warning("tailcut.pool: autoscale of ring '%s': starving at the maximum of "
@@ -138,7 +142,7 @@ class Autoscale:
         self._full_since = (self._full_since or now) if full else None
         if now < self._quiet_until:
             return
-        if starving:
+        if starved:
             wanted = math.ceil(max(alive, 1) / max(1.0 - starve, 0.1))
             n = max(1, min(wanted, self.maximum) - alive)
             self._decide(now, "add", n, alive, seen)
@@ -157,7 +161,7 @@ class Autoscale:
             pool.remove_loaders(n)
             after = alive - n
         self._quiet_until = now + self.cooldown
-        self._full_since = None
+        self._full_since, self._starved_looks = None, 0
         self.decisions.append(dict(at=now - self._t0, action=action, n=n, loaders=after, why=why))
         bound = f"at most {self.maximum}" if action == "add" else f"at least {self.minimum}"
         log.info("tailcut.pool: autoscale of ring '%s': %s; %s %d loader%s (%d now, %s)",
