@@ -2,10 +2,12 @@
 loaders when the trainers starve and removes them when the ring stays full, with real loader
 processes, and every record still comes once per epoch."""
 
+import gc
 import itertools
 import logging
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -42,13 +44,18 @@ def rname():
         pass
 
 
-def ids_dataset(tmp_path, name, n, epochs=1):
-    """A queue of n 16-byte records, record i starting with i (u64), in 60 items."""
+def write_ids(tmp_path, n):
+    """tmp_path/ids.bin: n 16-byte records, record i starting with i (u64)."""
     a = np.zeros((n, RECORD), np.uint8)
     a[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
     path = tmp_path / "ids.bin"
     a.tofile(path)
-    return tt.QueueDataset([str(path)], name=name, format="fixed", record_bytes=RECORD,
+    return str(path)
+
+
+def ids_dataset(tmp_path, name, n, epochs=1):
+    """A queue of n such records in 60 items."""
+    return tt.QueueDataset([write_ids(tmp_path, n)], name=name, format="fixed", record_bytes=RECORD,
                            num_slices=60, num_epochs=epochs, num_clients=1)
 
 
@@ -87,8 +94,17 @@ def test_starving_trainers_get_more_loaders_up_to_max(rname, tmp_path, monkeypat
     assert len(logged) == len(made) + 1, logged
     assert "trainers waited" in logged[0] and "adding" in logged[0], logged
     assert "starving at the maximum of 3 loaders" in logged[-1], logged
-    loader.close()
-    assert [p.exitcode for p in loader.loaders] == [0, 0, 0]
+    # The policy holds no reference to its PooledLoader: dropping it ends the pool at once,
+    # as close() does, with no wait for the garbage collector.
+    loaders, ring = loader.loaders, loader.name
+    gc.disable()
+    try:
+        del loader, batch
+        with pytest.raises(tailcut.NotFoundError):
+            tailcut.inspect_batch_ring(ring)
+    finally:
+        gc.enable()
+    assert [p.exitcode for p in loaders] == [0, 0, 0]
     ds.close()
 
 
@@ -176,6 +192,54 @@ def test_every_record_comes_once_per_epoch_while_loaders_come_and_go(rname, tmp_
     loader.close()
     assert all(p.exitcode == 0 for p in loader.loaders)
     ds.close()
+
+
+def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, tmp_path):
+    n = 2000
+    path = write_ids(tmp_path, n)
+
+    def rank(r):
+        os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
+                             num_slices=40)
+        loader = tt.PooledLoader(ds, num_workers=(1, 3), batch_size=20, transform=Slow(0.03),
+                                 slot_bytes=1 << 14, num_slots=4, timeout=60)
+        ids = [i for batch in loader for i in ids_of(batch)]
+        rep = loader.reports[-1]
+        head = [rep["steps"], rep["leftover_records"], len(loader.autoscale.decisions),
+                len(loader.loaders)]
+        loader.close()
+        ds.close()
+        (tmp_path / f"rank{r}").write_text(" ".join(map(str, head + ids)))
+
+    pids = []
+    for r in range(2):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                rank(r)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    deadline = time.monotonic() + 120
+    for pid in pids:
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                assert os.waitstatus_to_exitcode(status) == 0, f"rank process {pid} failed"
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"rank process {pid} did not finish in 120 s")
+            time.sleep(0.02)
+    rows = [[int(x) for x in (tmp_path / f"rank{r}").read_text().split()] for r in range(2)]
+    assert rows[0][0] == rows[1][0] > 0  # equal steps
+    assert rows[0][2] > 0 and rows[0][3] > 1  # rank 0 decided and added loaders ...
+    assert rows[1][2] == 0 and rows[1][3] == 0  # ... rank 1 started none and never looked
+    ids = rows[0][4:] + rows[1][4:]
+    assert len(set(ids)) == len(ids) and len(ids) + rows[0][1] + rows[1][1] == n
 
 
 def test_the_autoscale_demo_scales_a_starving_job_and_keeps_every_record_once():

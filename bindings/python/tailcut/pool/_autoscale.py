@@ -39,6 +39,7 @@ removed here.
 import logging
 import math
 import time
+import weakref
 
 import tailcut
 from tailcut import _args
@@ -73,8 +74,8 @@ class Autoscale:
         self.full_for = _args.seconds("full_for", full_for)
         self.cooldown = _args.seconds("cooldown", cooldown)
         self.decisions = []  # dicts: at (s since the first look), action, n, loaders, why
-        self._pool = None
-        self._t0 = None
+        self._owner = None  # a weak reference: the PooledLoader holds this, and its end runs
+        self._t0 = None     # when it is dropped
         self._last = None  # (monotonic time, {(slot, joined_ns): wait seconds}) of the last look
         self._quiet_until = 0.0
         self._full_since = None
@@ -91,9 +92,9 @@ class Autoscale:
         now = time.monotonic()
         if self._last is not None and now - self._last[0] < self.interval:
             return
-        if self._pool is None:
-            self._pool, self._t0 = pool, now
-        elif self._pool is not pool:
+        if self._owner is None:
+            self._owner, self._t0 = weakref.ref(pool), now
+        elif self._owner() is not pool:
             raise tailcut.InvalidArgumentError(
                 "an Autoscale drives one PooledLoader: give each its own")
         stats = pool.ring.stats()
@@ -119,13 +120,12 @@ class Autoscale:
             return
         starve = min(trainer_wait / (span * trainers), 1.0)
         idle = waited("loader", pool._leaving)[0] / span
-        mine = pool.live_loaders()
         seen = (f"trainers waited {starve:.0%} of the last {span:.2f} s, loaders waited "
                 f"{idle:.1f} loader-s/s for free slots, {stats['ready']}/{stats['num_slots']} "
                 f"batches ready")
-        self._scale(now, starve, idle, len(mine), seen)
+        self._scale(pool, now, starve, idle, len(pool.live_loaders()), seen)
 
-    def _scale(self, now, starve, idle, alive, seen):
+    def _scale(self, pool, now, starve, idle, alive, seen):
         starving = starve >= self.starve and idle < _BUSY_IDLE
         self._starved_looks = self._starved_looks + 1 if starving else 0
         starved = self._starved_looks >= 2
@@ -135,7 +135,7 @@ class Autoscale:
             if not self._at_max:
                 self._at_max = True
                 log.warning("tailcut.pool: autoscale of ring '%s': starving at the maximum of "
-                            "%d loaders (%s): a larger max would help", self._pool.name,
+                            "%d loaders (%s): a larger max would help", pool.name,
                             self.maximum, seen)
             return
         full = idle >= _SPARE_IDLE and starve < self.starve / 2
@@ -145,15 +145,14 @@ class Autoscale:
         if starved:
             wanted = math.ceil(max(alive, 1) / max(1.0 - starve, 0.1))
             n = max(1, min(wanted, self.maximum) - alive)
-            self._decide(now, "add", n, alive, seen)
+            self._decide(pool, now, "add", n, alive, seen)
         elif (self._full_since is not None and now - self._full_since >= self.full_for
               and alive > self.minimum):
             n = min(max(1, math.floor(idle - 1.0)), alive - self.minimum)
-            self._decide(now, "remove", n, alive,
+            self._decide(pool, now, "remove", n, alive,
                          f"the ring stayed full for {now - self._full_since:.1f} s: {seen}")
 
-    def _decide(self, now, action, n, alive, why):
-        pool = self._pool
+    def _decide(self, pool, now, action, n, alive, why):
         if action == "add":
             pool.add_loaders(n)
             after = alive + n
