@@ -194,6 +194,30 @@ def test_every_record_comes_once_per_epoch_while_loaders_come_and_go(rname, tmp_
     ds.close()
 
 
+def test_a_killed_loader_is_replaced_when_the_trainers_starve_and_no_record_is_lost(
+        rname, tmp_path, monkeypatch):
+    n = 3000
+    ds = ids_dataset(tmp_path, rname, n)
+    loader = one_rank(ds, monkeypatch, pool.Autoscale(1, 2, cooldown=0.3), Slow(0.03))
+    ids, killed = [], None
+    for batch in loader:
+        ids += ids_of(batch)
+        if killed is None and len(loader.live_loaders()) == 2 and len(ids) >= 600:
+            killed = loader.live_loaders()[0]
+            os.kill(killed.pid, signal.SIGKILL)
+            killed.join(10)
+    assert killed is not None and killed.exitcode == -signal.SIGKILL
+    assert set(ids) == set(range(n))  # nothing lost: its items went to the others
+    # Its items are read again whole: what it had published of them comes twice (at least
+    # once), at most the items it held (50 records each).
+    assert len(ids) - n <= 2 * 50, len(ids) - n
+    made = [(d["action"], d["loaders"]) for d in loader.autoscale.decisions]
+    assert made[:1] == [("add", 2)] and ("add", 2) in made[1:], made  # added, then replaced
+    loader.close()
+    assert sorted(p.exitcode for p in loader.loaders) == [-signal.SIGKILL, 0, 0]
+    ds.close()
+
+
 def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, tmp_path):
     n = 2000
     path = write_ids(tmp_path, n)
