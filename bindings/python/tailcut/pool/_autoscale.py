@@ -58,10 +58,10 @@ class Autoscale:
     Used by one PooledLoader, from its local rank 0 only."""
 
     def __init__(self, minimum, maximum, *, interval=0.25, starve=0.1, full_for=2.0,
-                 cooldown=1.0, max_loaders=None):
+                 cooldown=1.0):
         what = "num_workers=(min, max)"
         self.minimum = _args.count(f"{what}: min", minimum, minimum=1)
-        self.maximum = _args.count(f"{what}: max", maximum, minimum=1, maximum=max_loaders)
+        self.maximum = _args.count(f"{what}: max", maximum, minimum=1)
         if self.minimum > self.maximum:
             raise tailcut.InvalidArgumentError(
                 f"{what}: min {self.minimum} is above max {self.maximum}: give 1 <= min <= max "
@@ -170,16 +170,17 @@ class Autoscale:
 
 def workers(num_workers, max_loaders):
     """(loaders to start, Autoscale or None) of PooledLoader's num_workers: an
-    int (a fixed pool), (min, max), or an Autoscale."""
-    if isinstance(num_workers, Autoscale):
-        if num_workers.maximum > max_loaders:
-            raise tailcut.InvalidArgumentError(
-                f"num_workers: {num_workers!r} allows more loaders than the ring's "
-                f"{max_loaders} (max <= {max_loaders})")
-        return num_workers.minimum, num_workers
+    int (a fixed pool), (min, max), or an Autoscale; max at most max_loaders
+    (the ring's client slots less one for a trainer)."""
     if isinstance(num_workers, (tuple, list)):
         if len(num_workers) != 2:
             raise TypeError(f"num_workers must be an int or (min, max), got {num_workers!r}")
-        policy = Autoscale(*num_workers, max_loaders=max_loaders)
-        return policy.minimum, policy
-    return _args.count("num_workers", num_workers), None
+        num_workers = Autoscale(*num_workers)
+    if not isinstance(num_workers, Autoscale):
+        return _args.count("num_workers", num_workers), None
+    if num_workers.maximum > max_loaders:
+        raise tailcut.InvalidArgumentError(
+            f"num_workers=(min, max): max {num_workers.maximum} is more loaders than the ring "
+            f"holds: give max <= {max_loaders} (its {max_loaders + 1} client slots, one at "
+            f"least for a trainer)")
+    return num_workers.minimum, num_workers
