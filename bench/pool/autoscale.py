@@ -1,101 +1,66 @@
 #!/usr/bin/env python3
-"""Adds pooled loaders to a running job when its trainers starve.
+"""Loader autoscaling, shown and measured: PooledLoader(num_workers=(min, max)).
 
-Every --interval seconds it reads the job's batch ring (tailcut.inspect_batch_ring, the
-counters `tailcut ring NAME` shows). When no batch is ready and the live trainers spent more
-than --starve of that interval waiting for one, it starts one more loader process with
-`python3 -m tailcut.pool --ring NAME` (up to --max-loaders), says what it saw and did, and
-then leaves the new loader --cooldown intervals to start before it adds another. It stops
-when the ring is gone (the job ended) and waits for the loaders it added.
+    python3 bench/pool/autoscale.py --demo      # one autoscaled job; its decisions logged
+    python3 bench/pool/autoscale.py --bench     # autoscaled against a fixed pool
 
-    python3 bench/pool/autoscale.py --ring NAME        # watch a running job on this host
-    python3 bench/pool/autoscale.py --demo             # start a small job and watch it
+A job here is one rank and its pool: a PooledLoader whose transform takes --cost-ms per batch
+of --batch records, and a trainer that needs --step-ms per step. Both are sleeps, so that on a
+small machine the numbers measure the policy (when loaders are added and removed), not how
+many cores the loaders get. The trainer checks that every record of every epoch reached it
+exactly once, and prints each epoch's time.
 
---demo starts a one-rank job: a PooledLoader with one loader process whose transform takes
---cost-ms per batch, and a trainer that needs --step-ms per step, so that it starves. The
-trainer checks that every record of every epoch reached it exactly once and prints each
-epoch's time; the exit status is the trainer's. docs/pooled.md shows a run.
+--demo runs one job with num_workers=(1, --max-loaders) for a transform 10x the step, and shows
+the "tailcut.pool" log: a line for each decision. The exit status is the job's.
+
+--bench runs --repeats rounds, alternating the order of the cases within each, each job in its
+own process:
+  starving:  transform 10x the step; num_workers=(1, 8) against a fixed 8 (target: epoch
+             time within 1.15x of the fixed pool's)
+  too many:  transform 1.5x the step; a fixed 8 against (1, 8) that also starts 8 (what
+             both keep alive at the end, and the loader-seconds they held)
+and prints medians and ranges. docs/pooled.md, "Autoscaling", has a run.
 """
 
 import argparse
+import json
+import logging
 import os
-import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import tailcut
-
 _RECORD = 16
 
 
 def costly(batch):
-    """The demo's transform: $AUTOSCALE_COST_MS of work per batch (a sleep)."""
-    time.sleep(float(os.environ.get("AUTOSCALE_COST_MS", "20")) / 1e3)
+    """The job's transform: $AUTOSCALE_COST_MS of work per batch (a sleep)."""
+    time.sleep(float(os.environ["AUTOSCALE_COST_MS"]) / 1e3)
     return batch
 
 
-def say(t0, text):
-    print(f"[{time.monotonic() - t0:6.2f} s] {text}", flush=True)
+def workers_arg(text):
+    """'8' (a fixed pool) or '1:8' (autoscaled between 1 and 8)."""
+    if ":" in text:
+        low, high = text.split(":")
+        return (int(low), int(high))
+    return int(text)
 
 
-def watch(ring, loader_cmd, *, interval, starve, max_loaders, cooldown, job=None):
-    """Watches `ring` until it is gone (or the process `job` exits); returns the loaders added."""
-    t0 = time.monotonic()
-    added, last, quiet_until, seen = [], None, 0.0, False
-    while job is None or job.poll() is None:
-        try:
-            s = tailcut.inspect_batch_ring(ring)
-        except tailcut.NotFoundError:
-            if seen:
-                say(t0, f"ring '{ring}' is gone: the job ended")
-                break
-            time.sleep(interval)  # the job has not opened it yet
-            continue
-        seen = True
-        now = time.monotonic()
-        live = [c for c in s["clients"] if c["alive"]]
-        trainers = [c for c in live if c["role"] == "trainer"]
-        loaders = sum(c["role"] == "loader" for c in live)
-        # Waits done plus the one in progress: a trainer starved for the whole
-        # interval has not finished its wait yet.
-        waited = sum(c["wait_seconds"] + c.get("waiting_seconds", 0.0) for c in trainers)
-        if last is not None and trainers:
-            span = now - last[0]
-            share = max(waited - last[1], 0.0) / (span * len(trainers))
-            if s["ready"] == 0 and share > starve:
-                if len(added) >= max_loaders:
-                    pass  # at the limit: nothing more to do
-                elif now < quiet_until:
-                    pass  # the last loader added is still starting
-                else:
-                    p = subprocess.Popen(loader_cmd)
-                    added.append(p)
-                    quiet_until = now + cooldown * interval
-                    say(t0, f"starving: 0 of {s['num_slots']} batches ready, {len(trainers)} "
-                            f"trainer(s) waited {share:.0%} of the last {span:.2f} s, {loaders} "
-                            f"loader(s): adding loader {len(added)} of at most {max_loaders} "
-                            f"(pid {p.pid})")
-        last = (now, waited)
-        time.sleep(interval)
-    for p in added:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.terminate()  # the loader command publishes what it holds, then leaves
-            p.wait()
-    say(t0, f"added {len(added)} loader(s); exit status {[p.returncode for p in added]}")
-    return added
-
-
-def trainer(args):
-    """The demo's job: one rank, one loader of its own, --epochs epochs."""
+def job(args):
+    """One rank and its pool for --epochs epochs; prints a line per epoch and
+    one `result: {json}` line. Returns the exit status (1 if a record was
+    missing or repeated)."""
     import numpy as np
 
     import tailcut.torch as tt
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         os.environ.pop(var, None)
+    os.environ["AUTOSCALE_COST_MS"] = str(args.cost_ms)
+    logging.basicConfig(level=logging.INFO, format="[%(relativeCreated)7.0f ms] %(message)s")
+    workers = workers_arg(args.workers)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ids.bin")
         data = np.zeros((args.records, _RECORD), np.uint8)
@@ -104,78 +69,130 @@ def trainer(args):
         ds = tt.QueueDataset([path], name=args.name, format="fixed", record_bytes=_RECORD,
                              num_slices=args.records // 50, num_epochs=args.epochs,
                              num_clients=1)
-        loader = tt.PooledLoader(ds, num_workers=1, batch_size=args.batch, transform=costly,
-                                 slot_bytes=args.batch * _RECORD, num_slots=8, timeout=120)
-        ok = True
+        loader = tt.PooledLoader(ds, num_workers=workers, batch_size=args.batch,
+                                 transform=costly, slot_bytes=args.batch * _RECORD,
+                                 num_slots=16, timeout=120)
+        first = workers[0] if isinstance(workers, tuple) else workers
+        if args.start > first:
+            loader.add_loaders(args.start - first)  # started with more than needed
+        ok, epochs, alive, held = True, [], [], 0.0
         for epoch in range(args.epochs):
             loader.set_epoch(epoch)
             seen = np.zeros(args.records, np.int64)
-            start, waited, steps = time.monotonic(), 0.0, 0
-            t = time.monotonic()
+            start = t = time.monotonic()
             for batch in loader:
-                waited += time.monotonic() - t
                 seen[batch[:, :8].numpy().copy().view(np.uint64).ravel()] += 1
-                steps += 1
                 time.sleep(args.step_ms / 1e3)  # the training step
-                t = time.monotonic()
+                now = time.monotonic()
+                held += len(loader.live_loaders()) * (now - t)
+                t = now
+            epochs.append(time.monotonic() - start)
+            alive.append(len(loader.live_loaders()))  # after the last epoch: those still leaving
             once = bool((seen == 1).all())
             ok &= once
-            print(f"trainer: epoch {epoch}: {int(seen.sum())} records in {steps} steps in "
-                  f"{time.monotonic() - start:.2f} s, {waited:.2f} s waiting for batches; "
+            print(f"trainer: epoch {epoch}: {int(seen.sum())} records in {epochs[-1]:.2f} s, "
+                  f"{alive[-1]} loaders alive; "
                   f"{'every record once' if once else 'RECORDS MISSING OR REPEATED'}",
                   flush=True)
+        result = dict(epochs=epochs, alive=alive, started=len(loader.loaders),
+                      loader_seconds=held, ok=ok,
+                      decisions=len(loader.autoscale.decisions) if loader.autoscale else 0)
         loader.close()
         ds.close()
+    print("result: " + json.dumps(result), flush=True)
     return 0 if ok else 1
+
+
+def run_job(args, workers, cost_ms, step_ms, records, epochs, start=0, quiet=True):
+    cmd = [sys.executable, os.path.abspath(__file__), "--job", "--workers", workers,
+           "--name", f"autoscale-{os.getpid()}-{time.monotonic_ns()}", "--records", str(records),
+           "--epochs", str(epochs), "--batch", str(args.batch), "--cost-ms", str(cost_ms),
+           "--step-ms", str(step_ms), "--start", str(start)]
+    run = subprocess.run(cmd, capture_output=quiet, text=True)
+    if not quiet:
+        return run.returncode
+    if run.returncode != 0:
+        raise SystemExit(f"job {' '.join(cmd)} failed ({run.returncode}):\n"
+                         f"{run.stdout}{run.stderr}")
+    return json.loads(run.stdout.rsplit("result: ", 1)[1])
+
+
+def spread(values, fmt="{:.2f}"):
+    return (f"{fmt.format(statistics.median(values))} "
+            f"[{fmt.format(min(values))}-{fmt.format(max(values))}]")
+
+
+def bench(args):
+    step = args.step_ms
+    cases = {
+        "starving": [("fixed 8", "8", 0), ("autoscaled (1, 8)", "1:8", 0)],
+        "too many": [("fixed 8", "8", 0), ("autoscaled (1, 8), starts 8", "1:8", 8)],
+    }
+    costs = {"starving": 10 * step, "too many": 1.5 * step}
+    results = {(case, label): [] for case, runs in cases.items() for label, _, _ in runs}
+    for r in range(args.repeats):
+        for case, runs in cases.items():
+            order = runs if r % 2 == 0 else runs[::-1]
+            for label, workers, start in order:
+                res = run_job(args, workers, costs[case], step, args.records, args.epochs, start)
+                results[(case, label)].append(res)
+                print(f"round {r} {case:8s} {label:28s} epochs "
+                      f"{' '.join(f'{e:.2f}' for e in res['epochs'])} s, loaders alive after "
+                      f"epoch 0: {res['alive'][0]}, loader-s {res['loader_seconds']:.1f}",
+                      flush=True)
+    print(f"\n{args.repeats} rounds, {args.records} records x {args.epochs} epochs, batch "
+          f"{args.batch}, step {step} ms; median [range]")
+    for case, runs in cases.items():
+        base = results[(case, runs[0][0])]
+        print(f"{case} (transform {costs[case]:g} ms per batch):")
+        for label, _, _ in runs:
+            rs = results[(case, label)]
+            cols = []
+            for e in range(args.epochs):
+                times = [x["epochs"][e] for x in rs]
+                ratios = [x["epochs"][e] / b["epochs"][e] for x, b in zip(rs, base)]
+                cols.append(f"epoch {e} {spread(times)} s ({spread(ratios)}x)")
+            total = [sum(x["epochs"]) / sum(b["epochs"]) for x, b in zip(rs, base)]
+            print(f"  {label:28s} {'; '.join(cols)}; all epochs {spread(total)}x; alive after "
+                  f"epoch 0 {spread([x['alive'][0] for x in rs], '{:.0f}')}; loader-s "
+                  f"{spread([x['loader_seconds'] for x in rs], '{:.1f}')}")
+    return 0
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--ring", help="the batch ring of the job to watch")
-    p.add_argument("--demo", action="store_true", help="start a small job and watch it")
-    p.add_argument("--interval", type=float, default=0.2, help="seconds between looks")
-    p.add_argument("--starve", type=float, default=0.5,
-                   help="add a loader when trainers waited more than this share of the interval")
-    p.add_argument("--max-loaders", type=int, default=3, help="loaders to add at most")
-    p.add_argument("--cooldown", type=int, default=3,
-                   help="intervals to leave a new loader before adding another")
-    p.add_argument("--loader-args", default="",
-                   help="more arguments for `python3 -m tailcut.pool` (e.g. --transform M:F)")
-    p.add_argument("--records", type=int, default=4000, help="demo: records per epoch")
-    p.add_argument("--epochs", type=int, default=2, help="demo: epochs")
-    p.add_argument("--batch", type=int, default=32, help="demo: records per batch")
-    p.add_argument("--cost-ms", type=float, default=20.0, help="demo: transform time per batch")
-    p.add_argument("--step-ms", type=float, default=2.0, help="demo: training step time")
-    p.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--name", help=argparse.SUPPRESS)
+    p.add_argument("--demo", action="store_true", help="run one autoscaled job")
+    p.add_argument("--bench", action="store_true", help="autoscaled against a fixed pool")
+    p.add_argument("--repeats", type=int, default=3, help="bench: rounds")
+    p.add_argument("--max-loaders", type=int, default=8, help="demo: loaders at most")
+    p.add_argument("--records", type=int, default=None,
+                   help="records per epoch (demo 6000, bench 32000)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs per job")
+    p.add_argument("--batch", type=int, default=32, help="records per batch")
+    p.add_argument("--step-ms", type=float, default=None,
+                   help="training step time (demo 2, bench 4); the transform takes 10x")
+    for hidden in ("--job", "--workers", "--name", "--cost-ms", "--start"):
+        p.add_argument(hidden, action="store_true" if hidden == "--job" else None,
+                       help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.trainer:
-        return trainer(args)
-    if not args.demo and not args.ring:
-        p.error("give --ring NAME (a running job) or --demo")
-    cmd = [sys.executable, "-m", "tailcut.pool", "--ring"]
-    extra = shlex.split(args.loader_args)
-    job = None
+    if args.job:
+        args.cost_ms, args.step_ms = float(args.cost_ms), float(args.step_ms)
+        args.start = int(args.start)
+        return job(args)
+    if args.bench:
+        if args.epochs < 2:
+            p.error("--bench needs --epochs 2 or more (it reports the loaders alive after epoch 0)")
+        args.records, args.step_ms = args.records or 32000, args.step_ms or 4.0
+        return bench(args)
     if args.demo:
-        # The job's transform is defined here, in what is the job's main script:
-        # the loaders are told where to import it from.
-        os.environ["AUTOSCALE_COST_MS"] = str(args.cost_ms)
-        args.name = f"autoscale-demo-{os.getpid()}"
-        args.ring = f"{args.name}.pool"
-        extra += ["--transform", f"{os.path.abspath(__file__)}:costly"]
-        job = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--trainer",
-                                "--name", args.name, "--records", str(args.records),
-                                "--epochs", str(args.epochs), "--batch", str(args.batch),
-                                "--step-ms", str(args.step_ms)])
-        print(f"demo: one trainer ({args.step_ms} ms per step) and one loader ({args.cost_ms} "
-              f"ms per batch of {args.batch}) on ring '{args.ring}'", flush=True)
-    watch(args.ring, cmd + [args.ring] + extra, interval=args.interval, starve=args.starve,
-          max_loaders=args.max_loaders, cooldown=args.cooldown, job=job)
-    if job is not None:
-        return job.wait()
-    return 0
+        records, step = args.records or 6000, args.step_ms or 2.0
+        print(f"demo: one trainer ({step:g} ms per step), loaders of {10 * step:g} ms per "
+              f"batch of {args.batch}, num_workers=(1, {args.max_loaders})", flush=True)
+        return run_job(args, f"1:{args.max_loaders}", 10 * step, step, records, args.epochs,
+                       quiet=False)
+    p.error("give --demo or --bench")
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ run under torchrun (or as a plain process).
                    [--slow SECONDS] [--no-close] [--slow-exit SECONDS]
 
 Every rank reads the *.bin files of DATA_DIR through a QueueDataset (default
-queue name) and one PooledLoader for the host (N loaders, default 2; batches
-of 16 records). Each rank appends, per step, "EPOCH id id ..." to
+queue name) and one PooledLoader for the host (N loaders, default 2, or
+MIN:MAX for num_workers=(MIN, MAX); batches of 16 records). Each rank appends, per step, "EPOCH id id ..." to
 OUT_DIR/ids-R-A (flushed, so a killed attempt's steps are known; A is
 "$TEST_RUN.<torchrun restart count>"), writes its pid to OUT_DIR/pid-R-A, the
 queue's and ring's names to OUT_DIR/names-R-A, local rank 0 the pids of its
-loaders to OUT_DIR/loaders-A, and at the end OUT_DIR/done-R-A.json. An
+loaders to OUT_DIR/loaders-A, and at the end OUT_DIR/done-R-A.json (with
+the number of loader processes the rank started). An
 exception is written to OUT_DIR/raised-R-A.json (time, type, text), then
 raised. --fail-after N: each loader's transform raises ValueError after its
 N-th batch (writing the time to OUT_DIR/failed-PID first). --slow: seconds
@@ -75,10 +76,15 @@ def option(args, name, kind, default):
     return kind(args[args.index(name) + 1]) if name in args else default
 
 
+def workers_of(text):
+    """--workers: N, or MIN:MAX."""
+    return tuple(map(int, text.split(":"))) if ":" in text else int(text)
+
+
 def main():
     data_dir, out_dir, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     args = sys.argv[4:]
-    workers = option(args, "--workers", int, 2)
+    workers = option(args, "--workers", workers_of, 2)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     # Files of a rerun of the same command (the same argv: the same job) are told apart by
@@ -124,7 +130,8 @@ def main():
             time.sleep(option(args, "--slow-exit", float, 0.0))
         raise
     with open(os.path.join(out_dir, f"done-{tag}.json"), "w") as f:
-        json.dump(dict(reports=loader.reports, queue=ds.queue.name, ring=loader.name), f)
+        json.dump(dict(reports=loader.reports, queue=ds.queue.name, ring=loader.name,
+                       loaders=len(loader.loaders)), f)
     if "--no-close" not in args:
         loader.close()
         ds.close()

@@ -22,7 +22,6 @@ import tailcut.torch as tt  # noqa: E402
 
 from _pool_helpers import Slow  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _counter = itertools.count()
 RECORD = 16
@@ -674,20 +673,6 @@ def test_pooled_loaders_read_tfrecord(rname, tmp_path, monkeypatch):
     assert abs(len(loader) - n // 32) <= 1
     loader.close()
     ds.close()
-
-
-def test_the_autoscale_demo_adds_a_loader_to_a_starving_trainer():
-    demo = ROOT / "bench" / "pool" / "autoscale.py"
-    run = subprocess.run([sys.executable, str(demo), "--demo", "--records", "3000"],
-                         env=cli_env(), capture_output=True, text=True, timeout=120)
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
-    assert "starving: 0 of 8 batches ready" in out and "adding loader 1 of at most 3" in out, out
-    assert "joined ring 'autoscale-demo-" in out, out  # the loader it added joined ...
-    added = int(out.split("] added ")[1].split()[0])
-    assert added >= 1 and "finished (no item left): published" in out, out
-    # ... and every epoch still delivered every record exactly once.
-    assert out.count("records in") == 2 and out.count("every record once") == 2, out
 
 
 # ---- Lifecycle: what a pool leaves behind, dead attempts, orphaned loaders ---------------------

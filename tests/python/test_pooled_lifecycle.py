@@ -246,6 +246,18 @@ def test_clean_exit_without_close_leaves_nothing(data, out):
     job.check_gone()
 
 
+def test_an_autoscaled_pool_under_torchrun_adds_loaders_and_trains_every_record(data, out):
+    # 20 ms per batch in one loader starves two ranks: local rank 0 adds loaders (up to 3),
+    # the other rank starts none; every record once per epoch, nothing left behind.
+    job = Job(data, out, 2, "--workers", "1:3", "--slow", "0.02")
+    assert job.wait() == 0, job.log[-4000:]
+    check_complete_run(out, "0.0", 2)
+    started = {path.name: json.loads(path.read_text())["loaders"]
+               for path in out.glob("done-*-0.0.json")}
+    assert started["done-1-0.0.json"] == 0 and 1 < started["done-0-0.0.json"] <= 3, started
+    job.check_gone()
+
+
 def test_loaders_that_raise_reach_every_rank(data, out):
     job = Job(data, out, 1, "--fail-after", "3")
     assert job.wait() != 0

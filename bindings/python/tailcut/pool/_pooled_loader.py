@@ -11,7 +11,7 @@ import weakref
 import tailcut
 from tailcut import _args, _core, _job, _lifecycle, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
-from tailcut.pool import _description
+from tailcut.pool import _autoscale, _description
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._recipe import recipe_for
 
@@ -64,6 +64,11 @@ class PooledLoader:
                  transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
                  world_size=None, local_rank=None, name=None, timeout=1800.0,
                  carry_over=True, on_leftover=None, group=None)
+
+    num_workers=(min, max) starts min loaders and adds or removes some while
+    the job runs, from how long the ranks wait for batches and the loaders
+    for free slots (tailcut.pool.Autoscale, which also takes the knobs;
+    docs/pooled.md, "Autoscaling"); loader.autoscale is that policy, else None.
 
     `dataset` is a tailcut.torch.QueueDataset, or any map-style dataset
     (dataset[i], len(dataset)), which the loaders read by index with the
@@ -124,7 +129,8 @@ class PooledLoader:
                 f"(resume=False, the default)")
         self.dataset = dataset
         self.queue = dataset.queue
-        self.num_workers = _args.count("num_workers", num_workers)
+        # An int: a fixed pool; (min, max): min loaders to start, then autoscaled.
+        self.num_workers, self.autoscale = _autoscale.workers(num_workers, RING_MAX_CLIENTS - 1)
         _args.count("batch_size", batch_size, minimum=1, allow_none=True)
         for key, fn in (("collate_fn", collate_fn), ("transform", transform),
                         ("on_leftover", on_leftover)):
@@ -251,12 +257,17 @@ class PooledLoader:
         a free slot, which this rank frees by iterating."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be an int >= 0, got {n!r}")
-        live = [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
+        live = self.live_loaders()
         chosen = live[len(live) - min(n, len(live)):]
         for p in chosen:
             self._leaving.add(p.pid)
             p.terminate()
         return chosen
+
+    def live_loaders(self):
+        """The loader processes this process started that are running and
+        were not asked to leave."""
+        return [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
 
     def _release_current(self):
         if self._current is not None:
@@ -361,6 +372,8 @@ class PooledLoader:
         step = 0
 
         def next_batch():
+            if self.autoscale is not None and self.local_rank == 0:
+                self.autoscale.look(self)  # at most every autoscale.interval s: cheap
             return carried.pop(0) if carried else self._next(epoch, report)
 
         try:
