@@ -4,7 +4,7 @@ the last rank slow (a sleep per record stands for its compute).
     _balance_job.py DATA OUT NAME MODE EPOCHS
 
 MODE shares: balance=Balance(unit=2, every=2), no DDP; each step's records,
-  units, weight and ids of every rank go to OUT/result.json (rank 0 writes).
+  share, weight and ids of every rank go to OUT/result.json (rank 0 writes).
 MODE ddp: a linear model under DDP (gloo), balance=model; at every step the
   DDP gradient of weight x mean loss is compared with the gradient of the
   mean loss over the whole global batch on one process.
@@ -63,7 +63,7 @@ def main():
         for batch in loader:
             ids = ids_of(batch)
             n = len(ids)
-            steps.append(dict(epoch=epoch, records=n, units=loader._shares.units,
+            steps.append(dict(epoch=epoch, records=n, share=loader.shares[rank],
                               weight=loader.weight, ids=ids.tolist()))
             if model is None:
                 time.sleep(PER_RECORD_S * factor * n)
@@ -82,7 +82,7 @@ def main():
             grad_errors.append(float((model.module.weight.grad - ref.grad).abs().max()))
             unequal += len({len(part) for part in everyone}) > 1
     result = dict(rank=rank, steps=steps, dropped=dropped, reports=loader.reports,
-                  shares=loader._shares.shares, grad_errors=grad_errors, unequal_steps=unequal)
+                  shares=loader.shares, grad_errors=grad_errors, unequal_steps=unequal)
     every = [None] * world
     dist.all_gather_object(every, result)
     loader.close()

@@ -100,8 +100,8 @@ def test_bad_balance_arguments_are_refused_naming_the_fix(dataset, monkeypatch):
         Balance(model=torch.nn.Linear(2, 2))
     with pytest.raises(tailcut.InvalidArgumentError, match="must divide batch_size"):
         PooledLoader(dataset, balance=Balance(unit=3), num_slots=64)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 ranks of 8 units, each may hold 1 more
-    with pytest.raises(tailcut.InvalidArgumentError, match="pass num_slots=36 or more"):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 ranks of 4 units, each may hold 1 more
+    with pytest.raises(tailcut.InvalidArgumentError, match="pass num_slots=20 or more"):
         PooledLoader(dataset, balance=True, world_size=4, rank=0, local_rank=0)
     with pytest.raises(tailcut.InvalidArgumentError, match="smoothing"):
         Balance(smoothing=0)
@@ -177,14 +177,13 @@ def test_shares_follow_a_slow_rank_with_a_fixed_global_batch_and_every_record_on
     # The global batch is fixed: at every step the ranks' records add up to 8 x 3.
     for step in zip(*(r["steps"] for r in result)):
         assert sum(s["records"] for s in step) == 8 * ranks
-        assert sum(s["units"] for s in step) == 4 * ranks
+        assert sum(s["share"] for s in step) == 8 * ranks
         for s in step:
-            assert s["weight"] == s["records"] / 8
-    # The slow rank (2x compute per record) ends with fewer units than the equal 4.
+            assert s["records"] == s["share"] and s["weight"] == s["records"] / 8
+    # The slow rank (2x compute per record) ends with fewer records than the equal 8.
     shares = result[0]["shares"]
     assert all(r["shares"] == shares for r in result)
-    assert shares[2] < 4 < min(shares[0], shares[1]), shares
-    assert result[2]["steps"][-1]["units"] == shares[2]
+    assert shares[2] < 8 < min(shares[0], shares[1]), shares
     # Every record once per epoch: what the ranks got plus what the last epoch dropped.
     got = collections.Counter(i for r in result for s in r["steps"] for i in s["ids"])
     got.update(i for r in result for i in r["dropped"])

@@ -39,8 +39,10 @@ import tailcut
 from tailcut import _args
 
 # The equal batch is cut into at most this many units by default: shares move
-# in steps of 1/8 of a batch or finer.
-DEFAULT_UNITS_PER_BATCH = 8
+# in steps of 1/4 of a batch or finer. Each unit costs a loader a batch's work
+# and a rank a pop and a release; with 8, the pool's own cost per step doubled
+# (docs/pooled.md, "Ranks of unequal speed").
+DEFAULT_UNITS_PER_BATCH = 4
 # A rank takes at most this many times its equal share of units.
 MAX_SHARE_FACTOR = 2
 
@@ -55,7 +57,7 @@ class Balance:
       model). None: compute is the time between two batches.
     unit: records per unit, the granularity of shares; it must divide
       batch_size. None: batch_size / d, d the largest divisor of batch_size
-      up to 8.
+      up to 4.
     smoothing: the weight of a new measurement in a rank's speed, in (0, 1].
     every: steps between two decisions of the shares (one all_gather each).
     """

@@ -206,6 +206,14 @@ class PooledLoader:
         self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
 
+    @property
+    def shares(self):
+        """Under balance, the records per step of every rank of the group, as
+        last decided (the same list on every rank); else None."""
+        if self._shares is None:
+            return None
+        return [units * self._shares.unit for units in self._shares.shares]
+
     def state_dict(self):
         """The pool's data position, the same dict on every local rank: call it
         on every local rank at the same step (after the step: the batch a rank
