@@ -43,6 +43,8 @@ from tailcut import _args
 # and a rank a pop and a release; with 8, the pool's own cost per step doubled
 # (docs/pooled.md, "Ranks of unequal speed").
 DEFAULT_UNITS_PER_BATCH = 4
+# How often a rank waiting for the others' speeds looks again (and sees Ctrl-C).
+_GATHER_POLL = 0.0002
 # A rank takes at most this many times its equal share of units.
 MAX_SHARE_FACTOR = 2
 
@@ -227,12 +229,12 @@ class Shares:
         if self._handed_out is None:
             return
         (start, records), self._handed_out = self._handed_out, None
+        self.steps += 1  # counted whether measured or not: every rank must count alike
         end = time.perf_counter()
         if self.clock is not None:
             if self.clock.ready is None or self.clock.ready < start:
                 return  # no backward in this step (evaluation): nothing measured
             end = self.clock.ready
-        self.steps += 1
         if end <= start:
             return
         sample = records / (end - start)
@@ -247,7 +249,10 @@ class Shares:
             device = torch.device("cuda", torch.cuda.current_device())
         mine = torch.tensor([self.speed], dtype=torch.float64, device=device)
         every = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(every, mine, group=self.group)
+        work = dist.all_gather(every, mine, group=self.group, async_op=True)
+        while not work.is_completed():  # not one blocking call: Ctrl-C is seen between polls
+            time.sleep(_GATHER_POLL)
+        work.wait()
         return [float(t.item()) for t in every]
 
 
