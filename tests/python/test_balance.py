@@ -144,6 +144,54 @@ def test_one_rank_with_balance_takes_its_whole_batch_of_units(dataset, monkeypat
         assert sorted(seen) == list(range(64))
 
 
+@pytest.mark.parametrize("stop", [30, "end"])
+def test_a_balanced_rank_restored_from_its_state_reads_every_record_once(tmp_path, stop,
+                                                                          monkeypatch):
+    """A checkpoint while loaders read ahead and units wait in the ring: the
+    restored job trains every record of both epochs once."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    n = 3000
+    path = write_ids(tmp_path / "ids.bin", n)
+    name = f"balance-ckpt-{os.getpid()}-{stop}"
+    seen = collections.Counter()
+
+    def open_loader(queue_name, **more):
+        ds = tailcut.torch.QueueDataset([path], 16, name=queue_name, format="fixed",
+                                        record_bytes=16, num_epochs=2, num_slices=40, seed=7,
+                                        **more)
+        return ds, PooledLoader(ds, num_workers=2, num_slots=8, slot_bytes=1 << 12, timeout=60,
+                                rank=0, world_size=1, local_rank=0, balance=Balance(unit=4))
+
+    ds, loader = open_loader(name)
+    try:
+        it = iter(loader)
+        for step, batch in enumerate(it, 1):
+            seen.update((0, i) for i in ids_of(batch))
+            if step == stop:
+                time.sleep(0.2)  # loaders fill the ring and read ahead
+                break
+        state = loader.state_dict()
+        it.close()
+    finally:
+        loader.close()
+        ds.close()
+    if stop != "end":
+        assert state["unused_batches"] > 0  # units were waiting: the state had to reopen them
+    ds, loader = open_loader(name + "-r", restore_state=state["queue"])
+    try:
+        loader.load_state_dict(state)
+        for epoch in range(state["epoch"], 2):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                seen.update((epoch, i) for i in ids_of(batch))
+    finally:
+        loader.close()
+        ds.close()
+    assert max(seen.values()) == 1, "a record trained twice"
+    assert {i for e, i in seen if e == 0} == set(range(n))
+    assert {i for e, i in seen if e == 1} == set(range(n))
+
+
 # ---- Real jobs: torchrun, one slow rank ------------------------------------------------------
 
 

@@ -433,8 +433,10 @@ class PooledLoader:
                     self._current = [p for p in parts if not isinstance(p, _Held)]
                     steps.leave(epoch, step, e)  # the others raise too, rather than wait
                     raise
+                # Fewer units than its share: this rank's ring has no more of the epoch,
+                # and the step runs with what is left (a short last batch).
                 complete = len(parts) == want
-                if steps.agree(epoch, step, complete):
+                if steps.agree(epoch, step, bool(parts)):
                     step += 1
                     report["steps"] = step
                     self._position = (epoch, step)
