@@ -114,11 +114,12 @@ def main():
                 seconds = statistics.median(s for s, _ in kept)
                 ideal = statistics.median(n * args.record_ms / 1000.0 / speeds[case]
                                           for _, n in kept)
-                results.append(dict(repeat=repeat, case=case, mode=mode, epochs=epochs, shares=shares,
-                                    seconds=seconds, ideal=ideal, vs_ideal=seconds / ideal))
+                results.append(dict(repeat=repeat, case=case, mode=mode, epochs=epochs,
+                                    shares=shares, seconds=seconds, ideal=ideal,
+                                    vs_ideal=seconds / ideal))
                 if rank == 0:
                     say(f"repeat {repeat} {case:5s} {mode:3s}: epoch {seconds:.3f} s, "
-                          f"ideal {ideal:.3f} s, {seconds / ideal:.3f}x ideal"
+                        f"ideal {ideal:.3f} s, {seconds / ideal:.3f}x ideal"
                         + (f", shares {shares}" if shares else ""))
     if rank == 0:
         report(args, results)

@@ -69,7 +69,8 @@ def test_join_concatenates_units_along_records_in_a_copy():
     assert joined.tolist() == torch.arange(10).reshape(5, 2).tolist()
     joined[0, 0] = 99
     assert a[0, 0] == 0
-    trees = [dict(x=a, y=(torch.zeros(2), ["p", "q"])), dict(x=b, y=(torch.ones(3), ["r", "s", "t"]))]
+    trees = [dict(x=a, y=(torch.zeros(2), ["p", "q"])),
+             dict(x=b, y=(torch.ones(3), ["r", "s", "t"]))]
     got = join(trees, [2, 3])
     assert got["x"].shape == (5, 2) and got["y"][0].tolist() == [0, 0, 1, 1, 1]
     assert got["y"][1] == ["p", "q", "r", "s", "t"]
