@@ -22,18 +22,20 @@ The package, one job per file:
   _description.py    the pool's description, for loaders that join from elsewhere
   _pooled_loader.py  PooledLoader, what a rank iterates
   _autoscale.py      Autoscale, how many loaders a PooledLoader keeps
+  _balance.py        per-rank shares of the global batch that follow compute speed
   _cli.py            python3 -m tailcut.pool (__main__.py)
 """
 
 from tailcut._batch_layout import HEADER_BYTES, decode_batch, encode_batch
 from tailcut._batch_layout import _DTYPES  # noqa: F401 (docs/pooled.md names it here)
 from tailcut.pool._autoscale import Autoscale
+from tailcut.pool._balance import Balance
 from tailcut.pool._cli import main
 from tailcut.pool._description import pool_spec_path, read_pool_spec
 from tailcut.pool._loader import run_loader, start_loaders
 from tailcut.pool._pooled_loader import PooledLoader
 from tailcut.pool._recipe import default_collate, item_records
 
-__all__ = ["PooledLoader", "Autoscale", "run_loader", "start_loaders", "encode_batch", "decode_batch",
+__all__ = ["PooledLoader", "Autoscale", "Balance", "run_loader", "start_loaders", "encode_batch", "decode_batch",
            "item_records", "default_collate", "pool_spec_path", "read_pool_spec", "main",
            "HEADER_BYTES"]

@@ -11,7 +11,7 @@ import weakref
 import tailcut
 from tailcut import _args, _core, _job, _lifecycle, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
-from tailcut.pool import _autoscale, _description
+from tailcut.pool import _autoscale, _balance, _description
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._recipe import recipe_for
 
@@ -63,7 +63,7 @@ class PooledLoader:
     PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
                  transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
                  world_size=None, local_rank=None, name=None, timeout=1800.0,
-                 carry_over=True, on_leftover=None, group=None)
+                 carry_over=True, on_leftover=None, group=None, balance=False)
 
     num_workers=(min, max) starts min loaders and adds or removes some while
     the job runs, from how long the ranks wait for batches and the loaders
@@ -108,12 +108,21 @@ class PooledLoader:
     coordinator (TAILCUT_COORDINATOR, TAILCUT_HOST_ID) that queue is fed its
     share of the job, and an epoch ends on the host once its share of it is
     settled (WorkQueue.settled_tickets). See docs/pooled.md, "Several hosts".
+
+    balance=True, a DistributedDataParallel model, or a tailcut.pool.Balance:
+    each rank's share of the global batch (batch_size x world_size records)
+    follows its measured compute speed (tailcut.pool._balance); the loaders
+    publish units of the batch, a rank's batch is its units joined (a copy),
+    and after each batch `weight` is the factor (world_size x records /
+    global batch) by which the rank scales its mean loss so that DDP's
+    average gradient is the global batch's mean. balance=False: every rank
+    takes batch_size records per step, weight stays 1.0.
     """
 
     def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
                  slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
                  name=None, timeout=1800.0, carry_over=True, on_leftover=None, group=None,
-                 **map_options):
+                 balance=False, **map_options):
         # A map-style dataset is read through an index queue (_map_source.py).
         self._map_source = _map_source(dataset, batch_size, map_options)
         dataset = self._map_source or dataset
@@ -140,6 +149,7 @@ class PooledLoader:
         self.collate_fn, self.transform = collate_fn, transform
         self.slot_bytes = _args.count("slot_bytes", slot_bytes, minimum=1)
         self.num_slots = _args.count("num_slots", num_slots, minimum=1)
+        balance = _balance.settings(balance)
         rank = _args.count("rank", rank, allow_none=True)
         world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
         local_rank = _args.count("local_rank", local_rank, allow_none=True)
@@ -153,6 +163,12 @@ class PooledLoader:
         # Named after the host's queue: '<name>.<host id>' where a coordinator feeds it, so
         # that the pools of hosts sharing a machine (or a test's simulated hosts) never meet.
         self.name = name or f"{self.queue.summary()['name']}.pool"
+        self._shares = None  # _balance.Shares: this rank's share of the global batch
+        if balance is not None:  # the loaders publish units of a batch
+            self._shares = _balance.Shares(balance, self.batch_size, self.world_size,
+                                           self.local_world_size, self.num_slots)
+            self._recipe = recipe_for(dataset, self._shares.unit, collate_fn, transform)
+        self.weight = 1.0  # the loss factor of the last batch (balance)
         self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
         self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = on_leftover
@@ -180,11 +196,19 @@ class PooledLoader:
         self._group = group  # torch.distributed group of the step agreement (tailcut._steps)
         self._steps = None  # its StepAgreement, made at the first iteration
         self._leftovers = None  # this epoch's _steps.Leftovers
-        self._current = None
+        self._current = []  # the slots of the batch this rank holds
         self._stash = None
         self._carried = []  # _Held leftovers for the next epoch
         self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
+
+    @property
+    def shares(self):
+        """Under balance, the records per step of every rank of the group, as
+        last decided (the same list on every rank); else None."""
+        if self._shares is None:
+            return None
+        return [units * self._shares.unit for units in self._shares.shares]
 
     def state_dict(self):
         """The pool's data position, the same dict on every local rank: call it
@@ -270,8 +294,8 @@ class PooledLoader:
         return [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
 
     def _release_current(self):
-        if self._current is not None:
-            batch, self._current = self._current, None
+        held, self._current = self._current, []
+        for batch in held:
             self.ring.release(batch)
 
     def _next(self, epoch, report):
@@ -289,7 +313,7 @@ class PooledLoader:
                 if batch is None:
                     return None
             if (self._map_source is not None and self._map_source.drop_last
-                    and batch.records < self.batch_size):
+                    and batch.records < self._recipe.batch_size):
                 self._leftovers.drop(report, batch.records, self._shower(batch), short=True)
                 continue
             if batch.epoch == epoch:
@@ -302,6 +326,23 @@ class PooledLoader:
             if self.carry_over:
                 return batch
             self._leftovers.drop(report, batch.records, self._shower(batch))
+
+    def _balanced(self, parts):
+        """This rank's batch of a step under balance: its units joined (a
+        copy), their slots released (the records count as used, as those of
+        the batch a rank holds do); sets weight."""
+        self._current = [p for p in parts if not isinstance(p, _Held)]
+        try:
+            records = [p.records for p in parts]
+            batch = _balance.join([p.tensors if isinstance(p, _Held) else self._tensors(p)
+                                   for p in parts], records)
+        finally:
+            self._release_current()
+        # DDP averages the ranks' gradients: world_size x n / global batch makes each
+        # record weigh 1 / global batch in that average, whatever this rank's share.
+        self.weight = sum(records) / self.batch_size
+        self._shares.handed_out(sum(records))
+        return batch
 
     def _tensors(self, batch, copy=False):
         from tailcut.torch import _tensor  # read-only views: torch's warning silenced once
@@ -376,24 +417,46 @@ class PooledLoader:
                 self.autoscale.look(self)  # at most every autoscale.interval s: cheap
             return carried.pop(0) if carried else self._next(epoch, report)
 
+        shares = self._shares
+        if shares is not None:
+            shares.begin(self._group)
         try:
             while True:
+                parts = []  # this rank's batch: one, or its share of units (balance)
                 try:
-                    batch = next_batch()
+                    if shares is not None:
+                        shares.before_step()  # every rank reaches it: steps are equal
+                    want = 1 if shares is None else shares.units
+                    while len(parts) < want:
+                        batch = next_batch()
+                        if batch is None:
+                            break
+                        parts.append(batch)
                 except BaseException as e:
+                    self._current = [p for p in parts if not isinstance(p, _Held)]
                     steps.leave(epoch, step, e)  # the others raise too, rather than wait
                     raise
-                if steps.agree(epoch, step, batch is not None):
+                # Fewer units than its share: this rank's ring has no more of the epoch,
+                # and the step runs with what is left (a short last batch).
+                complete = len(parts) == want
+                if steps.agree(epoch, step, bool(parts)):
                     step += 1
                     report["steps"] = step
                     self._position = (epoch, step)
-                    if isinstance(batch, _Held):
-                        yield batch.tensors
+                    if shares is not None:
+                        yield self._balanced(parts)
+                        shares.step_done()
+                    elif isinstance(parts[0], _Held):
+                        yield parts[0].tensors
                     else:
-                        self._current = batch
-                        yield self._tensors(batch)
+                        self._current = parts
+                        yield self._tensors(parts[0])
                     continue
-                while batch is not None:  # the group ended the epoch: the rest is left over
+                # The group ended the epoch: the rest is left over.
+                for batch in parts:
+                    self._leftover(batch, report, last_epoch)
+                batch = next_batch() if complete else None
+                while batch is not None:
                     self._leftover(batch, report, last_epoch)
                     batch = next_batch()
                 self._position = (epoch + 1, 0)
