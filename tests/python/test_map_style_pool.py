@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -74,6 +75,23 @@ def test_dicts_tuples_and_plain_values_collate_as_a_dataloader_would(one_rank):
     assert batch["meta"]["name"] == want["meta"]["name"]  # a list of str
     assert isinstance(batch["pair"], list) and len(batch["pair"]) == 2
     assert torch.equal(batch["pair"][1], want["pair"][1])
+
+
+def test_a_batch_from_a_loop_left_early_stays_valid_until_the_next_iteration(one_rank):
+    # next(iter(loader)) drops the loop at once; its batch is a view of a ring slot, which
+    # the loaders would overwrite (2 slots, 40 batches) if leaving the loop released it.
+    loader = one_rank(Labelled(400), batch_size=10, num_workers=2, shuffle=False,
+                      num_epochs=2, num_slots=2)
+    batch = next(iter(loader))
+    first = ids_labels(batch)
+    time.sleep(0.5)  # the loaders fill every free slot meanwhile
+    assert ids_labels(batch) == first and first[1] == [i % 10 for i in first[0]], first
+    for i, batch in enumerate(loader):  # the next iteration releases it, and runs
+        if i == 3:
+            break
+    kept = ids_labels(batch)
+    time.sleep(0.5)
+    assert ids_labels(batch) == kept
 
 
 def test_a_user_collate_fn_gets_the_samples(one_rank):

@@ -396,6 +396,7 @@ class PooledLoader:
         return self._epoch_steps()
 
     def _epoch_steps(self):
+        self._release_current()  # the last batch of a loop left early (below)
         if self.local_rank == 0:
             self.start_loaders()
         steps = self._agreement()
@@ -420,6 +421,7 @@ class PooledLoader:
         shares = self._shares
         if shares is not None:
             shares.begin(self._group)
+        left_early = False
         try:
             while True:
                 parts = []  # this rank's batch: one, or its share of units (balance)
@@ -461,8 +463,14 @@ class PooledLoader:
                     batch = next_batch()
                 self._position = (epoch + 1, 0)
                 break
+        except GeneratorExit:
+            # The loop was left mid-epoch (a break, next(iter(loader))): the batch it handed
+            # out stays valid, its slot held until the next iteration or close().
+            left_early = True
+            raise
         finally:
-            self._release_current()
+            if not left_early:
+                self._release_current()
         self._leftovers.end_epoch(report, self.rank)
 
     def close(self):
