@@ -336,3 +336,100 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, 
             kill_nodes(procs)
             remove_nodes_queues(job)
     check_restored_nodes(out, saved["run"], cut, job)
+
+
+def one_host_states(data, job, **restore):
+    """PooledLoader states (one rank, nothing read) of each node's queue."""
+    import tailcut.torch
+    files = sorted(str(p) for p in data.glob("*.bin"))
+    states = {}
+    for node in range(NODES):
+        name = f"{job}.n{node}"
+        ds = tailcut.torch.QueueDataset(files[node::NODES], name=name, format="fixed",
+                                        record_bytes=8, num_slices=8, shuffle_buffer=0,
+                                        num_clients=1)
+        loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, world_size=1,
+                                            local_rank=0)
+        states[name] = loader.state_dict()
+        loader.close()
+        ds.close()
+        tailcut.remove_batch_ring(name + ".pool")
+    return files, states
+
+
+def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_hosts(
+        tmp_path, monkeypatch):
+    """A state of two hosts: QueueDataset(restore_state=state['queue']) opens
+    host 1's queue with its own entry and load_state_dict() takes it on a
+    rank of a 2-host job; a queue of another name, another number of hosts
+    (also a one-host state on two hosts), and two hosts with one queue name
+    are refused, naming the fix. A version 1 state (one host) still loads."""
+    import tailcut.torch
+    from tailcut import _pool_state
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    data, _ = write_data(tmp_path)
+    job = f"pytest-hosts-state-{os.getpid()}"
+    files, parts = one_host_states(data, job)
+    state = dict(version=2, epoch=1, step=0,
+                 queue=dict(hosts={name: s["queue"] for name, s in parts.items()}))
+    opts = dict(format="fixed", record_bytes=8, num_slices=8, shuffle_buffer=0, num_clients=1)
+    with pytest.raises(tailcut.InvalidArgumentError, match=f"none named '{job}.n2': restart"):
+        tailcut.torch.QueueDataset(files, name=f"{job}.n2", restore_state=state["queue"], **opts)
+
+    def restored(world_size, queue_state):
+        ds = tailcut.torch.QueueDataset(files[1::NODES], name=f"{job}.n1",
+                                        restore_state=queue_state, **opts)
+        loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, local_rank=0,
+                                            world_size=world_size)
+        return ds, loader
+
+    for world_size, saved, text in [(4, state, None),
+                                    (6, state, "covers 2 host.s. .* runs on 3"),
+                                    (4, parts[f"{job}.n1"], "covers 1 host.s. .* runs on 2")]:
+        ds, loader = restored(world_size, saved["queue"])
+        try:
+            if text is None:
+                loader.load_state_dict(saved)
+                assert loader.epoch == 1
+            else:
+                with pytest.raises(tailcut.InvalidArgumentError, match=text):
+                    loader.load_state_dict(saved)
+        finally:
+            loader.close()
+            ds.close()
+            tailcut.remove_batch_ring(f"{job}.n1.pool")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    ds, loader = restored(1, parts[f"{job}.n1"]["queue"])
+    try:
+        loader.load_state_dict(dict(parts[f"{job}.n1"], version=1))
+    finally:
+        loader.close()
+        ds.close()
+        tailcut.remove_batch_ring(f"{job}.n1.pool")
+    part = dict(host="q", ranges=[], batches=0, records=0, queue={}, ring="q.pool")
+    with pytest.raises(tailcut.InvalidArgumentError, match="two hosts read a queue named 'q'"):
+        _pool_state._hosts([part, dict(part)])
+    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]
+    assert not left, left
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+def test_state_dict_of_a_pool_fed_by_a_coordinator_is_refused(redis_url, tmp_path):  # noqa: F811
+    """A queue fed by a coordinator has no exactly-once pool state (its
+    checkpoint marks whole items done): state_dict() says so and what to do."""
+    import tailcut.torch
+    data, _ = write_data(tmp_path)
+    job = f"pytest-fed-state-{os.getpid()}"
+    ds = tailcut.torch.QueueDataset(sorted(str(p) for p in data.glob("*.bin")), name=job,
+                                    format="fixed", record_bytes=8, num_slices=8,
+                                    coordinator=redis_url, host_id="n0",
+                                    on_notice=lambda line: None)
+    loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, world_size=1, local_rank=0)
+    try:
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match="fed by a coordinator.*static split"):
+            loader.state_dict()
+    finally:
+        loader.close()
+        ds.close()
+        tailcut.remove_batch_ring(loader.name)
