@@ -13,12 +13,23 @@ all_reduce, as DDP's gradient all_reduce. Each rank writes OUT_DIR/rank-R.json:
 per epoch its steps, the ids it trained and the ids it dropped; local rank 0
 the pids of its loaders to OUT_DIR/loaders-n<node>; every rank its step count
 to OUT_DIR/progress-R every 20 steps.
+
+    ... [--every N] [--resume CKPT]
+
+Checkpoints: every N steps (N > 0) and at each epoch end every rank calls
+loader.state_dict() (every host's part) and rank 0 saves {'loader': state,
+'run': $TORCHELASTIC_RUN_ID} to OUT_DIR/ckpt.pt, atomically; each rank then
+appends one line per step to OUT_DIR/steps-R.jsonl ({'run', 'node', 'epoch',
+'step', 'ids'}, one unbuffered write each, so a SIGKILL leaves whole lines),
+{'ckpt', 'epoch', 'step'} after each checkpoint and {'dropped', 'epoch', 'ids'}
+per leftover batch. --resume CKPT restores every node from rank 0's state: the
+same two lines on every node.
 """
 
+import argparse
 import json
 import os
 import pathlib
-import sys
 import time
 
 import torch
@@ -30,50 +41,89 @@ BATCH = 64
 
 
 def main():
-    data, out, epochs, job, slow = sys.argv[1:6]
-    fed = sys.argv[6:] == ["fed"]
-    out, epochs, slow = pathlib.Path(out), int(epochs), float(slow)
+    p = argparse.ArgumentParser()
+    for arg in ("data", "out", "epochs", "job", "slow"):
+        p.add_argument(arg)
+    p.add_argument("fed", nargs="?", choices=["fed"])
+    p.add_argument("--every", type=int, default=None)
+    p.add_argument("--resume")
+    args = p.parse_args()
+    data, job, fed = args.data, args.job, args.fed is not None
+    out, epochs, slow = pathlib.Path(args.out), int(args.epochs), float(args.slow)
     dist.init_process_group("gloo")
     rank, node = dist.get_rank(), int(os.environ["GROUP_RANK"])
     nodes = dist.get_world_size() // int(os.environ["LOCAL_WORLD_SIZE"])
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    steps_log = None
+    if args.every is not None:
+        steps_log = os.open(out / f"steps-{rank}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                            0o600)
+
+    def write(**line):
+        if steps_log is not None:
+            os.write(steps_log, (json.dumps(dict(line, run=run, node=node)) + "\n").encode())
+
+    state = torch.load(args.resume)["loader"] if args.resume else None
     files = sorted(str(p) for p in pathlib.Path(data).glob("*.bin"))
     if fed:
         opts = dict(name=job, global_block_size=2, on_notice=lambda line: None)
     else:
         files, opts = files[node::nodes], dict(name=f"{job}.n{node}")
     ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8, num_epochs=epochs,
-                                    num_slices=40, shuffle_buffer=0, interleave=1, **opts)
+                                    num_slices=40, shuffle_buffer=0, interleave=1,
+                                    restore_state=state["queue"] if state else None, **opts)
     dropped = []
+    current = [0]
 
     def on_leftover(batch):
-        dropped.extend(batch.view(torch.int64).ravel().tolist())
+        ids = batch.view(torch.int64).ravel().tolist()
+        dropped.extend(ids)
+        write(dropped=True, epoch=current[0], ids=ids)
 
     loader = tailcut.torch.PooledLoader(
         ds, num_workers=2, batch_size=BATCH, slot_bytes=BATCH * 8, num_slots=8, timeout=60,
         carry_over=False, on_leftover=on_leftover)
+    if state is not None:
+        loader.load_state_dict(state)
+
+    def checkpoint(epoch, step):
+        s = loader.state_dict()
+        if rank == 0:
+            tmp = out / "ckpt.pt.tmp"
+            torch.save({"loader": s, "run": run}, tmp)
+            os.replace(tmp, out / "ckpt.pt")
+        dist.barrier()  # saved before any rank trains on
+        write(ckpt=True, epoch=epoch, step=step)
+
     log, steps = [], 0
-    for epoch in range(epochs):
+    for epoch in range(loader.epoch, epochs):
+        current[0] = epoch
         loader.set_epoch(epoch)
         ids = []
-        for batch in loader:
+        for step, batch in enumerate(loader, 1):
             if loader.loaders and not (out / f"loaders-n{node}").exists():
                 (out / f"loaders-n{node}").write_text(" ".join(str(p.pid) for p in loader.loaders))
-            ids += batch.view(torch.int64).ravel().tolist()
+            trained = batch.view(torch.int64).ravel().tolist()
+            ids += trained
             if slow and node == 1:
                 time.sleep(slow)
             dist.all_reduce(torch.ones(1))  # as DDP's gradient all_reduce
+            write(epoch=epoch, step=step, ids=trained)
+            if args.every and step % args.every == 0:
+                checkpoint(epoch, step)
             steps += 1
             if steps % 20 == 0:
                 (out / f"progress-{rank}").write_text(str(steps))
         log.append(dict(steps=loader.reports[-1]["steps"], ids=ids, dropped=list(dropped),
                         report=dict(loader.reports[-1])))
         dropped.clear()
+        if args.every is not None:
+            checkpoint(epoch + 1, 0)
     loader.close()
     ds.close()
     (out / f"rank-{rank}.json").write_text(json.dumps(dict(node=node, epochs=log)))
     dist.barrier()
     dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()

@@ -43,30 +43,63 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordinator=None):
-    """Runs torchrun --nnodes 2 twice (one per node) on this machine; returns the
-    ranks' logs and the pid of the loader killed, if any. With a coordinator
-    (URL), the nodes' queues are fed by it, node n as host 'n<n>'."""
+def write_data(tmp_path):
+    """DATA_DIR (the files) and an empty OUT_DIR under tmp_path."""
     data, out = tmp_path / "data", tmp_path / "out"
     data.mkdir()
     out.mkdir()
     for f in range(len(FILE_RECORDS)):
         np.array(file_ids(f), dtype=np.int64).tofile(data / f"part-{f}.bin")
+    return data, out
+
+
+def start_nodes(data, out, job, run=None, extra=(), coordinator=None):
+    """torchrun --nnodes 2 twice (one per node, each in a session of its own)
+    on this machine, rendezvous `run` (default: job); with a coordinator
+    (URL), the nodes' queues are fed by it, node n as host 'n<n>'."""
     port = free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     fed = {}
     if coordinator is not None:
         fed = dict(TAILCUT_COORDINATOR=coordinator)
-    procs = [subprocess.Popen(
+    return [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node_rank",
          str(n), f"--nproc_per_node={PER_NODE}", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-         f"127.0.0.1:{port}", "--rdzv_id", job, "--redirects", "1", "--tee", "2",
+         f"127.0.0.1:{port}", "--rdzv_id", run or job, "--redirects", "1", "--tee", "2",
          "--monitor_interval=0.2", str(HERE / "_pooled_nodes_job.py"), str(data), str(out),
-         str(EPOCHS), job, "0.002"] + (["fed"] if fed else []),
+         str(EPOCHS), job, "0.002"] + (["fed"] if fed else []) + list(extra),
         env=dict(env, **fed, **(dict(TAILCUT_HOST_ID=f"n{n}") if fed else {})),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True) for n in range(NODES)]
+
+
+def remove_dead_rings(job):
+    """What a killed job left of its pools: each node's ring (whose ready
+    batches a rerun must not pop) and pool description."""
+    for node in range(NODES):
+        name = f"{job}.n{node}"
+        tailcut.remove_batch_ring(name + ".pool")
+        for path in pathlib.Path("/dev/shm").glob(f"tailcut-pool.*.{name}.pool.*"):
+            path.unlink()
+
+
+def remove_nodes_queues(job):
+    """What a killed or failed job left: its pools and each node's queue."""
+    remove_dead_rings(job)
+    for node in range(NODES):
+        name = f"{job}.n{node}"
+        try:
+            tailcut.remove_queue(name, force=True)
+        except tailcut.NotFoundError:
+            pass
+
+
+def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordinator=None):
+    """Runs the job on two nodes (start_nodes); returns the ranks' logs and
+    the pid of the loader killed, if any."""
+    data, out = write_data(tmp_path)
+    procs = start_nodes(data, out, job, coordinator=coordinator)
     killed = None
     deadline = time.monotonic() + limit_s
     try:
@@ -93,15 +126,7 @@ def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordin
             p.wait()
         if hung:  # a failed job: what it left is removed (orphaned loaders exit on their own)
             time.sleep(3)
-            for node in range(NODES):
-                name = f"{job}.n{node}"
-                tailcut.remove_batch_ring(name + ".pool")
-                for path in pathlib.Path("/dev/shm").glob(f"tailcut-pool.*.{name}.pool.*"):
-                    path.unlink()
-                try:
-                    tailcut.remove_queue(name, force=True)
-                except tailcut.NotFoundError:
-                    pass
+            remove_nodes_queues(job)
     return [json.loads((out / f"rank-{r}.json").read_text())
             for r in range(NODES * PER_NODE)], killed
 
@@ -188,3 +213,223 @@ def test_two_nodes_fed_by_a_coordinator_end_every_epoch_at_the_same_step(  # noq
                               coordinator=redis_url)
     assert (killed is not None) == kill
     check_fed_nodes(ranks, job, repeats_allowed=64 if kill else 0)
+
+
+# ---- Checkpoints of a job on two nodes ---------------------------------------------------------
+
+
+def group_alive(pgid):
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getpgid(int(d)) == pgid:
+                    return True
+            except ProcessLookupError:
+                pass
+    return False
+
+
+def kill_nodes(procs):
+    """SIGKILLs every process of both launches (torchrun, ranks, loaders)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    logs = ["" if p.stdout.closed else p.communicate()[0] or "" for p in procs]
+    deadline = time.monotonic() + 30
+    for p in procs:
+        while group_alive(p.pid):
+            assert time.monotonic() < deadline, "a process of the killed job is still running"
+            time.sleep(0.05)
+    return logs
+
+
+def step_lines(out):
+    lines = []
+    for r in range(NODES * PER_NODE):
+        path = out / f"steps-{r}.jsonl"
+        if path.exists():
+            lines += [dict(json.loads(t), rank=r) for t in path.read_text().splitlines()]
+    return lines
+
+
+def check_restored_nodes(out, killed_run, cut, job):
+    """Per epoch and node: what the killed run trained up to its checkpoint
+    `cut` ((epoch, step)) and the leftovers of the epochs it ended before it,
+    plus what the resumed run trained and left over, is each of the node's
+    records exactly once; every rank of the resumed run ran the same steps in
+    each epoch; nothing left."""
+    lines = [line for line in step_lines(out) if "ckpt" not in line]
+    for e in range(EPOCHS):
+        steps = collections.defaultdict(int)
+        for node in range(NODES):
+            seen = collections.Counter()
+            for line in lines:
+                if line["epoch"] != e or line["node"] != node:
+                    continue
+                if line["run"] == killed_run and (
+                        ("dropped" in line and e >= cut[0]) or
+                        ("dropped" not in line and (e, line["step"]) > cut)):
+                    continue  # after the checkpoint: trained again after the restore
+                seen.update(line["ids"])
+                if line["run"] != killed_run and "dropped" not in line:
+                    steps[line["rank"]] = max(steps[line["rank"]], line["step"])
+            expected = {i for f in range(node, len(FILE_RECORDS), NODES) for i in file_ids(f)}
+            missing, extra = expected - set(seen), set(seen) - expected
+            twice = [i for i, c in seen.items() if c > 1]
+            assert not missing and not extra and not twice, (
+                f"epoch {e}, node {node} (checkpoint at {cut}): {len(missing)} records neither "
+                f"trained nor left over, {len(twice)} twice, {len(extra)} of another node")
+        if e >= cut[0]:
+            assert len(steps) == NODES * PER_NODE and len(set(steps.values())) == 1, (e, steps)
+        print(f"epoch {e}: every record of each node once (checkpoint at {cut}); steps after "
+              f"the restore {sorted(set(steps.values()))}")
+    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]
+    assert not left, left
+
+
+@pytest.mark.parametrize("when", ["mid_epoch", "epoch_end"])
+def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, when):
+    """2 nodes x 2 ranks under two torchrun launches, a queue and a pool per
+    node, node 1's steps slower. Every rank calls loader.state_dict() every 40
+    steps (mid_epoch) or at epoch ends only (epoch_end) and rank 0 saves it;
+    0.1 s after the first such checkpoint both launches are SIGKILLed (torchrun,
+    ranks, loaders) and the dead rings removed; then both rerun with the same
+    two lines on every node (restore_state=state['queue'], load_state_dict).
+    Every record of each node once per epoch across the two runs (trained up to
+    the checkpoint, or after it; or left over and reported), equal steps,
+    nothing left in /dev/shm or running. Before, state_dict() refused a job
+    that spans hosts and no checkpoint was written."""
+    job = f"pytest-nodes-ckpt-{os.getpid()}-{when}"
+    data, out = write_data(tmp_path)
+    every = ["--every", "40" if when == "mid_epoch" else "0"]
+    ckpt = out / "ckpt.pt"
+    procs = start_nodes(data, out, job, run=f"{job}-a", extra=every)
+    finished = False
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                logs = kill_nodes(procs)
+                pytest.fail("no checkpoint:\n" + "\n".join(log[-3000:] for log in logs))
+            time.sleep(0.01)
+        time.sleep(0.1)
+        kill_nodes(procs)
+        remove_dead_rings(job)
+        saved = torch.load(ckpt)
+        state = saved["loader"]
+        cut = (state["epoch"], state["step"])
+        assert sorted(state["queue"]["hosts"]) == [f"{job}.n0", f"{job}.n1"], state.keys()
+        assert (cut[1] > 0) == (when == "mid_epoch"), cut
+        # Node 1's steps are slower: its ring is full, and those batches must be read again.
+        assert state["hosts"][f"{job}.n1"]["unused_batches"] > 0, state["hosts"]
+        procs = start_nodes(data, out, job, run=f"{job}-b",
+                            extra=every + ["--resume", str(ckpt)])
+        for p in procs:
+            log, _ = p.communicate(timeout=150)
+            assert p.returncode == 0, log[-4000:]
+            assert not group_alive(p.pid), "a process of the job outlived it"
+        finished = True
+    finally:
+        if not finished:  # what the failed job left
+            kill_nodes(procs)
+            remove_nodes_queues(job)
+    check_restored_nodes(out, saved["run"], cut, job)
+
+
+def one_host_states(data, job, **restore):
+    """PooledLoader states (one rank, nothing read) of each node's queue."""
+    import tailcut.torch
+    files = sorted(str(p) for p in data.glob("*.bin"))
+    states = {}
+    for node in range(NODES):
+        name = f"{job}.n{node}"
+        ds = tailcut.torch.QueueDataset(files[node::NODES], name=name, format="fixed",
+                                        record_bytes=8, num_slices=8, shuffle_buffer=0,
+                                        num_clients=1)
+        loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, world_size=1,
+                                            local_rank=0)
+        states[name] = loader.state_dict()
+        loader.close()
+        ds.close()
+        tailcut.remove_batch_ring(name + ".pool")
+    return files, states
+
+
+def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_hosts(
+        tmp_path, monkeypatch):
+    """A state of two hosts: QueueDataset(restore_state=state['queue']) opens
+    host 1's queue with its own entry and load_state_dict() takes it on a
+    rank of a 2-host job; a queue of another name, another number of hosts
+    (also a one-host state on two hosts), and two hosts with one queue name
+    are refused, naming the fix. A version 1 state (one host) still loads."""
+    import tailcut.torch
+    from tailcut import _pool_state
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    data, _ = write_data(tmp_path)
+    job = f"pytest-hosts-state-{os.getpid()}"
+    files, parts = one_host_states(data, job)
+    state = dict(version=2, epoch=1, step=0,
+                 queue=dict(hosts={name: s["queue"] for name, s in parts.items()}))
+    opts = dict(format="fixed", record_bytes=8, num_slices=8, shuffle_buffer=0, num_clients=1)
+    with pytest.raises(tailcut.InvalidArgumentError, match=f"none named '{job}.n2': restart"):
+        tailcut.torch.QueueDataset(files, name=f"{job}.n2", restore_state=state["queue"], **opts)
+
+    def restored(world_size, queue_state):
+        ds = tailcut.torch.QueueDataset(files[1::NODES], name=f"{job}.n1",
+                                        restore_state=queue_state, **opts)
+        loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, local_rank=0,
+                                            world_size=world_size)
+        return ds, loader
+
+    for world_size, saved, text in [(4, state, None),
+                                    (6, state, "covers 2 host.s. .* runs on 3"),
+                                    (4, parts[f"{job}.n1"], "covers 1 host.s. .* runs on 2")]:
+        ds, loader = restored(world_size, saved["queue"])
+        try:
+            if text is None:
+                loader.load_state_dict(saved)
+                assert loader.epoch == 1
+            else:
+                with pytest.raises(tailcut.InvalidArgumentError, match=text):
+                    loader.load_state_dict(saved)
+        finally:
+            loader.close()
+            ds.close()
+            tailcut.remove_batch_ring(f"{job}.n1.pool")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    ds, loader = restored(1, parts[f"{job}.n1"]["queue"])
+    try:
+        loader.load_state_dict(dict(parts[f"{job}.n1"], version=1))
+    finally:
+        loader.close()
+        ds.close()
+        tailcut.remove_batch_ring(f"{job}.n1.pool")
+    part = dict(host="q", ranges=[], batches=0, records=0, queue={}, ring="q.pool")
+    with pytest.raises(tailcut.InvalidArgumentError, match="two hosts read a queue named 'q'"):
+        _pool_state._hosts([part, dict(part)])
+    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]
+    assert not left, left
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+def test_state_dict_of_a_pool_fed_by_a_coordinator_is_refused(redis_url, tmp_path):  # noqa: F811
+    """A queue fed by a coordinator has no exactly-once pool state (its
+    checkpoint marks whole items done): state_dict() says so and what to do."""
+    import tailcut.torch
+    data, _ = write_data(tmp_path)
+    job = f"pytest-fed-state-{os.getpid()}"
+    ds = tailcut.torch.QueueDataset(sorted(str(p) for p in data.glob("*.bin")), name=job,
+                                    format="fixed", record_bytes=8, num_slices=8,
+                                    coordinator=redis_url, host_id="n0",
+                                    on_notice=lambda line: None)
+    loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, world_size=1, local_rank=0)
+    try:
+        with pytest.raises(tailcut.InvalidArgumentError,
+                           match="fed by a coordinator.*static split"):
+            loader.state_dict()
+    finally:
+        loader.close()
+        ds.close()
+        tailcut.remove_batch_ring(loader.name)

@@ -14,14 +14,22 @@ an open piece, which a restored queue hands out again from its begin.
 Loaders commit and ack when a batch is published, so the queue's own state
 alone would skip those records.
 
-Gathering (state_dict): every local rank calls it at the same step. After a
-barrier no rank pops; local rank 0 saves the queue's state, then reads the
-ranges of every batch ready in the ring in place (BatchRing.peek_ready), so
-each batch published before that save is known; the ranks exchange their
-unused ranges (torch.distributed all_gather_object) and each computes the
-same state. The queue's state comes first: a batch published after it holds
-records the saved state does not count as consumed anyway, and a batch that
-is ready then stays ready until every rank has left state_dict().
+Gathering (state_dict): every rank of the job calls it at the same step.
+After a barrier no rank pops; each host's local rank 0 saves its queue's
+state, then reads the ranges of every batch ready in its ring in place
+(BatchRing.peek_ready), so each batch published before that save is known;
+the ranks exchange their unused ranges (torch.distributed all_gather_object,
+each tagged with its host's queue name) and each computes the same state, of
+every host: any one rank's restores them all. The queue's state comes first:
+a batch published after it holds records the saved state does not count as
+consumed anyway, and a batch that is ready then stays ready until every rank
+has left state_dict().
+
+Several hosts: the state holds each host's queue state under its queue's
+name (state['queue']['hosts']); QueueDataset(restore_state=state['queue'])
+opens each host's queue with its own entry (host_queue_state), so the two
+lines of a restore are the same on every host. A queue fed by a coordinator
+is refused (see _group).
 
 The queue checkpoint is edited by the engine (_core._reopen_state,
 engine/checkpoint.h ReopenRanges), which owns its byte layout: this module
@@ -29,11 +37,16 @@ never reads it. The engine checks the edited state again (checksum, counts,
 pieces inside their items) when it restores.
 """
 
+import os
+
 import tailcut
 from tailcut import _core
 from tailcut._batch_layout import batch_ranges
 
-STATE_VERSION = 1
+# Version 2: a pool that spans hosts has a state too (every host's queue under its name); a
+# one-host state is laid out as in version 1, which is still read.
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class Spans:
@@ -80,21 +93,35 @@ def restored_epoch(dataset):
 # ---- Gathering the pool's state -----------------------------------------------------------
 
 
+def _fed(queue):
+    """True when a coordinator feeds `queue` (its coordinator= option, else
+    $TAILCUT_COORDINATOR, as the engine resolves it)."""
+    return bool(queue.open_args.get("coordinator") or os.environ.get("TAILCUT_COORDINATOR"))
+
+
 def _group(loader):
-    """torch.distributed when the local ranks must exchange, else None."""
-    if loader.world_size != loader.local_world_size:
+    """(torch.distributed, the group) when the ranks must exchange, else None:
+    every rank of the job, over `group=` or the default group, so that the
+    state covers every host."""
+    if _fed(loader.queue):
+        # The tier's state is a cursor and a done mark per ticket; an item whose records are
+        # partly in used batches and partly in unused ones is done there (acked at publish),
+        # and marking it not done would read its used records again: no exactly-once state.
         raise tailcut.InvalidArgumentError(
-            f"PooledLoader.state_dict(): the job spans hosts ({loader.world_size} ranks, "
-            f"{loader.local_world_size} on this host); a pool's checkpoint covers one host's "
-            f"queue and ring only")
-    if loader.local_world_size == 1:
+            f"PooledLoader.state_dict(): queue '{loader.queue.name}' is fed by a coordinator, "
+            f"whose checkpoint marks whole items done or not, and the batches published but not "
+            f"used hold parts of items it counts as done: no state restores them exactly once. "
+            f"Give each host its own queue over its share of the files (a static split, "
+            f"name=f'{{job}}.n{{GROUP_RANK}}'), whose checkpoints cover every host "
+            f"(docs/pooled.md, \"Restarts and checkpoints\")")
+    if loader.world_size == 1:
         return None
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         raise tailcut.InvalidArgumentError(
-            f"PooledLoader.state_dict(): {loader.local_world_size} local ranks exchange what "
-            f"they hold through torch.distributed: call init_process_group() first")
-    return dist
+            f"PooledLoader.state_dict(): {loader.world_size} ranks exchange what they hold "
+            f"through torch.distributed: call init_process_group() first")
+    return dist, loader._group
 
 
 def _ring_ranges(loader):
@@ -136,42 +163,102 @@ def _unused(loader):
     return ranges, len(held), records
 
 
+def _hosts(every):
+    """{queue name: what the ranks of that host hold} from every rank's part."""
+    hosts = {}
+    for part in every:
+        host = hosts.setdefault(part["host"], dict(ranges=[], batches=0, records=0))
+        if "queue" in part:
+            if "queue" in host:
+                raise tailcut.InvalidArgumentError(
+                    f"PooledLoader.state_dict(): two hosts read a queue named "
+                    f"'{part['host']}': a checkpoint tells hosts apart by their queue's name, so "
+                    f"give each host's queue its own (name=f'{{job}}.n{{GROUP_RANK}}')")
+            host["queue"], host["ring"] = part["queue"], part["ring"]
+        host["ranges"] += part["ranges"]
+        host["batches"] += part["batches"]
+        host["records"] += part["records"]
+    for name, host in hosts.items():
+        if "queue" not in host:
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader.state_dict(): no rank of the host of queue '{name}' has local "
+                f"rank 0, which saves the host's queue and ring: check LOCAL_RANK")
+    return hosts
+
+
+def _host_state(host):
+    """One host's part: its queue's state with its unused ranges reopened."""
+    state, reopened = reopen(host["queue"]["state"], host["ranges"], host["queue"]["name"])
+    return dict(ring=host["ring"], queue=dict(host["queue"], state=state),
+                unused_batches=host["batches"], unused_records=host["records"],
+                reopened_ranges=reopened)
+
+
 def state_dict(loader):
     """See PooledLoader.state_dict()."""
-    dist = _group(loader)
-    if dist is not None:
-        dist.barrier()  # every rank is here: nobody pops until the exchange below
-    mine = dict(ranges=[], batches=0, records=0)
+    exchange = _group(loader)
+    if exchange is not None:
+        dist, group = exchange
+        dist.barrier(group=group)  # every rank is here: nobody pops until the exchange below
+    mine = dict(host=loader.queue.name, ranges=[], batches=0, records=0)
     if loader.local_rank == 0:
         mine["queue"] = loader.queue.state_dict()  # first: see the module's comment
+        mine["ring"] = loader.name
         mine["ranges"], mine["batches"], mine["records"] = _ring_ranges(loader)
     ranges, batches, records = _unused(loader)
     mine["ranges"] += ranges
     mine["batches"] += batches
     mine["records"] += records
-    if dist is None:
+    if exchange is None:
         every = [mine]
     else:
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-    queue = next(g["queue"] for g in every if "queue" in g)
-    state, reopened = reopen(queue["state"], [r for g in every for r in g["ranges"]],
-                             queue["name"])
+        every = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, mine, group=group)
+    hosts = {name: _host_state(h) for name, h in sorted(_hosts(every).items())}
     epoch, step = loader._position
-    return dict(version=STATE_VERSION, ring=loader.name, epoch=epoch, step=step,
-                queue=dict(queue, state=state),
-                unused_batches=sum(g["batches"] for g in every),
-                unused_records=sum(g["records"] for g in every), reopened_ranges=reopened)
+    totals = {key: sum(h[key] for h in hosts.values())
+              for key in ("unused_batches", "unused_records", "reopened_ranges")}
+    if len(hosts) == 1:  # laid out as in version 1
+        (host,) = hosts.values()
+        return dict(host, version=STATE_VERSION, epoch=epoch, step=step)
+    # Every host's queue state under its queue's name: QueueDataset(restore_state=
+    # state["queue"]) opens each host's queue with its own (host_queue_state()).
+    return dict(version=STATE_VERSION, epoch=epoch, step=step,
+                queue=dict(hosts={name: h.pop("queue") for name, h in hosts.items()}),
+                hosts=hosts, **totals)
+
+
+def host_queue_state(restore_state, name):
+    """The state queue `name` opens with from restore_state: a pool's
+    checkpoint of several hosts ({'hosts': {queue name: state}}) gives that
+    queue's entry; any other restore_state is the queue's own."""
+    if not (isinstance(restore_state, dict) and "hosts" in restore_state):
+        return restore_state
+    hosts = restore_state["hosts"]
+    if name not in hosts:
+        raise tailcut.InvalidArgumentError(
+            f"restore_state: the checkpoint holds the queues of {len(hosts)} hosts "
+            f"({', '.join(sorted(hosts))}), none named '{name}': restart on as many hosts, each "
+            f"opening its queue under the name it had when the checkpoint was saved")
+    return hosts[name]
 
 
 def load_state_dict(loader, state):
     """See PooledLoader.load_state_dict()."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+    if not isinstance(state, dict) or state.get("version") not in READABLE_VERSIONS:
         raise tailcut.InvalidArgumentError(
             f"PooledLoader.load_state_dict(): not a PooledLoader state of version "
-            f"{STATE_VERSION} (got {type(state).__name__} with version "
+            f"{' or '.join(map(str, READABLE_VERSIONS))} (got {type(state).__name__} with version "
             f"{state.get('version') if isinstance(state, dict) else None!r})")
+    queue = state["queue"]
+    saved = sorted(queue["hosts"]) if "hosts" in queue else [queue["name"]]
+    hosts_now = loader.world_size // loader.local_world_size
+    if len(saved) != hosts_now:
+        raise tailcut.InvalidArgumentError(
+            f"PooledLoader.load_state_dict(): the state covers {len(saved)} host(s) (queues "
+            f"{', '.join(saved)}), this job runs on {hosts_now} ({loader.world_size} ranks, "
+            f"{loader.local_world_size} per host): restart it on {len(saved)} host(s)")
     # Raises, saying how, unless the queue was opened from this state.
-    loader.queue.load_state_dict(state["queue"])
+    loader.queue.load_state_dict(host_queue_state(queue, loader.queue.name))
     loader.set_epoch(state["epoch"])
     loader._position = (state["epoch"], 0)

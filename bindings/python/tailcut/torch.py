@@ -319,6 +319,10 @@ class QueueDataset(IterableDataset):
             # (docs/pytorch.md, "Record-level shuffle").
             queue_options.setdefault("leases_per_client", SHUFFLE_LEASES)
         self._queue_args = dict(works=list(works), **queue_options)
+        if queue_options.get("restore_state") is not None:
+            # A PooledLoader checkpoint of several hosts: this host's queue's entry.
+            self._queue_args["restore_state"] = _pool_state.host_queue_state(
+                queue_options["restore_state"], queue_options["name"])
         self.batch_size = _args.count("batch_size", batch_size, minimum=1, allow_none=True)
         self.transform = _args.callable_or_none("transform", transform)
         self.copy = _args.flag("copy", copy)

@@ -211,18 +211,20 @@ class PooledLoader:
         return [units * self._shares.unit for units in self._shares.shares]
 
     def state_dict(self):
-        """The pool's data position, the same dict on every local rank: call it
-        on every local rank at the same step (after the step: the batch a rank
-        holds counts as used) and save rank 0's. Batches published but not
-        used (in the ring, held for the next epoch, carried over) and records
-        loaders read ahead are read again after a restore; see docs/pooled.md,
-        "Restarts and checkpoints". More than one local rank: collective over
-        torch.distributed."""
+        """The pool's data position, the same dict on every rank: call it on
+        every rank at the same step (after the step: the batch a rank holds
+        counts as used) and save rank 0's. Batches published but not used (in
+        the ring, held for the next epoch, carried over) and records loaders
+        read ahead are read again after a restore; see docs/pooled.md,
+        "Restarts and checkpoints". Several hosts: it holds every host's part,
+        each under its queue's name. More than one rank: collective over
+        torch.distributed (`group`, else the default group)."""
         return _pool_state.state_dict(self)
 
     def load_state_dict(self, state):
         """Resumes at state['epoch']: the dataset's queue must have been opened
-        with restore_state=state['queue'] (InvalidArgumentError otherwise)."""
+        with restore_state=state['queue'] (InvalidArgumentError otherwise, and
+        when the state covers another number of hosts)."""
         _pool_state.load_state_dict(self, state)
 
     def set_epoch(self, epoch):
