@@ -327,10 +327,34 @@ bool Housekeeper::AllDone() noexcept {
   return true;
 }
 
+uint64_t Housekeeper::LowestHeldTicket(uint64_t from) const noexcept {
+  uint64_t lowest = UINT64_MAX;
+  for (uint64_t l = 0; l < num_leases_; ++l) {
+    LeaseEntry& ls = seg_->lease(l);
+    // seq_cst (acquire would do), as in Stats: an OPEN or ORPHAN word read here makes its ticket,
+    // written before the CAS that published the word, visible to the relaxed load below.
+    const uint64_t state = LeaseStateOf(ls.word.load(std::memory_order_seq_cst));
+    if (state != kLeaseOpen && state != kLeaseOrphan) continue;
+    const uint64_t t = ls.ticket.load(std::memory_order_relaxed);
+    if (t >= from && t < lowest) lowest = t;
+  }
+  return lowest;
+}
+
 uint64_t Housekeeper::SettledPrefix(uint64_t from) const noexcept {
+  // A ticket's done bit is set while pieces of it may still be out: a split tail, and every
+  // piece of a restored state (the restore sets the bit and publishes the piece as an orphan).
+  // Those tickets are held, not settled. Leases are read before and after the bits: a piece out
+  // when its ticket's bit was set is seen by one of the two reads unless it was acked meanwhile.
+  const uint64_t held_before = LowestHeldTicket(from);
   // acquire: pairs with the feeder's release store of the limit (LocalFeed::RaiseLimit): the
   // skip bits it set below the new limit are seen below. On one host it is total_tickets.
   const uint64_t limit = std::min(seg_->cursor().limit.load(std::memory_order_acquire), total_);
+  const uint64_t settled = std::min(SettledBits(from, limit), held_before);
+  return std::min(settled, LowestHeldTicket(from));
+}
+
+uint64_t Housekeeper::SettledBits(uint64_t from, uint64_t limit) const noexcept {
   const bool fed = seg_->geometry().fed;
   for (uint64_t t = from; t < limit; t = (t / 64 + 1) * 64) {
     // acquire: pairs with FinishAck's acq_rel fetch_or of the done bit; a ticket seen done has

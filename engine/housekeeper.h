@@ -56,8 +56,9 @@ class Housekeeper {
   // True once every ticket is done and no lease is held.
   bool AllDone() noexcept;
   // WorkQueue::SettledTickets: the first ticket at or above `from` that is
-  // neither done nor (fed) skipped, and below the cursor's limit; the limit
-  // (or `from`, if above it) when there is none.
+  // neither done nor (fed) skipped, or that a lease holds (a piece of a done
+  // ticket still out), and below the cursor's limit; the limit (or `from`,
+  // if above it) when there is none.
   uint64_t SettledPrefix(uint64_t from) const noexcept;
   // Number of live clients other than self, after recovering dead ones.
   int LiveClients(uint64_t self, bool admin_held = false) noexcept;
@@ -67,6 +68,10 @@ class Housekeeper {
   QueueStats Stats(const std::string& name) noexcept;
 
  private:
+  // The lowest ticket at or above `from` an OPEN or ORPHAN lease holds; UINT64_MAX if none.
+  uint64_t LowestHeldTicket(uint64_t from) const noexcept;
+  // The first ticket in [from, limit) whose done (or, fed, skip) bit is clear; else max(from, limit).
+  uint64_t SettledBits(uint64_t from, uint64_t limit) const noexcept;
   void RecoverClient(uint64_t slot, bool admin_held) noexcept;
   std::vector<int> LivePidsImpl(uint64_t self, bool admin_held) noexcept;
 

@@ -106,6 +106,35 @@ TEST_F(WorkQueueTest, SettledTicketsStopAtTheFirstTicketNotDone) {
   EXPECT_EQ(q->SettledTickets(), 0u) << "closed";
 }
 
+TEST_F(WorkQueueTest, SettledTicketsWaitForThePiecesOfARestoredState) {
+  // A restore sets the done bit of every item it resumes and hands the rest out as a piece:
+  // the epoch is not over until the piece is acked (a pool ended it early, and the loader that
+  // held the piece found its epoch gone).
+  auto o = Options("settled_restored", dir_.Files("r", 2, {100}));
+  o.shuffle = false;
+  std::string state;
+  {
+    auto q = WorkQueue::Open(o);
+    WorkItem item;
+    ASSERT_EQ(q->TryTake(&item), TakeStatus::kOk);
+    ASSERT_EQ(q->Progress(item, item.begin + 40), ItemStatus::kOk);
+    state = q->SaveState();
+  }
+  o.name += "_restored";
+  o.restore_state = state;
+  auto q = WorkQueue::Open(o);
+  EXPECT_EQ(q->SettledTickets(), 0u) << "ticket 0 resumes at 40: a piece, not done";
+  WorkItem piece, second;
+  ASSERT_EQ(q->TryTake(&piece), TakeStatus::kOk);
+  ASSERT_EQ(piece.begin, 40u);
+  ASSERT_EQ(q->TryTake(&second), TakeStatus::kOk);
+  ASSERT_EQ(q->Ack(second), ItemStatus::kOk);
+  EXPECT_EQ(q->SettledTickets(), 0u) << "the piece of ticket 0 is still out";
+  EXPECT_EQ(q->SettledTickets(1), 2u);
+  ASSERT_EQ(q->Ack(piece), ItemStatus::kOk);
+  EXPECT_EQ(q->SettledTickets(), 2u);
+}
+
 TEST_F(WorkQueueTest, StatsCountWhatThisProcessDid) {
   const std::vector<uint64_t> sizes = {1000, 2000, 3000};
   std::vector<std::string> works;

@@ -377,13 +377,16 @@ class TAILCUT_EXPORT WorkQueue {
 
   // How far this host's queue is settled: the first ticket at or above
   // `from` that is neither done nor, in a queue fed by a coordinator, another
-  // host's, and below the tickets granted so far (all of them on one host).
+  // host's, or that still has a piece out (a split tail, an item resumed from
+  // a restored state), and below the tickets granted so far (all of them on
+  // one host).
   // Epoch e is over here once it reaches (e + 1) * num_items(): on one host
   // when every item of it is done; fed, when this host finished the tickets
   // it holds of it and took one beyond it, or the coordinator has handed out
   // every block. Fed, it can move back when this host re-owns a block of a
-  // host that died. 0 once closed (or in a forked child). Lock-free, no system call; reads one word
-  // of each bitmap per 64 tickets from `from` on. Safe from any thread.
+  // host that died. 0 once closed (or in a forked child). Lock-free, no
+  // system call; reads every lease twice and one word of each bitmap per 64
+  // tickets from `from` on. Safe from any thread.
   uint64_t SettledTickets(uint64_t from = 0) const noexcept;
 
   // After Take answered kJobLost: what the coordinator lost of the job and
