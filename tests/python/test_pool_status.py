@@ -1,7 +1,8 @@
 """The pool status `tailcut top` shows (tailcut.pool._status): an autoscaled pool
 publishes its decisions and a balanced one its ranks' shares, `tailcut top --once` shows
 them under the ring, and nothing of it is left in /dev/shm after close(), after a
-killed job's `tailcut clean`, or when the next attempt opens the ring."""
+killed job's `tailcut clean`, when the loaders of a killed rank leave, or when the next
+attempt opens the ring."""
 
 import itertools
 import json
@@ -140,9 +141,9 @@ _KILLED_JOB = textwrap.dedent("""
 """)
 
 
-def start_killed_job(tmp_path, name):
-    """A job whose autoscaled pool wrote its status, then its loaders and rank SIGKILLed: no
-    clean-up of its own ran. Returns the ring's name."""
+def start_killed_job(tmp_path, name, kill_loaders=True):
+    """A job whose autoscaled pool wrote its status, then its rank SIGKILLed, and first its
+    loaders too (kill_loaders): no clean-up of the job's own ran. Returns the ring's name."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [os.environ.get("PYTHONPATH", ""), str(HERE)]), LOCAL_WORLD_SIZE="1")
     job = subprocess.Popen([sys.executable, "-c", _KILLED_JOB,
@@ -153,13 +154,23 @@ def start_killed_job(tmp_path, name):
         ring = name + ".pool"
         assert os.path.exists(status_path(ring))
         for c in tailcut.inspect_batch_ring(ring)["clients"]:
-            if c["role"] == "loader" and c["alive"]:
+            if kill_loaders and c["role"] == "loader" and c["alive"]:
                 os.kill(c["pid"], signal.SIGKILL)
     finally:
         job.kill()
         job.wait()
         job.stdout.close()
     return ring
+
+
+def test_loaders_whose_rank_was_killed_remove_the_status_with_the_pool(rname, tmp_path):
+    ring = start_killed_job(tmp_path, rname, kill_loaders=False)
+    deadline = time.monotonic() + 10
+    while os.path.exists(status_path(ring)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(status_path(ring))  # the loaders' parent watch removed the pool
+    tailcut.remove_queue(rname, force=True)  # kept by design: a process of it died
+    assert left_in_shm(rname) == []
 
 
 def test_tailcut_clean_removes_the_status_a_killed_job_left(rname, tmp_path):
