@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import torch
 import torch.distributed as dist
 
 import tailcut.torch
