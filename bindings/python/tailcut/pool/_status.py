@@ -54,8 +54,9 @@ def _write(path, content):
 
 
 class PoolStatus:
-    """What local rank 0 publishes about one pool. Not thread-safe: the
-    rank's own iteration alone calls it."""
+    """What local rank 0 publishes about one pool that autoscales, balances
+    or both (a pool with neither has none). Not thread-safe: the rank's own
+    iteration alone calls it."""
 
     def __init__(self, ring_name, autoscale, shares):
         self.ring_name = ring_name
@@ -102,8 +103,6 @@ class PoolStatus:
                                      speeds=list(self.shares.speeds), step=self.shares.steps,
                                      time=time.time())
             status["balance"] = self._balance
-        if len(status) == 3:  # neither feature on: nothing to show
-            return
         try:
             _write(status_path(self.ring_name), status)
         except OSError as e:  # what top shows is not worth stopping the job for
