@@ -90,14 +90,20 @@ top_once
 expect 0 "^autoscale 2 loaders \(min 2, max 4\): no decision yet$" "autoscale before its first decision"
 
 # Shares, with speeds, and before any speed was measured.
-put '{"version": 1, "balance": {"unit": 8, "records": [40, 40, 32, 16], "speeds": [1250.4, 1240, 990, 500], "step": 16, "time": 1767268803}}'
+put '{"version": 1, "balance": {"records": [40, 40, 32, 16], "speeds": [1250.4, 1240, 990, 500], "step": 16, "time": 1767268803}}'
 top_once
 expect 0 "^shares  r0 40  r1 40  r2 32  r3 16 records/step \(speeds r0 1250  r1 1240  r2 990  r3 500 records/s, decided at step 16, 12:00:03\)$" \
   "the shares line"
 refute "^autoscale" "no autoscale line without autoscale"
-put '{"version": 1, "balance": {"unit": 8, "records": [32, 32], "speeds": [0, 0], "step": 0, "time": 1767268803}}'
+put '{"version": 1, "balance": {"records": [32, 32], "speeds": [0, 0], "step": 0, "time": 1767268803}}'
 top_once
 expect 0 "^shares  r0 32  r1 32 records/step \(equal: no speeds measured yet\)$" "equal shares before a decision"
+
+# Many ranks: the first 64 shown, the rest counted.
+put "{\"version\": 1, \"balance\": {\"records\": [$(seq -s, 1 70)], \"speeds\": [$(seq -s, 101 170)], \"step\": 8, \"time\": 1767268803}}"
+top_once
+expect 0 "^shares  r0 1  r1 2 .*  r63 64 \.\.\. 6 more ranks records/step \(speeds r0 101 .*  r63 164 \.\.\. 6 more ranks records/s" \
+  "64 ranks shown of 70"
 
 # Neither part: nothing.
 put '{"version": 1, "pid": 1, "ring": "x"}'
@@ -132,9 +138,9 @@ put '{"version": 1, "autoscale": {"min": 1, "max": 8, "loaders": 1, "decisions":
 unreadable "a decision to add that does not" "a decision that contradicts itself"
 put '{"version": 1, "autoscale": {"min": 1, "max": 8, "loaders": 1, "decisions": [{"time": 1e300, "action": "add", "before": 1, "after": 2, "why": ""}]}}'
 unreadable "a time past" "a time out of range"
-put '{"version": 1, "balance": {"unit": 8, "records": [8, 8], "speeds": [1], "step": 0, "time": 1}}'
+put '{"version": 1, "balance": {"records": [8, 8], "speeds": [1], "step": 0, "time": 1}}'
 unreadable "'records' and 'speeds' are not one per rank" "speeds and records of different ranks"
-put '{"version": 1, "balance": {"unit": 8, "records": [8, "x"], "speeds": [1, 1], "step": 0, "time": 1}}'
+put '{"version": 1, "balance": {"records": [8, "x"], "speeds": [1, 1], "step": 0, "time": 1}}'
 unreadable "a rank's records are not a count" "a rank's records that are text"
 # A reason with terminal escapes is shown with them made harmless.
 put "{\"version\": 1, \"autoscale\": {\"min\": 1, \"max\": 8, \"loaders\": 2, \"decisions\": [{\"time\": 1, \"action\": \"add\", \"before\": 1, \"after\": 2, \"why\": \"\\u001b[2Jgone\"}]}}"

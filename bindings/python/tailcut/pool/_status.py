@@ -14,7 +14,7 @@ The file holds:
   autoscale  (num_workers=(min, max) only) min, max, loaders now, and the last
              DECISIONS_KEPT decisions, oldest first: time (Unix seconds),
              action ("add" or "remove"), before, after (loaders), why (words)
-  balance    (balance= only) unit, records (per step, one per rank), speeds
+  balance    (balance= only) records (per step, one per rank), speeds
              (records per second of compute, smoothed; 0: not measured yet),
              step (steps done when decided), time (Unix seconds)
 """
@@ -99,9 +99,8 @@ class PoolStatus:
                            for d in self.autoscale.decisions[-DECISIONS_KEPT:]])
         if self.shares is not None:
             if self._balance is None or self._balance["records"] != self._records():
-                self._balance = dict(unit=self.shares.unit, records=self._records(),
-                                     speeds=list(self.shares.speeds), step=self.shares.steps,
-                                     time=time.time())
+                self._balance = dict(records=self._records(), speeds=list(self.shares.speeds),
+                                     step=self.shares.steps, time=time.time())
             status["balance"] = self._balance
         try:
             _write(status_path(self.ring_name), status)
