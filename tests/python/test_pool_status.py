@@ -21,6 +21,7 @@ import pytest
 
 import tailcut
 from tailcut import pool
+from tailcut.pool import _status
 from tailcut.pool._status import status_path
 
 torch = pytest.importorskip("torch")
@@ -87,6 +88,9 @@ def test_an_autoscaled_pool_shows_its_decisions_in_top_and_close_removes_them(
                              slot_bytes=1 << 14, num_slots=4, rank=0, world_size=1,
                              local_rank=0, timeout=60)
     path = status_path(loader.name)
+    writes = []
+    write = _status._write
+    monkeypatch.setattr(_status, "_write", lambda *a: (writes.append(a), write(*a)))
     shown = None
     for _ in loader:
         if shown is None and not os.path.exists(path):
@@ -106,6 +110,8 @@ def test_an_autoscaled_pool_shows_its_decisions_in_top_and_close_removes_them(
     assert shown.index(f"ring {loader.name} ") < shown.index("autoscale "), shown
     assert made[-1]["why"] == loader.autoscale.decisions[len(made) - 1]["why"]
     assert "shares" not in shown
+    # Written when the loaders started and after each decision, never per batch.
+    assert len(writes) == 1 + len(loader.autoscale.decisions), writes
     st = os.stat(path)
     assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.geteuid()
     loader.close()
