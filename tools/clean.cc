@@ -128,18 +128,23 @@ int RunClean(const std::string& prefix, bool dry_run, std::ostream& out) {
         out << "left batch ring " << ring << ": " << e.what() << '\n';
     }
   }
-  // A pool's description and failure record live while its ring does.
+  // A pool's description, failure record and status live while its ring
+  // does; so do their temporary files ("<file>.<pid>.tmp") a writer killed
+  // mid-write left.
+  static const std::regex kPoolFile(R"(^(.+)\.(json|error|status)(\.[0-9]+\.tmp)?$)");
   for (const std::string& file : ShmNames("pool", prefix)) {
-    const size_t dot = file.rfind('.');
-    if (dot == std::string::npos) continue;
-    const std::string ring = file.substr(0, dot), kind = file.substr(dot);
-    if (kind != ".json" && kind != ".error") continue;
+    std::smatch match;
+    if (!std::regex_match(file, match, kPoolFile)) continue;
+    const std::string ring = match[1].str(), kind = match[2].str();
     std::error_code error;
     if (std::filesystem::exists(tailcut::BatchRingSegmentPath(ring), error) || error) continue;
     const std::string path = "/dev/shm/tailcut-pool." + uid + "." + file;
     if (!dry_run && ::unlink(path.c_str()) != 0) continue;
-    out << verb << " pool " << (kind == ".json" ? "description " : "failure record ") << path
-        << " (its ring is gone)\n";
+    out << verb << " pool " << (match[3].matched ? "temporary file of its " : "")
+        << (kind == "json"    ? "description "
+            : kind == "error" ? "failure record "
+                              : "status ")
+        << path << " (its ring is gone)\n";
     ++removed;
   }
   out << (dry_run ? "would remove " : "removed ") << removed

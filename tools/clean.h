@@ -21,9 +21,9 @@ std::string KeptText(const tailcut::QueueListing& listing);
 // /dev/shm (only names that start with PREFIX, if not empty): queues no live
 // process uses, batch rings no live process uses
 // (under the same per-ring lock a PooledLoader takes to open one, so never a
-// ring a job is making), and pool descriptions and failure records whose
-// ring is gone. Never touches a queue or ring with a live process. Prints
-// one line per object and a summary to `out`; returns the exit status.
+// ring a job is making), and pool descriptions, failure records and status
+// files (and their temporary files) whose ring is gone. Never touches a queue or ring with a live
+// process. Prints one line per object and a summary to `out`; returns the exit status.
 int RunClean(const std::string& prefix, bool dry_run, std::ostream& out);
 
 }  // namespace tailcut_cli

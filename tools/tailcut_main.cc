@@ -444,6 +444,9 @@ int Main(int argc, char** argv) {
       "share of the time since the last refresh each spent waiting and its\n"
       "total wait. A trainer that waited half of that time for a batch, or has\n"
       "been waiting for one for a second, is flagged as starving: add loaders.\n"
+      "Under the ring, the pool's status when it has one: with num_workers=(min,\n"
+      "max), the loaders it keeps and its last decisions with their reasons; with\n"
+      "balance=, each rank's records per step and the speeds that decided them.\n"
       "With --ring and no NAME, only the ring; it ends when the ring is removed.\n"
       "\n"
       "With --coordinator, the job NAME across hosts instead (docs/global.md):\n"
@@ -496,9 +499,10 @@ int Main(int argc, char** argv) {
   clean->add_flag("-n,--dry-run", dry_run, "only say what would be removed");
   clean->footer(
       "Removes this user's queues and batch rings that no live process uses,\n"
-      "and pool descriptions and failure records whose ring is gone. Never\n"
-      "touches a queue or ring with a live process, nor a ring a job is\n"
-      "opening. A kept queue is what a rerun would resume: clean forgets it.\n"
+      "and pool descriptions, failure records and status files whose ring is\n"
+      "gone. Never touches a queue or ring with a live process, nor a ring a\n"
+      "job is opening. A kept queue is what a rerun would resume: clean\n"
+      "forgets it.\n"
       "\n"
       "Examples:\n"
       "  $ tailcut clean --dry-run\n"

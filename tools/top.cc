@@ -14,6 +14,7 @@
 
 #include "tailcut/batch_ring.h"
 #include "tailcut/work_queue.h"
+#include "tools/pool_status.h"
 
 namespace tailcut_cli {
 
@@ -193,8 +194,9 @@ std::string RingFrame(const tailcut::BatchRingStats& s, std::map<uint32_t, RingS
   return out;
 }
 
-// The ring part of this frame: its frame, a line saying it is gone, or
-// nothing when top looks for a queue's default ring and there is none.
+// The ring part of this frame: its frame with the pool's status (autoscale
+// decisions, shares) under it, a line saying it is gone, or nothing when
+// top looks for a queue's default ring and there is none.
 // Throws kNotFound when a named ring does not exist at the first frame.
 std::string RingPart(const std::string& ring, bool named, bool first,
                      std::map<uint32_t, RingSample>* previous, bool* gone) {
@@ -212,7 +214,7 @@ std::string RingPart(const std::string& ring, bool named, bool first,
     }
     return "ring " + ring + ": unreadable: " + e.what() + "\n";
   }
-  return RingFrame(stats, previous);
+  return RingFrame(stats, previous) + PoolStatusPart(ring);
 }
 
 }  // namespace

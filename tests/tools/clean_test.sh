@@ -2,9 +2,10 @@
 # tests/tools/clean_test.sh TAILCUT HOLD_QUEUE HOLD_RING
 #
 # `tailcut clean` against real queues and batch rings: what no live process
-# uses is removed (with the pool files of a removed ring), what a live
-# process holds is left alone, --dry-run removes nothing, and only names
-# under the PREFIX given are touched. Also the KEPT column of `tailcut ls`
+# uses is removed (with the pool files of a removed ring: description,
+# failure record, status, a temporary file), what a live process holds is
+# left alone, --dry-run removes nothing, and only names under the PREFIX
+# given are touched. Also the KEPT column of `tailcut ls`
 # for a later torchrun attempt's queue. Exits 0 when every check passed.
 
 set -u
@@ -73,6 +74,9 @@ for r in "${p}_live.pool" "${p}_dead.pool" "${p}_gone.pool"; do
   echo '{}' >"$pool.$r.json"
 done
 echo '{}' >"$pool.${p}_dead.pool.error"
+echo '{}' >"$pool.${p}_dead.pool.status"
+echo '{}' >"$pool.${p}_live.pool.status"
+echo '{' >"$pool.${p}_gone.pool.status.4242.tmp"
 
 run "$TAILCUT" ls
 expect 0 "^$attempt .* a process of it died; a rerun starts at attempt 0 and removes it\$" \
@@ -91,13 +95,16 @@ expect 0 "^removed queue ${p}_dead " "the dead queue"
 expect 0 "^removed batch ring ${p}_dead.pool " "the dead ring"
 expect 0 "^removed pool description $pool.${p}_dead.pool.json " "the dead ring's description"
 expect 0 "^removed pool failure record $pool.${p}_dead.pool.error " "the dead ring's failure record"
+expect 0 "^removed pool status $pool.${p}_dead.pool.status " "the dead ring's status"
+expect 0 "^removed pool temporary file of its status $pool.${p}_gone.pool.status.4242.tmp " \
+  "a status half written by a process killed"
 expect 0 "^removed pool description $pool.${p}_gone.pool.json " "a description without ring"
-expect 0 "^removed 5 objects; 2 in use by live processes left alone\$" "the summary"
+expect 0 "^removed 7 objects; 2 in use by live processes left alone\$" "the summary"
 absent "${p}_live" "nothing live is named"
 absent "$other|$attempt" "nothing outside the prefix"
 [[ -e /dev/shm/tailcut.$(id -u).${p}_live ]] || fail "the live queue was removed"
-[[ -e /dev/shm/tailcut-ring.$(id -u).${p}_live.pool && -e "$pool.${p}_live.pool.json" ]] ||
-  fail "the live ring or its description was removed"
+[[ -e /dev/shm/tailcut-ring.$(id -u).${p}_live.pool && -e "$pool.${p}_live.pool.json" &&
+   -e "$pool.${p}_live.pool.status" ]] || fail "the live ring, its description or status was removed"
 [[ -e /dev/shm/tailcut.$(id -u).$other ]] || fail "a queue outside the prefix was removed"
 [[ ! -e /dev/shm/tailcut.$(id -u).${p}_dead && ! -e /dev/shm/tailcut-ring.$(id -u).${p}_dead.pool ]] ||
   fail "the dead queue or ring is still there"

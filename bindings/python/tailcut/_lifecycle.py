@@ -3,8 +3,8 @@
 * Attempts. A PooledLoader opens its ring through open_trainer_ring(): under
   a host-wide lock on the ring's name, a ring that no live trainer uses is
   what a dead attempt (a crashed run, or the attempt torchrun restarts) left:
-  its loaders still alive are killed, its segment, description and failure
-  record removed, and a fresh ring is made. So a new attempt never pops a
+  its loaders still alive are killed, its segment, description, failure
+  record and status removed, and a fresh ring is made. So a new attempt never pops a
   batch a dead one published. The lock is an abstract Unix socket: nothing
   in the file system, and the kernel drops it with its process.
 * Parents. A loader a rank forked watches that rank (watch_parent): a
@@ -28,8 +28,8 @@
   parent watch then does it.
 * The end. end_pool() is PooledLoader.close()'s, also run at exit or when
   the PooledLoader is dropped: the process that started the loaders removes
-  the ring's name, description and failure record once they are gone (after
-  a failure: first, then it kills them). A batch still referenced keeps its
+  the ring's name, description, failure record and status once they are
+  gone (after a failure: first, then it kills them). A batch still referenced keeps its
   mapping, never the name.
 
 Every function here may be called from any process of the job; the files
@@ -98,15 +98,21 @@ def _unlink(path):
         pass
 
 
-def remove_pool(ring_name):
-    """Removes the ring's segment, description and failure record."""
+def _pool_files(ring_name):
+    """The files of a pool beside its ring: description, failure record, status."""
     from tailcut.pool import pool_spec_path
+    from tailcut.pool._status import status_path
+    return (pool_spec_path(ring_name), failure_path(ring_name), status_path(ring_name))
+
+
+def remove_pool(ring_name):
+    """Removes the ring's segment, description, failure record and status."""
     tailcut.remove_batch_ring(ring_name)
-    _unlink(pool_spec_path(ring_name))
-    _unlink(failure_path(ring_name))
-    # A loader killed while it wrote its record leaves its temporary file.
-    for tmp in glob.glob(glob.escape(failure_path(ring_name)) + ".*.tmp"):
-        _unlink(tmp)
+    for path in _pool_files(ring_name):
+        _unlink(path)
+        # A process killed while it wrote a record or status leaves its temporary file.
+        for tmp in glob.glob(glob.escape(path) + ".*.tmp"):
+            _unlink(tmp)
 
 
 def _live_trainers(ring_name):
@@ -120,13 +126,12 @@ def _live_trainers(ring_name):
 
 def fence_dead_attempt(ring_name):
     """Under ring_lock: if the ring exists and no trainer is alive in it, kills
-    its live loaders and removes it with its description and failure record.
-    Returns a line saying what was removed, or None."""
-    from tailcut.pool import pool_spec_path
+    its live loaders and removes it with its description, failure record and
+    status. Returns a line saying what was removed, or None."""
     try:
         stats = tailcut.inspect_batch_ring(ring_name)
     except tailcut.NotFoundError:
-        for path in (pool_spec_path(ring_name), failure_path(ring_name)):
+        for path in _pool_files(ring_name):
             _unlink(path)
         return None
     live = [c for c in stats["clients"] if c["alive"]]
@@ -161,7 +166,7 @@ def open_trainer_ring(ring_name, earlier, open_ring):
 
 def close_pool(ring_name, failed):
     """What the process that started a pool does last (its loaders are gone):
-    removes the ring's name, description and failure record. After a loader
+    removes the ring's name, description, failure record and status. After a loader
     failed, it first gives the other ranks up to 2 s to see the record."""
     if failed:
         deadline = time.monotonic() + 2.0
@@ -357,8 +362,8 @@ def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
     when the PooledLoader is dropped or at exit: local rank 0 ends the ring
     (not after a loader failed: the other ranks would take the end for the
     epoch's); the process that started loaders (spec_removal[0] is set)
-    waits for them, then removes the ring's name, description and failure
-    record (close_pool)."""
+    waits for them, then removes the ring's name, description, failure
+    record and status (close_pool)."""
     failed_now = failed(ring_name)
     if local_rank0 and not failed_now:
         ring.end_epoch(None)

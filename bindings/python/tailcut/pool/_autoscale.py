@@ -73,7 +73,8 @@ class Autoscale:
                 f"starve must be a share of time in (0, 1), got {starve!r}")
         self.full_for = _args.seconds("full_for", full_for)
         self.cooldown = _args.seconds("cooldown", cooldown)
-        self.decisions = []  # dicts: at (s since the first look), action, n, loaders, why
+        # dicts: at (s since the first look), time (Unix s), action, n, loaders, why
+        self.decisions = []
         self._owner = None  # a weak reference: the PooledLoader holds this, and its end runs
         self._t0 = None     # when it is dropped
         self._last = None  # (monotonic time, {(slot, joined_ns): wait seconds}) of the last look
@@ -161,7 +162,8 @@ class Autoscale:
             after = alive - n
         self._quiet_until = now + self.cooldown
         self._full_since, self._starved_looks = None, 0
-        self.decisions.append(dict(at=now - self._t0, action=action, n=n, loaders=after, why=why))
+        self.decisions.append(dict(at=now - self._t0, time=time.time(), action=action, n=n,
+                                   loaders=after, why=why))
         bound = f"at most {self.maximum}" if action == "add" else f"at least {self.minimum}"
         log.info("tailcut.pool: autoscale of ring '%s': %s; %s %d loader%s (%d now, %s)",
                  pool.name, why, "adding" if action == "add" else "removing", n,

@@ -181,6 +181,7 @@ class Shares:
         self.rank_index = 0
         self.shares = [self.per_batch] * world_size
         self.speed = 0.0  # records per second of compute, smoothed; 0: not measured yet
+        self.speeds = [0.0] * world_size  # every rank's speed at the last decision
         self.steps = 0  # steps done under balance, alike on every rank
         self.decided_at = 0
         self._handed_out = None  # (time, records) of the batch the rank holds
@@ -216,8 +217,8 @@ class Shares:
             return
         self.decided_at = self.steps
         if self.group is not None:
-            self.shares = allocate(self._gather_speeds(), self.world_size * self.per_batch,
-                                   self.cap)
+            self.speeds = self._gather_speeds()
+            self.shares = allocate(self.speeds, self.world_size * self.per_batch, self.cap)
 
     def handed_out(self, records):
         """The rank got a batch of `records` records: its compute starts."""

@@ -11,7 +11,7 @@ import weakref
 import tailcut
 from tailcut import _args, _core, _job, _lifecycle, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
-from tailcut.pool import _autoscale, _balance, _description
+from tailcut.pool import _autoscale, _balance, _description, _status
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._recipe import recipe_for
 
@@ -169,6 +169,10 @@ class PooledLoader:
                                            self.local_world_size, self.num_slots)
             self._recipe = recipe_for(dataset, self._shares.unit, collate_fn, transform)
         self.weight = 1.0  # the loss factor of the last batch (balance)
+        # What `tailcut top` shows of autoscaling and shares, written by local rank 0.
+        self._status = None
+        if self.local_rank == 0 and (self.autoscale is not None or self._shares is not None):
+            self._status = _status.PoolStatus(self.name, self.autoscale, self._shares)
         self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
         self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = on_leftover
@@ -263,6 +267,8 @@ class PooledLoader:
             self._publish_spec()
             self.loaders += start_loaders(self.dataset, self.name, self.num_workers,
                                           **self._loader_kwargs())
+            if self._status is not None:
+                self._status.started(len(self.live_loaders()))
         return self.loaders
 
     def add_loaders(self, n=1):
@@ -418,6 +424,7 @@ class PooledLoader:
         def next_batch():
             if self.autoscale is not None and self.local_rank == 0:
                 self.autoscale.look(self)  # at most every autoscale.interval s: cheap
+                self._status.after_look()
             return carried.pop(0) if carried else self._next(epoch, report)
 
         shares = self._shares
@@ -430,6 +437,8 @@ class PooledLoader:
                 try:
                     if shares is not None:
                         shares.before_step()  # every rank reaches it: steps are equal
+                        if self._status is not None:
+                            self._status.after_decision()
                     want = 1 if shares is None else shares.units
                     while len(parts) < want:
                         batch = next_batch()
