@@ -9,6 +9,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -694,6 +695,33 @@ def test_close_with_a_batch_still_referenced_leaves_nothing_in_shm(rname, tmp_pa
     assert ring_files(loader.name) == []  # the name is gone ...
     assert batch.shape == (32, RECORD) and int(batch.sum()) >= 0  # ... the mapping is not
     ds.close()
+
+
+@pytest.mark.parametrize("end", ["close", "exit"])
+def test_a_pooled_loader_ended_before_its_first_iteration_leaves_nothing_in_shm(rname, tmp_path,
+                                                                                end):
+    # A process that makes the loader and closes it (or exits) before iterating: no loader
+    # was started, so none removes the ring when it leaves.
+    path = write_ids(tmp_path / "ids.bin", 400)
+    program = textwrap.dedent(f"""
+        import tailcut.torch as tt
+        ds = tt.QueueDataset([{path!r}], name={rname!r}, format="fixed",
+                             record_bytes={RECORD}, num_slices=4)
+        loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12,
+                                 num_slots=4, timeout=60)
+        assert loader.ring is not None
+        if {end!r} == "close":
+            loader.close()
+            import os
+            left = [f for f in os.listdir("/dev/shm") if f.endswith({rname!r} + ".pool")]
+            assert left == [], left
+        """)
+    env = dict(os.environ)
+    env.pop("LOCAL_WORLD_SIZE", None)
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ring_files(rname + ".pool") == []
 
 
 def test_a_dropped_pooled_loader_leaves_nothing_in_shm(rname, tmp_path):

@@ -115,13 +115,15 @@ def remove_pool(ring_name):
             _unlink(tmp)
 
 
-def _live_trainers(ring_name):
-    """How many trainers are alive in the ring; None if there is no ring."""
+def _live_trainers(ring_name, but_pid=None):
+    """How many trainers are alive in the ring (other than process `but_pid`);
+    None if there is no ring."""
     try:
         stats = tailcut.inspect_batch_ring(ring_name)
     except tailcut.NotFoundError:
         return None
-    return sum(c["alive"] and c["role"] == "trainer" for c in stats["clients"])
+    return sum(c["alive"] and c["role"] == "trainer" and c["pid"] != but_pid
+               for c in stats["clients"])
 
 
 def fence_dead_attempt(ring_name):
@@ -363,7 +365,8 @@ def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
     (not after a loader failed: the other ranks would take the end for the
     epoch's); the process that started loaders (spec_removal[0] is set)
     waits for them, then removes the ring's name, description, failure
-    record and status (close_pool)."""
+    record and status (close_pool); local rank 0 that never started any
+    removes them when no other trainer uses the ring."""
     failed_now = failed(ring_name)
     if local_rank0 and not failed_now:
         ring.end_epoch(None)
@@ -384,6 +387,13 @@ def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
             p.join()
     if started and not failed_now:
         close_pool(ring_name, failed_now)
+    elif local_rank0 and not started:
+        # Closed before its first iteration: no loader of this process will remove the ring
+        # it made, so it goes now, unless another trainer still uses it (this process's slot
+        # still reads alive after ring.close()).
+        with ring_lock(ring_name):
+            if not _live_trainers(ring_name, but_pid=os.getpid()):
+                remove_pool(ring_name)
 
 
 class LeaveOnSignals:
