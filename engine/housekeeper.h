@@ -70,7 +70,8 @@ class Housekeeper {
  private:
   // The lowest ticket at or above `from` an OPEN or ORPHAN lease holds; UINT64_MAX if none.
   uint64_t LowestHeldTicket(uint64_t from) const noexcept;
-  // The first ticket in [from, limit) whose done (or, fed, skip) bit is clear; else max(from, limit).
+  // The first ticket in [from, limit) whose done (or, fed, skip) bit is clear; else max(from,
+  // limit).
   uint64_t SettledBits(uint64_t from, uint64_t limit) const noexcept;
   void RecoverClient(uint64_t slot, bool admin_held) noexcept;
   std::vector<int> LivePidsImpl(uint64_t self, bool admin_held) noexcept;
