@@ -89,8 +89,8 @@ def test_an_autoscaled_pool_shows_its_decisions_in_top_and_close_removes_them(
                              local_rank=0, timeout=60)
     path = status_path(loader.name)
     writes = []
-    write = _status._write
-    monkeypatch.setattr(_status, "_write", lambda *a: (writes.append(a), write(*a)))
+    write = _status.write_json
+    monkeypatch.setattr(_status, "write_json", lambda *a: (writes.append(a), write(*a)))
     shown = None
     for _ in loader:
         if shown is None and not os.path.exists(path):

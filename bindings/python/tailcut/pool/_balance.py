@@ -32,11 +32,10 @@ capped at twice the equal share (2 x batch_size / unit units) to bound it.
 
 import heapq
 import statistics
-import sys
 import time
 
 import tailcut
-from tailcut import _args
+from tailcut import _args, _steps
 
 # The equal batch is cut into at most this many units by default: shares move
 # in steps of 1/4 of a batch or finer. Each unit costs a loader a batch's work
@@ -142,14 +141,6 @@ def _timed_allreduce(clock, bucket):
     return allreduce_hook(clock.process_group, bucket)
 
 
-def _dist():
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None)
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist
-
-
 class Shares:
     """One rank's share of the global batch: what it measures and what the
     ranks decided. Not thread-safe: the rank's iteration alone uses it."""
@@ -196,7 +187,7 @@ class Shares:
         (`group`, else the default one)."""
         if self.group is not None or self.world_size == 1:
             return
-        dist = _dist()
+        dist = _steps._dist()
         if dist is None:
             raise tailcut.InvalidArgumentError(
                 f"PooledLoader(balance=...): the {self.world_size} ranks exchange their speeds "

@@ -59,11 +59,19 @@ def write(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, poll):
                    for k in ("collate_fn", "transform", "record_transform")},
         cwd=os.getcwd(), sys_path=[p for p in sys.path if isinstance(p, str)],
         pid=os.getpid(), written=time.time())
+    write_json(path, spec, default=os.fspath)  # a PathLike option; anything else raises
+    return path
+
+
+def write_json(path, content, default=None):
+    """Replaces the file at `path` by `content` as JSON, mode 0600, at once:
+    readers see the old file or the new one, never a part (a temporary file
+    renamed over it; removed again if writing fails)."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(spec, f, default=os.fspath)  # a PathLike option; anything else raises
+            json.dump(content, f, default=default)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -71,7 +79,6 @@ def write(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, poll):
         except OSError:
             pass
         raise
-    return path
 
 
 def read_pool_spec(ring_name):

@@ -19,10 +19,11 @@ The file holds:
              step (steps done when decided), time (Unix seconds)
 """
 
-import json
 import logging
 import os
 import time
+
+from tailcut.pool._description import write_json
 
 log = logging.getLogger("tailcut.pool")
 
@@ -36,21 +37,6 @@ def status_path(ring_name):
     """/dev/shm/tailcut-pool.<euid>.<ring name>.status, beside the description."""
     from tailcut.pool import pool_spec_path
     return pool_spec_path(ring_name)[:-len(".json")] + ".status"
-
-
-def _write(path, content):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(content, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class PoolStatus:
@@ -103,7 +89,7 @@ class PoolStatus:
                                      step=self.shares.steps, time=time.time())
             status["balance"] = self._balance
         try:
-            _write(status_path(self.ring_name), status)
+            write_json(status_path(self.ring_name), status)
         except OSError as e:  # what top shows is not worth stopping the job for
             if not self._write_failed:
                 self._write_failed = True
