@@ -20,7 +20,8 @@ import tempfile
 import time
 import traceback
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
 import test_pooled_lifecycle as t  # noqa: E402
 
@@ -57,10 +58,13 @@ def one_round(case):
     except BaseException as e:  # pytest.fail raises a BaseException
         if isinstance(e, KeyboardInterrupt):
             raise
-        # Where it failed too: a bare assert says nothing of itself.
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        return (f"{type(e).__name__}: {str(e)[:400]} (at {pathlib.Path(where.filename).name}:"
-                f"{where.lineno}: {where.line})", text.getvalue())
+        # Where it failed too: a bare assert says nothing of itself. The test's own frames
+        # (pytest.fail's are inside pytest), the innermost last: a wait_for and its caller.
+        frames = traceback.extract_tb(e.__traceback__)
+        ours = [f for f in frames if pathlib.Path(f.filename).resolve().parent == HERE]
+        where = " < ".join(f"{pathlib.Path(f.filename).name}:{f.lineno}: {f.line}"
+                           for f in reversed((ours or frames)[-2:]))
+        return f"{type(e).__name__}: {str(e)[:400]} (at {where})", text.getvalue()
     finally:
         for job in t.Job.started:  # what a failed round left running
             for pid in job.processes():

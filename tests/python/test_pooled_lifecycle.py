@@ -185,7 +185,7 @@ def wait_for(fn, timeout=60):
         if value:
             return value
         time.sleep(0.02)
-    pytest.fail("timed out")
+    pytest.fail(f"timed out after {timeout} s")
 
 
 def alive(pid):
