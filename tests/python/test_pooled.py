@@ -724,6 +724,62 @@ def test_a_pooled_loader_ended_before_its_first_iteration_leaves_nothing_in_shm(
     assert ring_files(rname + ".pool") == []
 
 
+@pytest.mark.parametrize("steps", [
+    # Local rank 0 removes the ring it made and closed; rank 1 makes it again, then closes it.
+    [(0, "make"), (0, "close"), (1, "make"), (1, "close")],
+    # The reverse: rank 1 alone made and closed it.
+    [(1, "make"), (1, "close"), (0, "make"), (0, "close")],
+    # Both in the ring, rank 1 closes first, then rank 0; or rank 0 first.
+    [(0, "make"), (1, "make"), (1, "close"), (0, "close")],
+    [(0, "make"), (1, "make"), (0, "close"), (1, "close")],
+])
+def test_ranks_that_close_before_iterating_leave_nothing_in_shm(rname, tmp_path, steps):
+    # Two ranks of a host that make the loader and close it without iterating (a job resumed
+    # from a checkpoint taken at its end) never meet in the ring: the first may remove it and
+    # the second make it again. Whichever rank closes last removes it, local rank 0 or not.
+    path = write_ids(tmp_path / "ids.bin", 400)
+    program = textwrap.dedent(f"""
+        import sys
+        import tailcut.torch as tt
+        ds = tt.QueueDataset([{path!r}], name={rname!r}, format="fixed",
+                             record_bytes={RECORD}, num_slices=4)
+        print("ready", flush=True)
+        for step in sys.stdin:
+            if step.strip() == "make":
+                loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12,
+                                         num_slots=4, timeout=60)
+            elif step.strip() == "close":
+                loader.close()
+            else:
+                break
+            print("done", flush=True)
+        ds.close()
+        """)
+    ranks = []
+    for rank in (0, 1):  # rank 1 opens the queue once local rank 0 prepared it
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2")
+        ranks.append(subprocess.Popen([sys.executable, "-c", program], env=env, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+    try:
+        for p in ranks:
+            assert p.stdout.readline().strip() == "ready"
+        for rank, step in steps:
+            ranks[rank].stdin.write(step + "\n")
+            ranks[rank].stdin.flush()
+            assert ranks[rank].stdout.readline().strip() == "done", (rank, step)
+        for p in ranks:
+            p.stdin.write("end\n")
+            p.stdin.close()
+        for p in ranks:
+            assert p.wait(timeout=60) == 0
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+    assert ring_files(rname + ".pool") == []
+
+
 def test_a_dropped_pooled_loader_leaves_nothing_in_shm(rname, tmp_path):
     import gc
     path = write_ids(tmp_path / "ids.bin", 400)

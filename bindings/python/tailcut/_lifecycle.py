@@ -115,14 +115,14 @@ def remove_pool(ring_name):
             _unlink(tmp)
 
 
-def _live_trainers(ring_name, but_pid=None):
-    """How many trainers are alive in the ring (other than process `but_pid`);
-    None if there is no ring."""
+def _live_trainers(ring_name, but_pid=None, roles=("trainer",)):
+    """How many clients of `roles` are alive in the ring (other than process
+    `but_pid`); None if there is no ring."""
     try:
         stats = tailcut.inspect_batch_ring(ring_name)
     except tailcut.NotFoundError:
         return None
-    return sum(c["alive"] and c["role"] == "trainer" and c["pid"] != but_pid
+    return sum(c["alive"] and c["role"] in roles and c["pid"] != but_pid
                for c in stats["clients"])
 
 
@@ -365,8 +365,8 @@ def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
     (not after a loader failed: the other ranks would take the end for the
     epoch's); the process that started loaders (spec_removal[0] is set)
     waits for them, then removes the ring's name, description, failure
-    record and status (close_pool); local rank 0 that never started any
-    removes them when no other trainer uses the ring."""
+    record and status (close_pool); a process that started none removes
+    them when no other process uses the ring."""
     failed_now = failed(ring_name)
     if local_rank0 and not failed_now:
         ring.end_epoch(None)
@@ -387,12 +387,14 @@ def end_pool(ring, ring_name, local_rank0, loaders, spec_removal):
             p.join()
     if started and not failed_now:
         close_pool(ring_name, failed_now)
-    elif local_rank0 and not started:
-        # Closed before its first iteration: no loader of this process will remove the ring
-        # it made, so it goes now, unless another trainer still uses it (this process's slot
-        # still reads alive after ring.close()).
+    elif not started:
+        # No loader of this process will remove the ring: the last process to use it does,
+        # whichever rank that is. Without loaders (closed before the first iteration) the
+        # ranks do not meet, so one may remove the ring before another opens it again; and the
+        # last to leave a ring never ended leaves it behind. This process's own slot still
+        # reads alive after ring.close(): it does not count.
         with ring_lock(ring_name):
-            if not _live_trainers(ring_name, but_pid=os.getpid()):
+            if not _live_trainers(ring_name, but_pid=os.getpid(), roles=("trainer", "loader")):
                 remove_pool(ring_name)
 
 
