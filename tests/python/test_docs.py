@@ -1,5 +1,6 @@
 """Runs every ```python block of docs/python.md, docs/pytorch.md and docs/pooled.md as a
-program in an empty directory."""
+program in an empty directory, and checks that every test the docs name as a promise's
+evidence exists."""
 
 import importlib.util
 import os
@@ -10,7 +11,8 @@ import sys
 
 import pytest
 
-DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
 # doc -> (fewest examples it must have, module the examples need)
 PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch"), "pooled.md": (3, "torch")}
 
@@ -56,3 +58,33 @@ def test_doc_example_runs(code, tmp_path):
     left = [p.name for p in pathlib.Path("/dev/shm").glob("tailcut*")
             if f"-{proc.pid}" in p.name]
     assert not left, f"the example left queues, rings or pool descriptions behind: {left}"
+
+
+def _named_tests(text):
+    """The tests a doc names: Python test functions (test_name, also after
+    `file.py::`; a name ending in "_" is a prefix, as in `test_killed_after_...`)
+    and GoogleTest cases (SuiteTest.CaseName)."""
+    python = set(re.findall(r"(?<![\w./-])(test_\w+)(?![\w/]|\.py)", text))
+    cpp = set(re.findall(r"\b([A-Z]\w*Test)\.([A-Z]\w+)", text))
+    return python, cpp
+
+
+def test_every_test_the_docs_name_exists():
+    # The reliability tables name the test behind each promise: a test renamed or removed
+    # must take its row along, or the row says what nothing checks any more.
+    python, cpp = set(), set()
+    for path in list((ROOT / "tests").rglob("*.py")) + list((ROOT / "bench").rglob("*.py")):
+        python |= set(re.findall(r"^\s*def (test_\w+)", path.read_text(), re.M))
+    for path in list((ROOT / "tests").rglob("*.cc")) + list((ROOT / "bench").rglob("*.cc")):
+        cpp |= set(re.findall(r"\bTEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\)", path.read_text()))
+    assert len(python) > 100 and len(cpp) > 100  # the patterns still find the tests
+    missing = []
+    for doc in sorted(DOCS.glob("*.md")) + [ROOT / "README.md"]:
+        named_python, named_cpp = _named_tests(doc.read_text())
+        for name in sorted(named_python):
+            if name not in python and not (name.endswith("_") and
+                                           any(t.startswith(name) for t in python)):
+                missing.append(f"{doc.name}: {name}")
+        missing += [f"{doc.name}: {suite}.{case}" for suite, case in sorted(named_cpp)
+                    if (suite, case) not in cpp]
+    assert not missing, "the docs name tests that do not exist:\n" + "\n".join(missing)
