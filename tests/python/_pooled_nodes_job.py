@@ -14,7 +14,11 @@ per epoch its steps, the ids it trained and the ids it dropped; local rank 0
 the pids of its loaders to OUT_DIR/loaders-n<node>; every rank its step count
 to OUT_DIR/progress-R every 20 steps.
 
-    ... [--every N] [--resume CKPT]
+    ... [--every N] [--resume CKPT] [--map]
+
+--map: the same ids as a map-style dataset (dataset[i] is a 0-d int64 tensor;
+node n's share of the ids in a static split, every id when fed) read through
+PooledLoader(dataset, ...) and its index queue under the same name.
 
 Checkpoints: every N steps (N > 0) and at each epoch end every rank calls
 loader.state_dict() (every host's part) and rank 0 saves {'loader': state,
@@ -32,12 +36,26 @@ import os
 import pathlib
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import tailcut.torch
 
 BATCH = 64
+
+
+class Ids(torch.utils.data.Dataset):
+    """A map-style dataset of ids: dataset[i] is ids[i]."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return self.ids[i]
 
 
 def main():
@@ -47,6 +65,7 @@ def main():
     p.add_argument("fed", nargs="?", choices=["fed"])
     p.add_argument("--every", type=int, default=None)
     p.add_argument("--resume")
+    p.add_argument("--map", action="store_true")
     args = p.parse_args()
     data, job, fed = args.data, args.job, args.fed is not None
     out, epochs, slow = pathlib.Path(args.out), int(args.epochs), float(args.slow)
@@ -69,9 +88,6 @@ def main():
         opts = dict(name=job, global_block_size=2, on_notice=lambda line: None)
     else:
         files, opts = files[node::nodes], dict(name=f"{job}.n{node}")
-    ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8, num_epochs=epochs,
-                                    num_slices=40, shuffle_buffer=0, interleave=1,
-                                    restore_state=state["queue"] if state else None, **opts)
     dropped = []
     current = [0]
 
@@ -80,9 +96,20 @@ def main():
         dropped.extend(ids)
         write(dropped=True, epoch=current[0], ids=ids)
 
-    loader = tailcut.torch.PooledLoader(
-        ds, num_workers=2, batch_size=BATCH, slot_bytes=BATCH * 8, num_slots=8, timeout=60,
-        carry_over=False, on_leftover=on_leftover)
+    restore = dict(restore_state=state["queue"] if state else None)
+    pool = dict(num_workers=2, batch_size=BATCH, num_slots=8, timeout=60, carry_over=False,
+                on_leftover=on_leftover)
+    if args.map:
+        ds = None
+        ids = torch.from_numpy(np.concatenate([np.fromfile(f, np.int64) for f in files]))
+        opts["queue_name"] = opts.pop("name")
+        loader = tailcut.torch.PooledLoader(Ids(ids), slot_bytes=1 << 14, num_epochs=epochs,
+                                            num_slices=40, **restore, **opts, **pool)
+    else:
+        ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8,
+                                        num_epochs=epochs, num_slices=40, shuffle_buffer=0,
+                                        interleave=1, **restore, **opts)
+        loader = tailcut.torch.PooledLoader(ds, slot_bytes=BATCH * 8, **pool)
     if state is not None:
         loader.load_state_dict(state)
 
@@ -120,7 +147,8 @@ def main():
         if args.every is not None:
             checkpoint(epoch + 1, 0)
     loader.close()
-    ds.close()
+    if ds is not None:
+        ds.close()
     (out / f"rank-{rank}.json").write_text(json.dumps(dict(node=node, epochs=log)))
     dist.barrier()
     dist.destroy_process_group()

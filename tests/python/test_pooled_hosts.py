@@ -95,11 +95,12 @@ def remove_nodes_queues(job):
             pass
 
 
-def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordinator=None):
+def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordinator=None,
+              extra=()):
     """Runs the job on two nodes (start_nodes); returns the ranks' logs and
     the pid of the loader killed, if any."""
     data, out = write_data(tmp_path)
-    procs = start_nodes(data, out, job, coordinator=coordinator)
+    procs = start_nodes(data, out, job, coordinator=coordinator, extra=extra)
     killed = None
     deadline = time.monotonic() + limit_s
     try:
@@ -215,6 +216,24 @@ def test_two_nodes_fed_by_a_coordinator_end_every_epoch_at_the_same_step(  # noq
     check_fed_nodes(ranks, job, repeats_allowed=64 if kill else 0)
 
 
+@pytest.mark.parametrize("fed", [False, True], ids=["static_split", "fed"])
+def test_two_nodes_of_a_map_style_dataset_end_every_epoch_at_the_same_step(request, tmp_path,
+                                                                            fed):
+    """The same job over a map-style dataset (dataset[i] an id), through
+    PooledLoader(dataset, ...) and its index queue: node n's share of the ids
+    (static_split), or every id with the index queue fed by a coordinator
+    (fed). Equal steps, every id once per epoch (trained or left over and
+    reported), nothing left."""
+    coordinator = None
+    if fed:
+        if REDIS is None:
+            pytest.skip("redis-server is not installed")
+        coordinator = request.getfixturevalue("redis_url")
+    job = f"pytest-map-nodes-{os.getpid()}-{int(fed)}"
+    ranks, _ = run_nodes(tmp_path, job, coordinator=coordinator, extra=["--map"])
+    (check_fed_nodes if fed else check_nodes)(ranks, job)
+
+
 # ---- Checkpoints of a job on two nodes ---------------------------------------------------------
 
 
@@ -289,7 +308,7 @@ def check_restored_nodes(out, killed_run, cut, job):
     assert not left, left
 
 
-@pytest.mark.parametrize("when", ["mid_epoch", "epoch_end"])
+@pytest.mark.parametrize("when", ["mid_epoch", "epoch_end", "mid_epoch_map_style"])
 def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, when):
     """2 nodes x 2 ranks under two torchrun launches, a queue and a pool per
     node, node 1's steps slower. Every rank calls loader.state_dict() every 40
@@ -300,10 +319,14 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, 
     Every record of each node once per epoch across the two runs (trained up to
     the checkpoint, or after it; or left over and reported), equal steps,
     nothing left in /dev/shm or running. Before, state_dict() refused a job
-    that spans hosts and no checkpoint was written."""
+    that spans hosts and no checkpoint was written. mid_epoch_map_style: the
+    same over a map-style dataset, whose index queue picks its host's entry
+    from the state as QueueDataset does."""
     job = f"pytest-nodes-ckpt-{os.getpid()}-{when}"
     data, out = write_data(tmp_path)
-    every = ["--every", "40" if when == "mid_epoch" else "0"]
+    every = ["--every", "0" if when == "epoch_end" else "40"]
+    if when.endswith("map_style"):
+        every.append("--map")
     ckpt = out / "ckpt.pt"
     procs = start_nodes(data, out, job, run=f"{job}-a", extra=every)
     finished = False
@@ -321,7 +344,7 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, 
         state = saved["loader"]
         cut = (state["epoch"], state["step"])
         assert sorted(state["queue"]["hosts"]) == [f"{job}.n0", f"{job}.n1"], state.keys()
-        assert (cut[1] > 0) == (when == "mid_epoch"), cut
+        assert (cut[1] > 0) == (when != "epoch_end"), cut
         # Node 1's steps are slower: its ring is full, and those batches must be read again.
         assert state["hosts"][f"{job}.n1"]["unused_batches"] > 0, state["hosts"]
         procs = start_nodes(data, out, job, run=f"{job}-b",

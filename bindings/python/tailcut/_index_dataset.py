@@ -12,7 +12,7 @@ import os
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _args, _attempts, _map_style
+from tailcut import _args, _attempts, _map_style, _pool_state
 from tailcut._job import default_name as _default_name
 from tailcut.torch import QueueDataset, _current_epoch, _env_int
 
@@ -53,6 +53,10 @@ class IndexDataset(QueueDataset):
         queue_options.setdefault("num_clients", _env_int("LOCAL_WORLD_SIZE", 1))
         queue_options.setdefault("name", _default_name())
         self._queue_args = _map_style.index_queue_args(n, queue_options)
+        if queue_options.get("restore_state") is not None:
+            # A PooledLoader checkpoint of several hosts: this host's queue's entry.
+            self._queue_args["restore_state"] = _pool_state.host_queue_state(
+                queue_options["restore_state"], queue_options["name"])
         self.batch_size = None  # the DataLoader batches
         self.transform = None  # the dataset applies its own
         self._epoch = None
