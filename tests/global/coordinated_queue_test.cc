@@ -407,6 +407,13 @@ TEST_F(CoordinatedQueueTest,
   b->Close();
 }
 
+// Writes `text` to `path` at once (a temporary file renamed over it): a
+// reader that waits for the file to exist (AwaitFile) never finds it empty.
+void WriteFileAtOnce(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".tmp") << text;
+  std::filesystem::rename(path + ".tmp", path);
+}
+
 void AwaitFile(const std::string& path) {
   auto give_up = Clock::now() + std::chrono::seconds(60);
   while (!std::filesystem::exists(path) && Clock::now() < give_up)
@@ -428,7 +435,8 @@ int PauseThenFinishShare(const Job& job, const std::string& dir, int p) {
   auto give_up = Clock::now() + std::chrono::seconds(20);
   while (q->SettledTickets() < total && Clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(5));
-  std::ofstream(dir + "/a." + std::to_string(p) + ".settled") << q->SettledTickets() << "\n";
+  WriteFileAtOnce(dir + "/a." + std::to_string(p) + ".settled",
+                  std::to_string(q->SettledTickets()) + "\n");
   WorkItem item;
   TakeStatus end = q->Take(&item, Clock::now() + std::chrono::seconds(60));
   q->Close();
