@@ -14,11 +14,15 @@ per epoch its steps, the ids it trained and the ids it dropped; local rank 0
 the pids of its loaders to OUT_DIR/loaders-n<node>; every rank its step count
 to OUT_DIR/progress-R every 20 steps.
 
-    ... [--every N] [--resume CKPT] [--map]
+    ... [--every N] [--resume CKPT] [--map] [--balance]
 
 --map: the same ids as a map-style dataset (dataset[i] is a 0-d int64 tensor;
 node n's share of the ids in a static split, every id when fed) read through
 PooledLoader(dataset, ...) and its index queue under the same name.
+--balance: PooledLoader(balance=True) over 32 slots; node 1 sleeps SLOW_SECONDS
+per BATCH records it gets, and no all_reduce follows a step (the time between
+two batches is then the rank's own compute; the pool's step agreement is the
+synchronous point).
 
 Checkpoints: every N steps (N > 0) and at each epoch end every rank calls
 loader.state_dict() (every host's part) and rank 0 saves {'loader': state,
@@ -66,6 +70,7 @@ def main():
     p.add_argument("--every", type=int, default=None)
     p.add_argument("--resume")
     p.add_argument("--map", action="store_true")
+    p.add_argument("--balance", action="store_true")
     args = p.parse_args()
     data, job, fed = args.data, args.job, args.fed is not None
     out, epochs, slow = pathlib.Path(args.out), int(args.epochs), float(args.slow)
@@ -97,8 +102,8 @@ def main():
         write(dropped=True, epoch=current[0], ids=ids)
 
     restore = dict(restore_state=state["queue"] if state else None)
-    pool = dict(num_workers=2, batch_size=BATCH, num_slots=8, timeout=60, carry_over=False,
-                on_leftover=on_leftover)
+    pool = dict(num_workers=2, batch_size=BATCH, num_slots=32 if args.balance else 8,
+                timeout=60, carry_over=False, on_leftover=on_leftover, balance=args.balance)
     if args.map:
         ds = None
         ids = torch.from_numpy(np.concatenate([np.fromfile(f, np.int64) for f in files]))
@@ -133,8 +138,9 @@ def main():
             trained = batch.view(torch.int64).ravel().tolist()
             ids += trained
             if slow and node == 1:
-                time.sleep(slow)
-            dist.all_reduce(torch.ones(1))  # as DDP's gradient all_reduce
+                time.sleep(slow * (len(trained) / BATCH if args.balance else 1))
+            if not args.balance:
+                dist.all_reduce(torch.ones(1))  # as DDP's gradient all_reduce
             write(epoch=epoch, step=step, ids=trained)
             if args.every and step % args.every == 0:
                 checkpoint(epoch, step)
@@ -142,7 +148,7 @@ def main():
             if steps % 20 == 0:
                 (out / f"progress-{rank}").write_text(str(steps))
         log.append(dict(steps=loader.reports[-1]["steps"], ids=ids, dropped=list(dropped),
-                        report=dict(loader.reports[-1])))
+                        report=dict(loader.reports[-1]), shares=loader.shares))
         dropped.clear()
         if args.every is not None:
             checkpoint(epoch + 1, 0)
