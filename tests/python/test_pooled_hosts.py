@@ -216,6 +216,16 @@ def test_two_nodes_fed_by_a_coordinator_end_every_epoch_at_the_same_step(  # noq
     check_fed_nodes(ranks, job, repeats_allowed=64 if kill else 0)
 
 
+def coordinator_of(request, fed):
+    """The URL of a redis-server of the test's own where `fed`, else None;
+    skips a fed case where redis-server is not installed."""
+    if not fed:
+        return None
+    if REDIS is None:
+        pytest.skip("redis-server is not installed")
+    return request.getfixturevalue("redis_url")
+
+
 @pytest.mark.parametrize("fed", [False, True], ids=["static_split", "fed"])
 def test_two_nodes_of_a_map_style_dataset_end_every_epoch_at_the_same_step(request, tmp_path,
                                                                             fed):
@@ -224,11 +234,7 @@ def test_two_nodes_of_a_map_style_dataset_end_every_epoch_at_the_same_step(reque
     (static_split), or every id with the index queue fed by a coordinator
     (fed). Equal steps, every id once per epoch (trained or left over and
     reported), nothing left."""
-    coordinator = None
-    if fed:
-        if REDIS is None:
-            pytest.skip("redis-server is not installed")
-        coordinator = request.getfixturevalue("redis_url")
+    coordinator = coordinator_of(request, fed)
     job = f"pytest-map-nodes-{os.getpid()}-{int(fed)}"
     ranks, _ = run_nodes(tmp_path, job, coordinator=coordinator, extra=["--map"])
     (check_fed_nodes if fed else check_nodes)(ranks, job)
@@ -244,11 +250,7 @@ def test_two_nodes_with_balanced_shares_end_every_epoch_at_the_same_step(request
     little and node 0 runs out first: measured 24,256 of 32,000 per epoch);
     fed by a coordinator the records follow the shares, and what is left over
     is what node 1's loaders hold when node 0 runs out (10,624 of 80,000)."""
-    coordinator = None
-    if fed:
-        if REDIS is None:
-            pytest.skip("redis-server is not installed")
-        coordinator = request.getfixturevalue("redis_url")
+    coordinator = coordinator_of(request, fed)
     job = f"pytest-balance-nodes-{os.getpid()}-{int(fed)}"
     ranks, _ = run_nodes(tmp_path, job, extra=["--balance"], slow=0.006,
                          coordinator=coordinator)
