@@ -7,21 +7,7 @@ import json
 import os
 import time
 
-import numpy as np
-
-RECORD = 16
-
-
-def write_ids(path, first, n):
-    """A fixed-format file of n 16-byte records; record i starts with first + i (u64)."""
-    a = np.zeros((n, RECORD), np.uint8)
-    a[:, :8] = np.arange(first, first + n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
-    a.tofile(path)
-    return str(path)
-
-
-def ids_of(batch):
-    return np.ascontiguousarray(batch[:, :8]).view(np.uint64).ravel().tolist()
+from _pool_helpers import RECORD, ids_of
 
 
 def host_rank(rank, args):

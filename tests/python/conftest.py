@@ -27,6 +27,22 @@ def qname():
 
 
 @pytest.fixture
+def rname():
+    """A queue name nobody else uses, for a PooledLoader whose ring is '<name>.pool'
+    (or a ring of that very name); afterwards the queue, and each ring with its
+    pool's files (description, failure record, status), are removed."""
+    from tailcut import _lifecycle
+    name = f"pytest-ring-{os.getpid()}-{next(_counter)}"
+    yield name
+    for ring in (name, name + ".pool"):
+        _lifecycle.remove_pool(ring)
+    try:
+        tailcut.remove_queue(name, force=True)
+    except tailcut.NotFoundError:
+        pass
+
+
+@pytest.fixture
 def notices():
     """A list that collects on_notice lines (and keeps stderr quiet)."""
     return []

@@ -3,7 +3,6 @@ loaders when the trainers starve and removes them when the ring stays full, with
 processes, and every record still comes once per epoch."""
 
 import gc
-import itertools
 import logging
 import os
 import pathlib
@@ -21,41 +20,14 @@ from tailcut import pool
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import Slow  # noqa: E402
+from _pool_helpers import RECORD, Slow, write_ids  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RECORD = 16
-_counter = itertools.count()
-
-
-@pytest.fixture
-def rname():
-    """A queue name (and its ring, '<name>.pool') nobody else uses; removed afterwards."""
-    name = f"pytest-scale-{os.getpid()}-{next(_counter)}"
-    yield name
-    tailcut.remove_batch_ring(name + ".pool")
-    try:
-        os.unlink(pool.pool_spec_path(name + ".pool"))
-    except FileNotFoundError:
-        pass
-    try:
-        tailcut.remove_queue(name, force=True)
-    except tailcut.NotFoundError:
-        pass
-
-
-def write_ids(tmp_path, n):
-    """tmp_path/ids.bin: n 16-byte records, record i starting with i (u64)."""
-    a = np.zeros((n, RECORD), np.uint8)
-    a[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
-    path = tmp_path / "ids.bin"
-    a.tofile(path)
-    return str(path)
 
 
 def ids_dataset(tmp_path, name, n, epochs=1):
     """A queue of n such records in 60 items."""
-    return tt.QueueDataset([write_ids(tmp_path, n)], name=name, format="fixed", record_bytes=RECORD,
+    return tt.QueueDataset([write_ids(tmp_path / "ids.bin", n)], name=name, format="fixed", record_bytes=RECORD,
                            num_slices=60, num_epochs=epochs, num_clients=1)
 
 
@@ -221,7 +193,7 @@ def test_a_killed_loader_is_replaced_when_the_trainers_starve_and_no_record_is_l
 
 def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, tmp_path):
     n = 2000
-    path = write_ids(tmp_path, n)
+    path = write_ids(tmp_path / "ids.bin", n)
 
     def rank(r):
         os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -21,15 +20,10 @@ import tailcut.torch  # noqa: E402
 from tailcut.pool import Balance, PooledLoader  # noqa: E402
 from tailcut.pool._balance import allocate, join  # noqa: E402
 
+from _pool_helpers import write_ids  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 RECORDS = 480
-
-
-def write_ids(path, n):
-    a = np.zeros((n, 16), np.uint8)
-    a[:, :8] = np.arange(n, dtype=np.int64).view(np.uint8).reshape(n, 8)
-    a.tofile(path)
-    return str(path)
 
 
 def ids_of(batch):

@@ -4,7 +4,6 @@ them under the ring, and nothing of it is left in /dev/shm after close(), after 
 killed job's `tailcut clean`, when the loaders of a killed rank leave, or when the next
 attempt opens the ring."""
 
-import itertools
 import json
 import os
 import re
@@ -16,22 +15,18 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tailcut
-from tailcut import pool
 from tailcut.pool import _status
 from tailcut.pool._status import status_path
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import Slow  # noqa: E402
+from _pool_helpers import RECORD, Slow, write_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-RECORD = 16
-_counter = itertools.count()
 
 
 def _cli():
@@ -45,30 +40,6 @@ def _cli():
 
 def left_in_shm(name):
     return [f for f in os.listdir("/dev/shm") if name in f]
-
-
-@pytest.fixture
-def rname():
-    """A queue name (and its ring, '<name>.pool') nobody else uses; removed afterwards."""
-    name = f"pytest-status-{os.getpid()}-{next(_counter)}"
-    yield name
-    tailcut.remove_batch_ring(name + ".pool")
-    for path in (pool.pool_spec_path(name + ".pool"), status_path(name + ".pool")):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    try:
-        tailcut.remove_queue(name, force=True)
-    except tailcut.NotFoundError:
-        pass
-
-
-def write_ids(path, n):
-    a = np.zeros((n, RECORD), np.uint8)
-    a[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
-    a.tofile(path)
-    return str(path)
 
 
 def top_once(name):

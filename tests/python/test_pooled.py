@@ -3,7 +3,6 @@ record delivered, loaders killed with SIGKILL, equal steps, Ctrl-C; loaders that
 (add_loaders, python3 -m tailcut.pool) and leave (remove_loaders, SIGTERM) mid-epoch;
 carry-over; the dataset's own batch size and transform; the records of one item."""
 
-import itertools
 import os
 import pathlib
 import signal
@@ -21,40 +20,9 @@ from tailcut import pool
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import Slow  # noqa: E402
+from _pool_helpers import RECORD, Slow, ids_of, write_ids  # noqa: E402
 
 
-_counter = itertools.count()
-RECORD = 16
-
-
-@pytest.fixture
-def rname():
-    """A ring name (and the queue name it is derived from) nobody else uses."""
-    name = f"pytest-ring-{os.getpid()}-{next(_counter)}"
-    yield name
-    for n in (name, name + ".pool"):
-        tailcut.remove_batch_ring(n)
-        try:
-            os.unlink(pool.pool_spec_path(n))
-        except FileNotFoundError:
-            pass
-    try:
-        tailcut.remove_queue(name, force=True)
-    except tailcut.NotFoundError:
-        pass
-
-
-def write_ids(path, n):
-    """A fixed-format file of n 16-byte records; record i starts with i (u64)."""
-    a = np.zeros((n, RECORD), np.uint8)
-    a[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
-    a.tofile(path)
-    return str(path)
-
-
-def ids_of(batch):
-    return np.ascontiguousarray(batch[:, :8]).view(np.uint64).ravel().tolist()
 
 
 def fork(fn):

@@ -23,18 +23,13 @@ from tailcut import pool
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
+from _pool_helpers import write_ids  # noqa: E402,F401 (pooled_ckpt_stress.py uses it too)
+
 HERE = pathlib.Path(__file__).resolve().parent
 RANKS = 2
 RECORDS = 2400
 BATCH = 16
 EPOCHS = 3
-
-
-def write_ids(path, n):
-    a = np.zeros((n, 16), np.uint8)
-    a[:, :8] = np.arange(n, dtype=np.uint64).view(np.uint8).reshape(n, 8)
-    a.tofile(path)
-    return str(path)
 
 
 def free_port():

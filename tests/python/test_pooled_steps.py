@@ -16,8 +16,8 @@ from tailcut import _steps, pool
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pooled_hosts import (RECORD, equal_steps_host_rank, host_rank, ids_of,  # noqa: E402
-                           write_ids)
+from _pool_helpers import RECORD, ids_of, write_ids  # noqa: E402
+from _pooled_hosts import equal_steps_host_rank, host_rank  # noqa: E402
 
 
 def _remove(names):
@@ -36,7 +36,7 @@ def _remove(names):
 
 
 def test_the_step_agreement_refuses_epochs_past_2_30_and_steps_past_2_32(tmp_path, qname):
-    path = write_ids(tmp_path / "ids.bin", 0, 64)
+    path = write_ids(tmp_path / "ids.bin", 64)
     with tailcut.WorkQueue([path], name=qname, format="fixed", record_bytes=RECORD,
                            on_notice=lambda line: None) as q:
         steps = _steps.StepAgreement(q, 0, 1, timeout=5, who="PooledLoader")
@@ -51,7 +51,7 @@ def test_the_step_agreement_refuses_epochs_past_2_30_and_steps_past_2_32(tmp_pat
 def test_a_pooled_loader_past_epoch_2_30_is_refused(tmp_path, qname, monkeypatch):
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    path = write_ids(tmp_path / "ids.bin", 0, 64)
+    path = write_ids(tmp_path / "ids.bin", 64)
     ds = tt.QueueDataset([path], name=qname, format="fixed", record_bytes=RECORD)
     loader = tt.PooledLoader(ds, num_workers=0, batch_size=16, slot_bytes=1 << 13, num_slots=2,
                              timeout=5)
@@ -96,7 +96,8 @@ def test_pooled_loaders_of_two_hosts_end_every_epoch_at_the_same_step(tmp_path, 
     """Host 0 has 3x the records of host 1: without the agreement over the
     process group, host 0's ranks run more steps and wait in an all_reduce that
     host 1's ranks never join (before: the job hung at the end of epoch 0)."""
-    works = [[write_ids(tmp_path / "h0.bin", 0, 1200)], [write_ids(tmp_path / "h1.bin", 1200, 400)]]
+    works = [[write_ids(tmp_path / "h0.bin", 1200)],
+             [write_ids(tmp_path / "h1.bin", 400, first=1200)]]
     logs = run_hosts(tmp_path, qname, works, local_world=1)
     assert [log["error"] for log in logs] == [None, None], logs
     for e in range(2):
@@ -117,7 +118,8 @@ def test_a_rank_whose_batch_raises_makes_every_rank_of_every_host_raise(tmp_path
     ranks of host 0 raise RankFailed naming rank 3, all within seconds. Before,
     rank 3 only voted "no batch" on its host: host 0 went on to its next step's
     all_reduce and waited for host 1 until the process group timed out."""
-    works = [[write_ids(tmp_path / "h0.bin", 0, 800)], [write_ids(tmp_path / "h1.bin", 800, 800)]]
+    works = [[write_ids(tmp_path / "h0.bin", 800)],
+             [write_ids(tmp_path / "h1.bin", 800, first=800)]]
     logs = run_hosts(tmp_path, qname, works, local_world=2, fail_rank=3, fail_at=3)
     assert [log["error"] for log in logs] == ["RankFailed", "RankFailed", "ZeroDivisionError",
                                              "ZeroDivisionError"], logs
@@ -133,7 +135,7 @@ def test_a_rank_whose_batch_raises_makes_the_other_local_rank_raise_without_torc
     """2 local ranks, no process group: rank 1's batch of step 2 raises; rank 0
     raises the same exception (the pool's failure record), promptly. Before,
     rank 0 ended the epoch there and finished the job as if nothing happened."""
-    path = write_ids(tmp_path / "ids.bin", 0, 2000)
+    path = write_ids(tmp_path / "ids.bin", 2000)
     out = tmp_path / "out"
     out.mkdir()
 
@@ -199,7 +201,8 @@ def test_equal_steps_on_two_hosts_raise_everywhere_when_a_rank_s_loader_raises(t
     the step's all_reduce and failed with gloo's "Connection closed by peer"
     once host 1's process was gone (or waited the group's timeout while it
     lived)."""
-    works = [[write_ids(tmp_path / "h0.bin", 0, 800)], [write_ids(tmp_path / "h1.bin", 800, 800)]]
+    works = [[write_ids(tmp_path / "h0.bin", 800)],
+             [write_ids(tmp_path / "h1.bin", 800, first=800)]]
     logs = run_hosts(tmp_path, qname, works, local_world=1, target=equal_steps_host_rank,
                      fail_rank=1, fail_at=3)
     assert [log["error"] for log in logs] == ["RankFailed", "ZeroDivisionError"], logs
