@@ -2,6 +2,8 @@
 transforms, in a module so that a loader started with `python3 -m tailcut.pool` can import them
 by reference (the job's main script cannot be)."""
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -35,3 +37,33 @@ class Slow:
 
 def identity(batch):
     return batch
+
+
+def fork(fn):
+    """Runs fn() in a forked child that exits 0 if it returned, 1 if it raised."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fn()
+            code = 0
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def wait_ok(pid, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            assert os.waitstatus_to_exitcode(status) == 0, f"process {pid} failed"
+            return
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    import pytest
+    pytest.fail(f"process {pid} did not finish in {timeout} s")

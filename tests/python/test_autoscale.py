@@ -20,7 +20,7 @@ from tailcut import pool
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import RECORD, Slow, write_ids  # noqa: E402
+from _pool_helpers import RECORD, Slow, fork, wait_ok, write_ids  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -209,28 +209,8 @@ def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, 
         ds.close()
         (tmp_path / f"rank{r}").write_text(" ".join(map(str, head + ids)))
 
-    pids = []
-    for r in range(2):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                rank(r)
-                code = 0
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    deadline = time.monotonic() + 120
-    for pid in pids:
-        while True:
-            got, status = os.waitpid(pid, os.WNOHANG)
-            if got:
-                assert os.waitstatus_to_exitcode(status) == 0, f"rank process {pid} failed"
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                pytest.fail(f"rank process {pid} did not finish in 120 s")
-            time.sleep(0.02)
+    for pid in [fork(lambda r=r: rank(r)) for r in range(2)]:
+        wait_ok(pid, timeout=120)
     rows = [[int(x) for x in (tmp_path / f"rank{r}").read_text().split()] for r in range(2)]
     assert rows[0][0] == rows[1][0] > 0  # equal steps
     assert rows[0][2] > 0 and rows[0][3] > 1  # rank 0 decided and added loaders ...

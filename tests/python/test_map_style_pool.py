@@ -20,6 +20,7 @@ from torch.utils.data import IterableDataset  # noqa: E402
 
 import tailcut.torch as tt  # noqa: E402
 from _map_datasets import FailsAt, KillsLoaderAt, Labelled, Ragged, Records  # noqa: E402
+from _pool_helpers import fork, wait_ok  # noqa: E402
 
 
 @pytest.fixture
@@ -184,6 +185,7 @@ def test_samples_that_do_not_collate_name_the_index_and_the_field(one_rank):
     assert "field ['x'] of dataset[13] is a Tensor of shape (3,)" in text, text
 
 
+
 def test_a_loader_from_another_shell_names_the_dataset_it_cannot_load(one_rank):
     class Local(Labelled):  # defined in a function: no other process can import it
         pass
@@ -254,8 +256,6 @@ def test_a_loader_from_another_shell_loads_a_dataset_it_can_import(one_rank):
 def test_two_ranks_get_equal_steps_and_every_sample_once_with_its_label(qname, tmp_path):
     """Two forked ranks of one host share the pool: equal steps each epoch, and every sample
     trained once (or reported left over, carry_over=False) with its label."""
-    import signal
-    import time
     n, epochs = 1000, 2
 
     def rank(r):
@@ -275,29 +275,8 @@ def test_two_ranks_get_equal_steps_and_every_sample_once_with_its_label(qname, t
         loader.close()
         (tmp_path / f"rank{r}").write_text("\n".join(out))
 
-    pids = []
-    for r in range(2):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                rank(r)
-                code = 0
-            except BaseException:
-                import traceback
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    deadline = time.monotonic() + 120
-    for pid in pids:
-        while (got := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if got[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("a rank hung")
-        assert os.waitstatus_to_exitcode(got[1]) == 0
+    for pid in [fork(lambda r=r: rank(r)) for r in range(2)]:
+        wait_ok(pid, timeout=120)
     lines = [(tmp_path / f"rank{r}").read_text().split("\n") for r in range(2)]
     for e in range(epochs):
         rows = [[int(x) for x in lines[r][e].split()] for r in range(2)]

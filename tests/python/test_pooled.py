@@ -20,38 +20,9 @@ from tailcut import pool
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import RECORD, Slow, ids_of, write_ids  # noqa: E402
+from _pool_helpers import RECORD, Slow, fork, ids_of, wait_ok, write_ids  # noqa: E402
 
 
-
-
-def fork(fn):
-    """Runs fn() in a forked child that exits 0 if it returned, 1 if it raised."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            fn()
-            code = 0
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    return pid
-
-
-def wait_ok(pid, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got, status = os.waitpid(pid, os.WNOHANG)
-        if got:
-            assert os.waitstatus_to_exitcode(status) == 0, f"process {pid} failed"
-            return
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail(f"process {pid} did not finish in {timeout} s")
 
 
 def mapping_of(path):
