@@ -185,6 +185,16 @@ def test_samples_that_do_not_collate_name_the_index_and_the_field(one_rank):
     assert "field ['x'] of dataset[13] is a Tensor of shape (3,)" in text, text
 
 
+def test_a_first_sample_that_does_not_collate_is_the_one_named(one_rank):
+    # In file order sample 0 leads the batch: it is the odd one, not the sample after it.
+    loader = one_rank(Ragged(40, odd=0), batch_size=40, num_workers=1, num_epochs=1,
+                      shuffle=False)
+    with pytest.raises(Exception) as info:
+        for _ in loader:
+            pass
+    text = str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert "field ['x'] of dataset[0] is a Tensor of shape (3,)" in text, text
+
 
 def test_a_loader_from_another_shell_names_the_dataset_it_cannot_load(one_rank):
     class Local(Labelled):  # defined in a function: no other process can import it

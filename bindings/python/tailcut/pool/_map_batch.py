@@ -128,10 +128,15 @@ def _differ(a, b, path):
 
 
 def _first_difference(samples, indices):
-    for sample, index in zip(samples[1:], indices[1:]):
-        found = _differ(samples[0], sample, "")
+    """Names the first sample that differs from the batch's first, or the first
+    sample itself where it is the odd one (the sample found agrees with another)."""
+    for k in range(1, len(samples)):
+        found = _differ(samples[0], samples[k], "")
         if found:
             path, theirs, first = found
-            return (f"field {path or '(the sample)'} of dataset[{index}] is {theirs}, that of "
-                    f"dataset[{indices[0]}] {first}")
+            odd, usual = (k, theirs), (0, first)
+            if any(not _differ(samples[k], s, "") for s in samples[k + 1:]):
+                odd, usual = usual, odd
+            return (f"field {path or '(the sample)'} of dataset[{indices[odd[0]]}] is {odd[1]}, "
+                    f"that of dataset[{indices[usual[0]]}] {usual[1]}")
     return None
