@@ -524,6 +524,29 @@ def test_queue_dataset_opens_the_default_torchrun_queue(tmp_path, torchrun_env):
     remove_quietly(name, explicit)
 
 
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_a_rank_that_finds_its_queue_half_made_opens_it_as_a_joiner_would(tmp_path, monkeypatch,
+                                                                          local_rank):
+    # Another rank of the host has made the queue's segment but not sized it yet (or died
+    # there). Looking for an earlier run's queue must not take that for damage: the rank
+    # opens the queue, which waits for the creator and removes what a dead one left. Both
+    # ranks once raised "did not grow for 0 ms" here when they started together.
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    name = f"half-made-{os.getpid()}-{local_rank}"
+    fd = os.open(tailcut.segment_path(name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.close(fd)
+    notices = []
+    works = [write_records(tmp_path / "a.bin", range(40))]
+    try:
+        with tt.QueueDataset(works, 8, name=name, format="fixed", record_bytes=RECORD_BYTES,
+                             attach_timeout=0.2, on_notice=notices.append, **FILE_ORDER) as ds:
+            assert sorted(i for b in ds for i in ids_of(b)) == list(range(40))
+    finally:
+        remove_quietly(name)
+    assert any("removed an empty segment left by a creator that died" in n for n in notices)
+
+
 def test_a_rerun_under_standalone_resumes_or_restores_the_crashed_run(tmp_path, torchrun_env):
     works = [write_records(tmp_path / "a.bin", range(800))]
     opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, num_clients=1,

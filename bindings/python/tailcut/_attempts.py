@@ -100,6 +100,12 @@ def left_unfinished(name):
         summary = tailcut.inspect_queue(name)
     except tailcut.NotFoundError:
         return None
+    except (tailcut.TimeoutError, tailcut.CorruptError):
+        # Not set up yet (another rank is creating it: a tool's look does not
+        # wait), or its creator died half-way, or it is damaged: none holds an
+        # earlier run's work. Opening the queue waits for its creator, removes
+        # what a dead one left, and names a damaged segment with the fix.
+        return None
     if any(c["alive"] for c in summary["clients"]) or summary["done"] >= summary["total"]:
         return None
     return summary
