@@ -1,8 +1,10 @@
 #include "engine/checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <map>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -137,6 +139,50 @@ Reopened ReopenRanges(const std::string& name, const std::string& bytes,
   }
   out.state = SerializeState(s);
   return out;
+}
+
+namespace {
+
+constexpr std::string_view kFedMagic = "tailcut-fed-restore 1";
+
+}  // namespace
+
+bool IsFedRestore(const std::string& bytes) { return bytes.rfind(kFedMagic, 0) == 0; }
+
+std::string SerializeFedRestore(const FedRestore& r) {
+  std::string out(kFedMagic);
+  for (const std::string* part : {&r.token, &r.tier, &r.host})
+    out += " " + std::to_string(part->size());
+  return out + "\n" + r.token + r.tier + r.host;
+}
+
+FedRestore DeserializeFedRestore(const std::string& name, const std::string& bytes) {
+  auto corrupt = [&](const std::string& what) {
+    return Error(ErrorKind::kCorrupt, "queue '" + name +
+                                          "': restore_state is not a checkpoint of a job across "
+                                          "hosts (" +
+                                          what + "); pass the bytes FedRestoreState() returned");
+  };
+  size_t newline = bytes.find('\n');
+  if (!IsFedRestore(bytes) || newline == std::string::npos) throw corrupt("no header");
+  uint64_t sizes[3];
+  const char* p = bytes.data() + kFedMagic.size();
+  const char* end = bytes.data() + newline;
+  for (uint64_t& size : sizes) {
+    if (p >= end || *p != ' ') throw corrupt("header fields missing");
+    auto [next, ec] = std::from_chars(p + 1, end, size);
+    if (ec != std::errc()) throw corrupt("a header field is not a number");
+    p = next;
+  }
+  const uint64_t body = bytes.size() - newline - 1;
+  if (p != end || sizes[0] > body || sizes[1] > body - sizes[0] ||
+      sizes[2] != body - sizes[0] - sizes[1])
+    throw corrupt("its length does not match its header");
+  FedRestore r;
+  r.token = bytes.substr(newline + 1, sizes[0]);
+  r.tier = bytes.substr(newline + 1 + sizes[0], sizes[1]);
+  r.host = bytes.substr(newline + 1 + sizes[0] + sizes[1]);
+  return r;
 }
 
 }  // namespace tailcut::detail

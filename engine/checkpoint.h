@@ -37,9 +37,9 @@ struct SavedState {
   std::vector<Piece> pieces;
 };
 
-std::string SerializeState(const SavedState& state);
-// `name` is the queue's, for the message. Exported (as ReopenRanges) for
-// the Python bindings.
+// Exported, as the two below, for the Python bindings and the tier's tests.
+TAILCUT_EXPORT std::string SerializeState(const SavedState& state);
+// `name` is the queue's, for the message.
 TAILCUT_EXPORT SavedState DeserializeState(const std::string& name, const std::string& bytes);
 
 struct Reopened {
@@ -56,6 +56,19 @@ struct Reopened {
 // queue's, for the messages.
 TAILCUT_EXPORT Reopened ReopenRanges(const std::string& name, const std::string& bytes,
                                      const std::vector<Piece>& ranges);
+
+// A fed queue's restore_state from an exact checkpoint of a job across hosts
+// (FedRestoreState, work_queue.h): the restore's token, the tier's state
+// (GlobalStateWithHosts) and this host's own (SaveHostState). Laid out as
+// "tailcut-fed-restore 1 TOKEN_LEN TIER_LEN HOST_LEN\n" and the three.
+struct FedRestore {
+  std::string token, tier, host;
+};
+
+TAILCUT_EXPORT bool IsFedRestore(const std::string& bytes);
+std::string SerializeFedRestore(const FedRestore& restore);
+// Throws kCorrupt naming the queue `name`.
+TAILCUT_EXPORT FedRestore DeserializeFedRestore(const std::string& name, const std::string& bytes);
 
 }  // namespace tailcut::detail
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tailcut/export.h"
 #include "tailcut/work_queue.h"
@@ -46,6 +47,9 @@ class Feeder {
   virtual void Stop() noexcept = 0;
   // The job's state in the tier, for a checkpoint (WorkQueue::SaveState).
   virtual std::string SaveState() = 0;
+  // The tier's state saved now with the done marks of the hosts' states
+  // (GlobalStateWithHosts): WorkQueue::SaveStateWithHosts.
+  virtual std::string SaveStateWithHosts(const std::vector<std::string>& host_states) = 0;
   // When the feed says the job is lost (LocalFeed::lost(), recorded by this
   // host's leading feeder, in any process): what was lost and what to do.
   // "" otherwise. Any process of the host words it the same.

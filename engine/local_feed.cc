@@ -57,6 +57,12 @@ std::vector<FedBlockInfo> LocalFeed::Blocks(std::vector<std::vector<uint64_t>>* 
 }
 
 void LocalFeed::SetSkip(uint64_t ticket, bool skip) noexcept {
+  // A ticket done here is never another host's: it needs no skip bit, and
+  // the open pieces of a queue restored from an exact checkpoint
+  // (FedRestoreState) carry done bits but no grant, in blocks the tier may
+  // hand out again for their other tickets. Skipped, they would be completed
+  // unread (ClaimOrphan).
+  if (skip && seg_->IsDone(ticket)) return;
   uint64_t bit = uint64_t{1} << (ticket % 64);
   // seq_cst: pairs with the seq_cst load in Segment::IsSkipped and the seq_cst cursor load in
   // Grant (see there).

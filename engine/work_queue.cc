@@ -78,6 +78,14 @@ class WorkQueue::Impl {
   StepStatus AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bool has_batch,
                        std::chrono::steady_clock::time_point deadline) noexcept;
   std::string SaveState() const;
+  std::string SaveHostState() const;
+  std::string SaveStateWithHosts(const std::vector<std::string>& host_states) const {
+    if (!feeder_)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue '" + options_.name +
+                      "' is not fed by a coordinator: its SaveState() is the whole job's");
+    return feeder_->SaveStateWithHosts(host_states);
+  }
   QueueStats Stats() const { return keeper_->Stats(options_.name); }
   std::string JobLossMessage() const { return closed_ || !feeder_ ? "" : feeder_->LossMessage(); }
   uint64_t SettledTickets(uint64_t from) const noexcept { return keeper_->SettledPrefix(from); }
@@ -160,7 +168,17 @@ void WorkQueue::Impl::Open() {
     config_.seed = feeder_->seed();
     config_.seed_explicit = true;
     options_.name.append(".").append(ResolveHostId(options_));
-    options_.restore_state.clear();  // the tier's state: the feeder restored it
+    // The tier's state the feeder restored; an exact checkpoint also holds
+    // this host's queue's own, restored below.
+    options_.restore_state = IsFedRestore(options_.restore_state)
+                                 ? DeserializeFedRestore(options_.name, options_.restore_state).host
+                                 : std::string();
+  } else if (IsFedRestore(options_.restore_state)) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options_.name +
+                    "': restore_state is a checkpoint of a job across hosts, fed by a "
+                    "coordinator, but no coordinator is set: set it (coordinator, or "
+                    "TAILCUT_COORDINATOR) as when the checkpoint was saved");
   }
   if (!options_.restore_state.empty()) {
     // Check the state before touching shared memory.
@@ -252,7 +270,9 @@ bool WorkQueue::Impl::TryCreate(const Geometry& g) {
       segment_->UnlinkIfSame();
       throw;
     }
-    h.restore_hash = HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1;
+    // A fed queue's is the tier's run instead (LocalFeed::BindRun).
+    if (!config_.fed)
+      h.restore_hash = HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1;
   }
   if (options_.keep_unfinished)
     segment_->counters().keep_reasons.store(kKeepRequested, std::memory_order_relaxed);
@@ -379,10 +399,13 @@ bool WorkQueue::Impl::TryAttach() {
     }
     QueueStats st = keeper_->Stats(options_.name);
     // A queue started from this same state belongs to this job (its first
-    // processes may have finished before we came): join it.
+    // processes may have finished before we came): join it. A fed queue's
+    // restore starts a run of the tier's job of its own (FedRestoreState's
+    // token): a stale queue there is an earlier run's.
     if (!options_.restore_state.empty() &&
-        h.restore_hash !=
-            (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
+        (config_.fed ||
+         h.restore_hash !=
+             (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1)))
       return replace(
           "replacing a stale queue (all its processes are gone) to start from restore_state");
     if (keeper_->AllDone() && st.clients_joined >= h.num_clients)
@@ -409,7 +432,7 @@ bool WorkQueue::Impl::TryAttach() {
                       " in segment. The lease timeout decides what processes do to each other's "
                       "items, so it is the queue's: pass the same value in every process, or 0 "
                       "to use the queue's");
-    if (!options_.restore_state.empty() &&
+    if (!options_.restore_state.empty() && !config_.fed &&
         h.restore_hash !=
             (HashBytes(options_.restore_state.data(), options_.restore_state.size()) | 1))
       throw Error(ErrorKind::kConfigMismatch,
@@ -567,6 +590,10 @@ std::string WorkQueue::Impl::SaveState() const {
   // Across hosts the job's state is the tier's: cursor and done marks of
   // every host (items open anywhere are read again after a restore).
   if (feeder_) return feeder_->SaveState();
+  return SaveHostState();
+}
+
+std::string WorkQueue::Impl::SaveHostState() const {
   if (closed_) throw Error(ErrorKind::kInvalidArgument, "queue '" + options_.name + "' is closed");
   SavedState s;
   s.fingerprint = DataFingerprint(config_);
@@ -709,6 +736,18 @@ StepStatus WorkQueue::AgreeStep(uint32_t rank, uint32_t ranks, uint64_t step, bo
 std::string WorkQueue::SaveState() const {
   impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
   return impl_->SaveState();
+}
+std::string WorkQueue::SaveHostState() const {
+  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
+  return impl_->SaveHostState();
+}
+std::string WorkQueue::SaveStateWithHosts(const std::vector<std::string>& host_states) const {
+  impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");
+  return impl_->SaveStateWithHosts(host_states);
+}
+std::string FedRestoreState(const std::string& tier_state, const std::string& host_state,
+                            const std::string& token) {
+  return SerializeFedRestore({token, tier_state, host_state});
 }
 QueueStats WorkQueue::Stats() const {
   impl_->handle.owner().CheckNotForked("queue '" + impl_->name() + "'", "WorkQueue");

@@ -14,14 +14,13 @@
 
 #include "global/redis_connection.h"
 #include "global/scripts.h"
+#include "global/tier_state.h"
 
 namespace tailcut {
 
 using detail::Reply;
 
 namespace {
-
-constexpr std::string_view kStateMagic = "tailcut-global-state 1";
 
 // Every notice of the tier goes to options.on_notice, or to stderr with the
 // one "tailcut: " prefix every tailcut notice has (the lines themselves carry
@@ -91,42 +90,6 @@ uint64_t Unsigned(const redisReply* reply) {
   return value;
 }
 
-// The parts of a SaveState string.
-struct SavedState {
-  uint64_t items, epochs, block, seed, cursor;
-  std::string files, bitmap;
-};
-
-SavedState ParseState(const std::string& state) {
-  auto corrupt = [](const std::string& what) {
-    return Error(ErrorKind::kCorrupt,
-                 "global restore_state is not a state from "
-                 "GlobalTier::SaveState (" +
-                     what + ")");
-  };
-  size_t newline = state.find('\n');
-  if (state.compare(0, kStateMagic.size(), kStateMagic) != 0 || newline == std::string::npos) {
-    throw corrupt("no 'tailcut-global-state 1' header");
-  }
-  SavedState saved;
-  uint64_t files_size = 0, bitmap_size = 0;
-  const char* p = state.data() + kStateMagic.size();
-  const char* end = state.data() + newline;
-  for (uint64_t* field : {&saved.items, &saved.epochs, &saved.block, &saved.seed, &saved.cursor,
-                          &files_size, &bitmap_size}) {
-    if (p >= end || *p != ' ') throw corrupt("header fields missing");
-    auto [next, ec] = std::from_chars(p + 1, end, *field);
-    if (ec != std::errc()) throw corrupt("a header field is not a number");
-    p = next;
-  }
-  if (p != end || state.size() - newline - 1 != files_size + bitmap_size) {
-    throw corrupt("its length does not match its header");
-  }
-  saved.files = state.substr(newline + 1, files_size);
-  saved.bitmap = state.substr(newline + 1 + files_size);
-  return saved;
-}
-
 }  // namespace
 
 class GlobalTier::Impl {
@@ -147,7 +110,7 @@ class GlobalTier::Impl {
                                      job.seed_explicit ? "1" : "0",
                                      NewRunId()};
     if (!options_.restore_state.empty()) {
-      SavedState saved = ParseState(options_.restore_state);
+      detail::TierState saved = detail::ParseTierState(options_.restore_state);
       CheckField("num_items", std::to_string(saved.items), args[0], "the saved state");
       CheckField("num_epochs", std::to_string(saved.epochs), args[1], "the saved state");
       CheckField("block_size", std::to_string(saved.block), args[2], "the saved state");
@@ -158,6 +121,7 @@ class GlobalTier::Impl {
       CheckField("files_fingerprint", saved.files, args[4], "the saved state");
       args.push_back(std::to_string(saved.cursor));
       args.push_back(saved.bitmap);
+      args.push_back(options_.restore_token);
     }
     std::lock_guard lock(mu_);
     redis_.Connect();
@@ -319,18 +283,9 @@ class GlobalTier::Impl {
     Reply reply = redis_.RunScript(detail::kSaveScript, keys_, {run_});
     if (Lost(reply.get())) ThrowIfLost();
     const GlobalJob& job = options_.job;
-    std::string bitmap(Text(reply->element[1]));
-    while (!bitmap.empty() && bitmap.back() == '\0') bitmap.pop_back();
-    std::string state(kStateMagic);
-    for (uint64_t field :
-         {job.num_items, job.num_epochs, job.block_size, job.seed, Unsigned(reply->element[0]),
-          static_cast<uint64_t>(job.files_fingerprint.size()),
-          static_cast<uint64_t>(bitmap.size())}) {
-      state += ' ';
-      state += std::to_string(field);
-    }
-    state += "\n" + job.files_fingerprint + bitmap;
-    return state;
+    return detail::SerializeTierState({job.num_items, job.num_epochs, job.block_size, job.seed,
+                                       Unsigned(reply->element[0]), job.files_fingerprint,
+                                       std::string(Text(reply->element[1]))});
   }
 
   const GlobalTierOptions& options() const noexcept { return options_; }

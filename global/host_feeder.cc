@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/feeder.h"
 #include "engine/local_feed.h"
 #include "tailcut/global_tier.h"
@@ -71,6 +72,10 @@ class HostFeeder final : public Feeder {
     }
     if (options.restore_state.rfind("tailcut-global-state", 0) == 0) {
       o.restore_state = options.restore_state;
+    } else if (IsFedRestore(options.restore_state)) {
+      FedRestore restore = DeserializeFedRestore(job.name, options.restore_state);
+      o.restore_state = std::move(restore.tier);
+      o.restore_token = std::move(restore.token);
     } else if (!options.restore_state.empty()) {
       throw Error(ErrorKind::kInvalidArgument,
                   "queue '" + job.name +
@@ -114,6 +119,10 @@ class HostFeeder final : public Feeder {
   }
 
   std::string SaveState() override { return tier_->SaveState(); }
+
+  std::string SaveStateWithHosts(const std::vector<std::string>& host_states) override {
+    return GlobalStateWithHosts(tier_->SaveState(), host_states);
+  }
 
   std::string LossMessage() const override {
     uint32_t reason = feed_ == nullptr ? 0 : feed_->lost();

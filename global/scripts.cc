@@ -51,9 +51,16 @@ std::vector<std::string> JobKeys(const std::string& job_name) {
 // to restart it from. Restoring (ARGV[8] cursor, ARGV[9] bitmap): every block
 // below the cursor with tickets not done goes into the deadline set already
 // expired, with no holder and generation 0, so the next Claim re-owns it and
-// hands out those tickets.
+// hands out those tickets. ARGV[10], with a state: the restore's token. The
+// hosts of one restore pass the same: the first replaces a job of another
+// token (an earlier run's, which went on past the state), the others join.
 const Script kCreateScript = {"create", TAILCUT_LUA_PRELUDE R"lua(
 local fields = {'items', 'epochs', 'block', 'seed', 'files', 'run'}
+local token = ARGV[10] or ''
+if token ~= '' and redis.call('EXISTS', KEYS[1]) == 1 and
+   redis.call('HGET', KEYS[1], 'restore') ~= token then
+  redis.call('DEL', KEYS[1])
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local have = redis.call('HMGET', KEYS[1], unpack(fields))
   for i = 1, 5 do
@@ -68,7 +75,7 @@ if ARGV[8] == nil and redis.call('EXISTS', KEYS[9]) == 1 then return {'lost'} en
 -- A new run: whatever an earlier run left (a partly deleted job) goes.
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
 redis.call('HSET', KEYS[1], 'items', ARGV[1], 'epochs', ARGV[2], 'block', ARGV[3],
-           'seed', ARGV[4], 'files', ARGV[5], 'done', 0, 'run', ARGV[7])
+           'seed', ARGV[4], 'files', ARGV[5], 'done', 0, 'run', ARGV[7], 'restore', token)
 if ARGV[8] == nil then
   redis.call('SET', KEYS[2], 0)
   return {'created', ARGV[4], ARGV[7]}

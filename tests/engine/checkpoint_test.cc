@@ -77,6 +77,39 @@ TEST(CheckpointTest, DamagedBytesAreCorruptErrorsNamingTheQueueAndWhat) {
   EXPECT_NE(Refusal(good + std::string(8, '\0')).find(prefix), std::string::npos);
 }
 
+TEST(FedRestoreTest, RoundTripsAndRefusesWhatItsHeaderDoesNotDescribe) {
+  const std::string host = SerializeState(Sample());
+  const std::string bytes = FedRestoreState("tailcut-global-state 1 ...", host, "token-1");
+  ASSERT_TRUE(IsFedRestore(bytes));
+  EXPECT_FALSE(IsFedRestore(host));
+  const FedRestore back = DeserializeFedRestore("q", bytes);
+  EXPECT_EQ(back.token, "token-1");
+  EXPECT_EQ(back.tier, "tailcut-global-state 1 ...");
+  EXPECT_EQ(back.host, host);
+  auto refusal = [](const std::string& damaged) -> std::string {
+    try {
+      DeserializeFedRestore("q", damaged);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+      return e.what();
+    }
+    return "";
+  };
+  const std::string prefix = "queue 'q': restore_state is not a checkpoint of a job across hosts (";
+  EXPECT_EQ(refusal(bytes.substr(0, bytes.size() - 1)),
+            prefix +
+                "its length does not match its header); pass the bytes FedRestoreState() "
+                "returned");
+  EXPECT_EQ(refusal(bytes + "x").find(prefix), 0u);
+  EXPECT_EQ(refusal("tailcut-fed-restore 1 7 99999999999999999999 1\n").find(prefix), 0u);
+  EXPECT_EQ(refusal("tailcut-fed-restore 1 7\ntoken-1"),
+            prefix + "header fields missing); pass the bytes FedRestoreState() returned");
+  EXPECT_EQ(refusal("tailcut-fed-restore 1 a b c\n"),
+            prefix + "a header field is not a number); pass the bytes FedRestoreState() returned");
+  EXPECT_EQ(refusal("tailcut-fed-restore 1 1 1 1"),
+            prefix + "no header); pass the bytes FedRestoreState() returned");
+}
+
 TEST(CheckpointTest, CountsThatDoNotAddUpAreRefused) {
   const std::string good = SerializeState(Sample());
   // Words: 0 magic, 1 version, 2 fingerprint, 3 items, 4 epochs, 5 seed,

@@ -19,6 +19,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "global/redis_server.h"
@@ -692,6 +693,111 @@ TEST_F(CoordinatedQueueTest, AHostOfTheRunBeforeARestartUnderTheSameNameStopsWhe
 // seed), a process of the new run must not resume that queue: it would skip
 // the items done there and ack them to the new run unread (measured before:
 // 687 of 720 items read, Redis counting 720 done).
+// Takes from both hosts of one process until both answer kEnd; returns
+// ticket -> (host, begin) of every item handed out, and counts repeats.
+struct Handed {
+  std::map<uint64_t, std::pair<std::string, uint64_t>> first;
+  int repeats = 0;
+};
+// Host b alone first, until it has nothing more to take: every block goes to
+// it, and host a's feeder, told the tier has nothing left, marks every ticket
+// it was not given as another host's before a takes anything.
+Handed DrainBoth(WorkQueue& a, WorkQueue& b) {
+  Handed out;
+  WorkItem item;
+  while (b.Take(&item, Clock::now() + milliseconds(500)) == TakeStatus::kOk) {
+    out.first.emplace(item.ticket, std::make_pair("b", item.begin));
+    EXPECT_EQ(b.Ack(item), ItemStatus::kOk);
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  bool ended[2] = {false, false};
+  auto give_up = Clock::now() + std::chrono::seconds(60);
+  while (!(ended[0] && ended[1]) && Clock::now() < give_up) {
+    for (int h = 0; h < 2; ++h) {
+      WorkQueue& q = h == 0 ? a : b;
+      WorkItem item;
+      TakeStatus st = ended[h] ? TakeStatus::kEnd : q.Take(&item, Clock::now() + milliseconds(50));
+      if (st == TakeStatus::kEnd) ended[h] = true;
+      if (st != TakeStatus::kOk) continue;
+      if (!out.first.emplace(item.ticket, std::make_pair(h == 0 ? "a" : "b", item.begin)).second)
+        ++out.repeats;
+      EXPECT_EQ(q.Ack(item), ItemStatus::kOk);
+    }
+  }
+  EXPECT_TRUE(ended[0] && ended[1]) << "the restored job did not end";
+  return out;
+}
+
+// An exact checkpoint of a job across hosts: each host's SaveHostState, then
+// SaveStateWithHosts, restored on each host with FedRestoreState. Each host
+// resumes the item it held where it had committed it; every ticket that no
+// host had acked comes once; none acked before comes again, though the run
+// went on past the checkpoint in the tier (the restore replaces it). Twice
+// from one checkpoint: each restore has a token of its own.
+TEST_F(CoordinatedQueueTest, AnExactCheckpointResumesWhatEachHostHeldAndHandsOutTheRestOnce) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("exact");
+  job_.seed = 11;
+  auto a = WorkQueue::Open(Options(job_, "a", 1));
+  auto b = WorkQueue::Open(Options(job_, "b", 1));
+  const uint64_t total = a->num_items() * kEpochs;
+  const auto deadline = [] { return Clock::now() + std::chrono::seconds(10); };
+  std::set<uint64_t> before;  // acked before the checkpoint
+  WorkItem item;
+  for (int i = 0; i < 40; ++i) {
+    for (WorkQueue* q : {a.get(), b.get()}) {
+      ASSERT_EQ(q->Take(&item, deadline()), TakeStatus::kOk);
+      ASSERT_EQ(q->Ack(item), ItemStatus::kOk);
+      before.insert(item.ticket);
+    }
+  }
+  // Each host holds an item delivered up to its middle (a loader's batches
+  // published and used), and host a one it has not started.
+  WorkItem held_a, held_b, fresh_a;
+  ASSERT_EQ(a->Take(&held_a, deadline()), TakeStatus::kOk);
+  ASSERT_EQ(b->Take(&held_b, deadline()), TakeStatus::kOk);
+  ASSERT_EQ(a->Take(&fresh_a, deadline()), TakeStatus::kOk);
+  const uint64_t mid_a = (held_a.begin + held_a.end) / 2, mid_b = (held_b.begin + held_b.end) / 2;
+  ASSERT_EQ(a->Commit(held_a, mid_a), ItemStatus::kOk);
+  ASSERT_EQ(b->Commit(held_b, mid_b), ItemStatus::kOk);
+  const std::string host_a = a->SaveHostState(), host_b = b->SaveHostState();
+  const std::string tier = b->SaveStateWithHosts({host_a, host_b});
+  // The run goes on past the checkpoint, then stops: none of it counts.
+  ASSERT_EQ(a->Ack(held_a), ItemStatus::kOk);
+  ASSERT_EQ(a->Ack(fresh_a), ItemStatus::kOk);
+  ASSERT_EQ(b->Ack(held_b), ItemStatus::kOk);
+  for (int i = 0; i < 30; ++i) {
+    for (WorkQueue* q : {a.get(), b.get()}) {
+      ASSERT_EQ(q->Take(&item, deadline()), TakeStatus::kOk);
+      ASSERT_EQ(q->Ack(item), ItemStatus::kOk);
+    }
+  }
+  a->Close();
+  b->Close();
+  EXPECT_GE(JobStats(job_).done, before.size() + 63) << "the old run's acks reached the tier";
+
+  for (const char* token : {"restore-1", "restore-2"}) {
+    SCOPED_TRACE(token);
+    Job on_a = job_, on_b = job_;
+    on_a.restore_state = FedRestoreState(tier, host_a, token);
+    on_b.restore_state = FedRestoreState(tier, host_b, token);
+    auto ra = WorkQueue::Open(Options(on_a, "a", 1));
+    auto rb = WorkQueue::Open(Options(on_b, "b", 1));
+    Handed handed = DrainBoth(*ra, *rb);
+    ra->Close();
+    rb->Close();
+    EXPECT_EQ(handed.repeats, 0);
+    EXPECT_EQ(handed.first.size() + before.size(), total);
+    for (uint64_t t : before) EXPECT_EQ(handed.first.count(t), 0u) << "ticket " << t;
+    EXPECT_EQ(handed.first[held_a.ticket], std::make_pair(std::string("a"), mid_a));
+    EXPECT_EQ(handed.first[held_b.ticket], std::make_pair(std::string("b"), mid_b));
+    EXPECT_EQ(handed.first[fresh_a.ticket].second, fresh_a.begin) << "not started: read whole";
+    EXPECT_EQ(JobStats(job_).done, total);
+  }
+}
+
 TEST_F(CoordinatedQueueTest, AQueueKeptFromAnotherRunOfTheJobIsNotResumed) {
   SKIP_WITHOUT_REDIS();
   RedisServer redis;

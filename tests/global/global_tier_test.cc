@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
+#include "engine/checkpoint.h"
 #include "global/redis_server.h"
 
 namespace tailcut {
@@ -277,6 +279,92 @@ TEST(GlobalTierTest, ARestoredStateHandsOutOnlyTicketsNotDone) {
   }
   other.restore_state = "garbage";
   EXPECT_THROW(GlobalTier::Open(other), Error);
+}
+
+TEST(GlobalTierTest, ARestoreWithATokenReplacesTheRunItCameFromAndItsHostsJoinIt) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  // The run a checkpoint is saved from goes on past it (block [0, 4) done).
+  auto old_run = GlobalTier::Open(Options(redis.url(), "a"));
+  GlobalBlock block;
+  ASSERT_EQ(old_run->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+  const std::string state = old_run->SaveState();  // nothing done yet
+  ASSERT_EQ(old_run->Ack(block, block.tickets), GlobalAckStatus::kOk);
+  // Without a token the state is ignored: the job exists, and is joined.
+  GlobalTierOptions plain = Options(redis.url(), "b");
+  plain.restore_state = state;
+  EXPECT_EQ(GlobalTier::Open(plain)->run_id(), old_run->run_id());
+  // The hosts of a restore share a token: the first replaces the old run, the
+  // others join the new one, whose state is the checkpoint's.
+  GlobalTierOptions restore = Options(redis.url(), "a");
+  restore.restore_state = state;
+  restore.restore_token = "restore-1";
+  auto a = GlobalTier::Open(restore);
+  EXPECT_NE(a->run_id(), old_run->run_id());
+  restore.host_id = "b";
+  auto b = GlobalTier::Open(restore);
+  EXPECT_EQ(b->run_id(), a->run_id());
+  EXPECT_EQ(a->Stats().done, 0u);
+  EXPECT_EQ(a->Stats().cursor, 4u);
+  // The old run's hosts are refused: the job is another run now.
+  EXPECT_EQ(old_run->Claim(milliseconds(60000), &block), GlobalClaimStatus::kLost);
+  EXPECT_EQ(old_run->loss(), GlobalLoss::kReplaced);
+  // Every ticket once in the restored run: block [0, 4) again, then the rest.
+  std::vector<uint64_t> handed;
+  for (GlobalTier* tier : {a.get(), b.get(), a.get(), b.get()}) {
+    ASSERT_EQ(tier->Claim(milliseconds(60000), &block), GlobalClaimStatus::kOk);
+    handed.insert(handed.end(), block.tickets.begin(), block.tickets.end());
+    ASSERT_EQ(tier->Ack(block, block.tickets), GlobalAckStatus::kOk);
+    if (handed.size() == 10) break;
+  }
+  std::sort(handed.begin(), handed.end());
+  EXPECT_EQ(handed, Range(0, 10));
+  // A second restore from the same checkpoint (the restored run crashed too)
+  // has a token of its own: it replaces the restored run.
+  restore.restore_token = "restore-2";
+  auto again = GlobalTier::Open(restore);
+  EXPECT_NE(again->run_id(), a->run_id());
+  EXPECT_EQ(again->Stats().done, 0u);
+}
+
+// A host's queue state (engine/checkpoint.h) of 10 items, 1 epoch, seed 7,
+// with tickets below `cursor` done where `done` has a bit.
+std::string HostState(uint64_t cursor, uint64_t done, uint64_t seed = 7) {
+  detail::SavedState s;
+  s.fingerprint = 0x1234;
+  s.num_items = 10;
+  s.num_epochs = 1;
+  s.seed = seed;
+  s.cursor = cursor;
+  s.words = {done};
+  return detail::SerializeState(s);
+}
+
+TEST(GlobalStateWithHostsTest, TheDoneMarksAreTheHostsNotTheTiers) {
+  // The tier handed out two blocks and counts tickets 4 and 5 done (acked
+  // after the hosts' states were saved): not done in the checkpoint.
+  const std::string files = "0000000000001234";
+  const std::string tier =
+      "tailcut-global-state 1 10 1 4 7 8 16 1\n" + files + std::string(1, '\x0c');
+  const std::string a = HostState(8, 0b1011), b = HostState(8, 0b10000100);
+  // Tickets 0, 1, 3 (host a) and 2, 7 (host b): bits 7-t of byte 0.
+  EXPECT_EQ(GlobalStateWithHosts(tier, {a, b}),
+            "tailcut-global-state 1 10 1 4 7 8 16 1\n" + files + std::string(1, '\xf1'));
+  auto refusal = [&](const std::vector<std::string>& hosts) -> std::string {
+    try {
+      GlobalStateWithHosts(tier, hosts);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(refusal({a, HostState(8, 1, 8)}),
+            "host state 1 is of another job than the tier's state (items, epochs, seed or files "
+            "differ): pass WorkQueue::SaveHostState() of each host of this job");
+  EXPECT_EQ(refusal({HostState(10, 1 << 9)}),
+            "host state 0 has ticket 9 done, which the tier's state has not handed out (cursor "
+            "8): save the tier's state after every host's");
 }
 
 TEST(GlobalTierErrorTest, AnotherConfigurationFromAnotherHostNamesTheField) {

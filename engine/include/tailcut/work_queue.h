@@ -371,6 +371,21 @@ class TAILCUT_EXPORT WorkQueue {
   // a restore from their checkpoint resume point (see Progress and Commit).
   // Throws tailcut::Error.
   std::string SaveState() const;
+  // A fed queue (a coordinator set): the state of this host's queue alone,
+  // as SaveState is on one host (what this host finished, its open items
+  // and their resume points). The tier's SaveState marks whole items done,
+  // so where a host hands out parts of items (a pooled loader's batches not
+  // yet used) only every host's state with the tier's is exact:
+  // GlobalStateWithHosts (global_tier.h) and FedRestoreState (below). A queue
+  // of one host: SaveState(). Throws tailcut::Error.
+  std::string SaveHostState() const;
+  // A fed queue: the tier's state, saved now, with its done marks replaced by
+  // those of `host_states`, the SaveHostState() of every host of the job,
+  // each saved before this call (GlobalStateWithHosts in global_tier.h says
+  // what it holds). With each host's own state it restores the job exactly:
+  // FedRestoreState. Throws kInvalidArgument on a queue of one host, and
+  // as SaveState.
+  std::string SaveStateWithHosts(const std::vector<std::string>& host_states) const;
 
   // Counters of the queue and every client. Safe from any thread.
   QueueStats Stats() const;
@@ -453,6 +468,18 @@ struct QueueListing {
   // of it died, so a rerun resumes it"; "" when it would be removed.
   std::string kept_reason;
 };
+// The restore_state of one host of a job across hosts from an exact
+// checkpoint: `tier_state` the tier's state with every host's
+// (GlobalStateWithHosts), `host_state` this host's SaveHostState(), and
+// `token` one string the hosts that restore together share (e.g. drawn by
+// rank 0 and broadcast). The first host to open creates the tier's job anew
+// from it, replacing the run the checkpoint came from (its processes, if any
+// are left, stop: the job is another run); the others join. Each host's queue
+// resumes its own open items where they were; every ticket no host finished
+// or held is handed out again. Pure.
+TAILCUT_EXPORT std::string FedRestoreState(const std::string& tier_state,
+                                           const std::string& host_state, const std::string& token);
+
 TAILCUT_EXPORT std::vector<QueueListing> ListQueues();
 // Stats of an existing queue without joining it. Dead clients found on the way
 // are recovered (their items handed back). Throws tailcut::Error (kNotFound,

@@ -105,6 +105,13 @@ struct GlobalTierOptions {
   // starts from it; others joining the job ignore it. It is also the way to
   // create again a job that was lost (GlobalLoss::kGone).
   std::string restore_state;
+  // With restore_state: the token of the restore this host takes part in
+  // (hosts that restore one checkpoint together pass the same, e.g. drawn by
+  // rank 0 and broadcast). The first to open creates the job from the state,
+  // replacing a job of that name with another token or none (the run the
+  // checkpoint came from, which went on past it); the others join it. Empty:
+  // a job that exists is joined and the state ignored.
+  std::string restore_token;
   // One-line notices (reconnecting, job created or joined), without a
   // "tailcut: " prefix. Default: stderr, as "tailcut: " + line.
   std::function<void(const std::string&)> on_notice;
@@ -238,6 +245,18 @@ class TAILCUT_EXPORT GlobalTier {
   explicit GlobalTier(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// An exact checkpoint of a job whose hosts hand out parts of items (a pooled
+// loader's batches): the tier's state `tier_state` (SaveState, saved after
+// every host's) with its done marks replaced by what the hosts' queues hold
+// (WorkQueue::SaveHostState of every host): a ticket is done when a host
+// finished it or holds part of it, which that host resumes from its own
+// state (FedRestoreState). Every other ticket the tier handed out (a host
+// had not started it, or got it after its state was saved) is handed out
+// again. Throws kCorrupt (not a state), kInvalidArgument (a host state of
+// another job, or saved after the tier's).
+TAILCUT_EXPORT std::string GlobalStateWithHosts(const std::string& tier_state,
+                                                const std::vector<std::string>& host_states);
 
 }  // namespace tailcut
 
