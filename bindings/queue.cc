@@ -9,6 +9,7 @@
 #include "blocking.h"
 #include "conversions.h"
 #include "engine/checkpoint.h"
+#include "engine/feeder.h"
 #include "errors.h"
 #include "items.h"
 #include "module.h"
@@ -316,6 +317,37 @@ QueueClass DefineWorkQueue(py::module_& m) {
           "restore_state=d (or d['state']) in every process. Items open now are handed out again "
           "after a restore, from their last progress offset.")
       .def(
+          "_host_state",
+          [](const HandlePtr& h) {
+            std::string state;
+            {
+              Use use(*h);
+              state = h->queue->SaveHostState();
+            }
+            return py::bytes(state);
+          },
+          "This host's part of an exact checkpoint of a queue fed by a coordinator "
+          "(WorkQueue::SaveHostState): what this host finished, its open items and their resume "
+          "points. On one host: state_dict()['state'].")
+      .def(
+          "_state_with_hosts",
+          [](const HandlePtr& h, const py::iterable& host_states) {
+            std::vector<std::string> states;
+            for (const py::handle& s : host_states)
+              states.push_back(ToBytes(py::reinterpret_borrow<py::object>(s),
+                                       "_state_with_hosts: a host state"));
+            std::string state;
+            {
+              Use use(*h);
+              state = h->queue->SaveStateWithHosts(states);
+            }
+            return py::bytes(state);
+          },
+          py::arg("host_states"),
+          "The coordinator's state of a fed queue's job, saved now, with the done marks of "
+          "`host_states` (every host's _host_state(), each saved before): "
+          "WorkQueue::SaveStateWithHosts.")
+      .def(
           "load_state_dict",
           [](const HandlePtr& h, py::object d) {
             std::string state;
@@ -517,6 +549,27 @@ void DefineQueueFunctions(py::module_& m) {
       "need nothing. `queue` names the queue in errors. Raises CorruptError (state is not a "
       "checkpoint) and InvalidArgumentError (a range with begin >= end or a ticket the checkpoint "
       "does not have).");
+  m.def(
+      "_host_id",
+      [](const py::object& queue_name, const std::string& host_id) {
+        tc::WorkQueueOptions o;
+        o.name = ToQueueName(queue_name);
+        o.host_id = host_id;
+        return tc::detail::ResolveHostId(o);
+      },
+      py::arg("queue"), py::arg("host_id") = "",
+      "The host id a queue fed by a coordinator uses (host_id, else TAILCUT_HOST_ID, else the "
+      "hostname): its shared-memory queue is '<queue>.<host id>'. Raises InvalidArgumentError.");
+  m.def(
+      "_fed_restore_state",
+      [](const py::object& tier, const py::object& host, const std::string& token) {
+        return py::bytes(tc::FedRestoreState(ToBytes(tier, "_fed_restore_state: tier"),
+                                             ToBytes(host, "_fed_restore_state: host"), token));
+      },
+      py::arg("tier"), py::arg("host"), py::arg("token"),
+      "The restore_state of one host of a fed job from an exact checkpoint "
+      "(tailcut::FedRestoreState): the coordinator's state with every host's, this host's own, "
+      "and the token the hosts restoring together share.");
   m.def(
       "_state_epoch",
       [](const py::object& state, const py::object& queue_name) {

@@ -303,19 +303,19 @@ def step_lines(out):
     return lines
 
 
-def check_restored_nodes(out, killed_run, cut, job):
+def check_restored_nodes(out, killed_run, cut, job, fed=False):
     """Per epoch and node: what the killed run trained up to its checkpoint
     `cut` ((epoch, step)) and the leftovers of the epochs it ended before it,
     plus what the resumed run trained and left over, is each of the node's
-    records exactly once; every rank of the resumed run ran the same steps in
-    each epoch; nothing left."""
+    records exactly once (fed: each record of the job, over both nodes); every
+    rank of the resumed run ran the same steps in each epoch; nothing left."""
     lines = [line for line in step_lines(out) if "ckpt" not in line]
     for e in range(EPOCHS):
         steps = collections.defaultdict(int)
-        for node in range(NODES):
+        for node in [None] if fed else range(NODES):
             seen = collections.Counter()
             for line in lines:
-                if line["epoch"] != e or line["node"] != node:
+                if line["epoch"] != e or node not in (None, line["node"]):
                     continue
                 if line["run"] == killed_run and (
                         ("dropped" in line and e >= cut[0]) or
@@ -324,7 +324,8 @@ def check_restored_nodes(out, killed_run, cut, job):
                 seen.update(line["ids"])
                 if line["run"] != killed_run and "dropped" not in line:
                     steps[line["rank"]] = max(steps[line["rank"]], line["step"])
-            expected = {i for f in range(node, len(FILE_RECORDS), NODES) for i in file_ids(f)}
+            files = range(len(FILE_RECORDS)) if fed else range(node, len(FILE_RECORDS), NODES)
+            expected = {i for f in files for i in file_ids(f)}
             missing, extra = expected - set(seen), set(seen) - expected
             twice = [i for i, c in seen.items() if c > 1]
             assert not missing and not extra and not twice, (
@@ -332,14 +333,15 @@ def check_restored_nodes(out, killed_run, cut, job):
                 f"trained nor left over, {len(twice)} twice, {len(extra)} of another node")
         if e >= cut[0]:
             assert len(steps) == NODES * PER_NODE and len(set(steps.values())) == 1, (e, steps)
-        print(f"epoch {e}: every record of each node once (checkpoint at {cut}); steps after "
-              f"the restore {sorted(set(steps.values()))}")
+        print(f"epoch {e}: every record of {'the job' if fed else 'each node'} once "
+              f"(checkpoint at {cut}); steps after the restore {sorted(set(steps.values()))}")
     left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]
     assert not left, left
 
 
-@pytest.mark.parametrize("when", ["mid_epoch", "epoch_end", "mid_epoch_map_style"])
-def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, when):
+@pytest.mark.parametrize("when", ["mid_epoch", "epoch_end", "mid_epoch_map_style",
+                                  "mid_epoch_fed", "mid_epoch_fed_map_style"])
+def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(request, tmp_path, when):
     """2 nodes x 2 ranks under two torchrun launches, a queue and a pool per
     node, node 1's steps slower. Every rank calls loader.state_dict() every 40
     steps (mid_epoch) or at epoch ends only (epoch_end) and rank 0 saves it;
@@ -351,14 +353,20 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, 
     nothing left in /dev/shm or running. Before, state_dict() refused a job
     that spans hosts and no checkpoint was written. mid_epoch_map_style: the
     same over a map-style dataset, whose index queue picks its host's entry
-    from the state as QueueDataset does."""
+    from the state as QueueDataset does. fed: one queue over all the files,
+    fed to the nodes by a coordinator; every record of the job once per epoch
+    across the nodes. Before, state_dict() refused a fed pool: the
+    coordinator's state marks whole items done, and items of the batches not
+    yet used were done there."""
     job = f"pytest-nodes-ckpt-{os.getpid()}-{when}"
+    fed = "_fed" in when
+    coordinator = coordinator_of(request, fed)
     data, out = write_data(tmp_path)
     every = ["--every", "0" if when == "epoch_end" else "40"]
     if when.endswith("map_style"):
         every.append("--map")
     ckpt = out / "ckpt.pt"
-    procs = start_nodes(data, out, job, run=f"{job}-a", extra=every)
+    procs = start_nodes(data, out, job, run=f"{job}-a", extra=every, coordinator=coordinator)
     finished = False
     try:
         deadline = time.monotonic() + 120
@@ -378,7 +386,7 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, 
         # Node 1's steps are slower: its ring is full, and those batches must be read again.
         assert state["hosts"][f"{job}.n1"]["unused_batches"] > 0, state["hosts"]
         procs = start_nodes(data, out, job, run=f"{job}-b",
-                            extra=every + ["--resume", str(ckpt)])
+                            extra=every + ["--resume", str(ckpt)], coordinator=coordinator)
         for p in procs:
             log, _ = p.communicate(timeout=150)
             assert p.returncode == 0, log[-4000:]
@@ -388,7 +396,7 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(tmp_path, 
         if not finished:  # what the failed job left
             kill_nodes(procs)
             remove_nodes_queues(job)
-    check_restored_nodes(out, saved["run"], cut, job)
+    check_restored_nodes(out, saved["run"], cut, job, fed=fed)
 
 
 def one_host_states(data, job, **restore):
@@ -467,22 +475,53 @@ def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_
 
 
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
-def test_state_dict_of_a_pool_fed_by_a_coordinator_is_refused(redis_url, tmp_path):  # noqa: F811
-    """A queue fed by a coordinator has no exactly-once pool state (its
-    checkpoint marks whole items done): state_dict() says so and what to do."""
+def test_a_pool_fed_by_a_coordinator_resumes_from_its_checkpoint_exactly_once(  # noqa: F811
+        redis_url, tmp_path):
+    """One host of a fed job, one rank: a checkpoint taken mid-epoch while the
+    loader had batches in the ring, the run going on past it, then a restore
+    in the same process (the same two lines as on many hosts): every record
+    once between the batches used before the checkpoint and those after the
+    restore. A pool that did not open its queue from the state refuses it.
+    Before, state_dict() refused a fed pool: the coordinator's state marks
+    whole items done, and items of the unused batches were done there."""
     import tailcut.torch
     data, _ = write_data(tmp_path)
     job = f"pytest-fed-state-{os.getpid()}"
-    ds = tailcut.torch.QueueDataset(sorted(str(p) for p in data.glob("*.bin")), name=job,
-                                    format="fixed", record_bytes=8, num_slices=8,
-                                    coordinator=redis_url, host_id="n0",
-                                    on_notice=lambda line: None)
-    loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, world_size=1, local_rank=0)
-    try:
-        with pytest.raises(tailcut.InvalidArgumentError,
-                           match="fed by a coordinator.*static split"):
-            loader.state_dict()
-    finally:
-        loader.close()
-        ds.close()
-        tailcut.remove_batch_ring(loader.name)
+    files = sorted(str(p) for p in data.glob("*.bin"))
+    opts = dict(name=job, format="fixed", record_bytes=8, num_slices=40, shuffle_buffer=0,
+                coordinator=redis_url, host_id="n0", global_block_size=2,
+                on_notice=lambda line: None)
+    pool = dict(num_workers=1, batch_size=64, slot_bytes=64 * 8, num_slots=8, rank=0,
+                world_size=1, local_rank=0)
+
+    def ids(batch):
+        return batch.view(torch.int64).ravel().tolist()
+
+    ds = tailcut.torch.QueueDataset(files, **opts)
+    loader = tailcut.torch.PooledLoader(ds, **pool)
+    before, batches = [], iter(loader)
+    for _ in range(100):
+        before += ids(next(batches))
+    time.sleep(0.5)  # the loader fills the ring meanwhile
+    state = loader.state_dict()
+    for _ in range(50):  # past the checkpoint: not counted
+        next(batches)
+    with pytest.raises(tailcut.InvalidArgumentError, match="cannot jump to a checkpoint"):
+        loader.load_state_dict(state)
+    loader.close()
+    ds.close()
+    assert sorted(state["queue"]["hosts"]) == [f"{job}.n0"] and "tier" in state["queue"]
+    assert state["unused_batches"] > 0, state  # the ring held batches: read again below
+
+    ds = tailcut.torch.QueueDataset(files, restore_state=state["queue"], **opts)
+    loader = tailcut.torch.PooledLoader(ds, **pool)
+    loader.load_state_dict(state)
+    after = [i for batch in loader for i in ids(batch)]
+    loader.close()
+    ds.close()
+    seen = collections.Counter(before + after)
+    every = {i for f in range(len(FILE_RECORDS)) for i in file_ids(f)}
+    twice = [i for i, c in seen.items() if c > 1]
+    assert set(seen) == every and not twice, (len(every - set(seen)), len(twice))
+    left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]
+    assert not left, left

@@ -56,7 +56,8 @@ class IndexDataset(QueueDataset):
         if queue_options.get("restore_state") is not None:
             # A PooledLoader checkpoint of several hosts: this host's queue's entry.
             self._queue_args["restore_state"] = _pool_state.host_queue_state(
-                queue_options["restore_state"], queue_options["name"])
+                queue_options["restore_state"], queue_options["name"],
+                queue_options.get("host_id"))
         self.batch_size = None  # the DataLoader batches
         self.transform = None  # the dataset applies its own
         self._epoch = None

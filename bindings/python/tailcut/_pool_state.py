@@ -28,8 +28,19 @@ has left state_dict().
 Several hosts: the state holds each host's queue state under its queue's
 name (state['queue']['hosts']); QueueDataset(restore_state=state['queue'])
 opens each host's queue with its own entry (host_queue_state), so the two
-lines of a restore are the same on every host. A queue fed by a coordinator
-is refused (see _group).
+lines of a restore are the same on every host.
+
+A queue fed by a coordinator: the coordinator's own state marks whole items
+done (a loader acks an item when it publishes the item's last batch), so
+each host's part is its queue's own state (WorkQueue._host_state(), what it
+finished and holds, with its unused ranges reopened as above), and after the
+exchange -- every host's part saved -- group rank 0 saves the coordinator's
+state with those parts' done marks (_state_with_hosts): a ticket is done
+where a host finished or holds part of it, and every other ticket is handed
+out again. A restore opens each host's queue from the coordinator's state,
+its own part and a token that rank 0 draws and broadcasts, so that the
+first host creates the job anew, replacing the run the checkpoint came
+from, and the others join (tailcut::FedRestoreState).
 
 The queue checkpoint is edited by the engine (_core._reopen_state,
 engine/checkpoint.h ReopenRanges), which owns its byte layout: this module
@@ -38,6 +49,8 @@ pieces inside their items) when it restores.
 """
 
 import os
+import sys
+import uuid
 
 import tailcut
 from tailcut import _core
@@ -86,6 +99,8 @@ def restored_epoch(dataset):
     state = args.get("restore_state")
     if not state:
         return 0
+    if isinstance(state, dict) and "tier" in state:  # fed: host_queue_state()
+        return state["epoch"]
     return _core._state_epoch(state["state"] if isinstance(state, dict) else bytes(state),
                               str(args.get("name", "")))
 
@@ -103,17 +118,6 @@ def _group(loader):
     """(torch.distributed, the group) when the ranks must exchange, else None:
     every rank of the job, over `group=` or the default group, so that the
     state covers every host."""
-    if _fed(loader.queue):
-        # The tier's state is a cursor and a done mark per ticket; an item whose records are
-        # partly in used batches and partly in unused ones is done there (acked at publish),
-        # and marking it not done would read its used records again: no exactly-once state.
-        raise tailcut.InvalidArgumentError(
-            f"PooledLoader.state_dict(): queue '{loader.queue.name}' is fed by a coordinator, "
-            f"whose checkpoint marks whole items done or not, and the batches published but not "
-            f"used hold parts of items it counts as done: no state restores them exactly once. "
-            f"Give each host its own queue over its share of the files (a static split, "
-            f"name=f'{{job}}.n{{GROUP_RANK}}'), whose checkpoints cover every host "
-            f"(docs/pooled.md, \"Restarts and checkpoints\")")
     if loader.world_size == 1:
         return None
     import torch.distributed as dist
@@ -194,30 +198,64 @@ def _host_state(host):
                 reopened_ranges=reopened)
 
 
+def _first_not_done(tier):
+    """The lowest ticket the coordinator's state `tier` has not done, and its
+    number of items: 'tailcut-global-state 1 ITEMS EPOCHS BLOCK SEED CURSOR
+    FILES_LEN BITMAP_LEN' and a line break, the files fingerprint, then the
+    done bitmap as Redis keeps it (bit 7 - t % 8 of byte t // 8)."""
+    header, _, rest = bytes(tier).partition(b"\n")
+    fields = [int(f) for f in header.split()[2:]]
+    items, files_len = fields[0], fields[5]
+    bitmap = rest[files_len:]
+    for i, byte in enumerate(bitmap):
+        if byte != 0xFF:
+            return i * 8 + next(b for b in range(8) if not byte & (0x80 >> b)), items
+    return len(bitmap) * 8, items
+
+
+def _exchange(dist, group, mine):
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    return every
+
+
 def state_dict(loader):
     """See PooledLoader.state_dict()."""
     exchange = _group(loader)
     if exchange is not None:
         dist, group = exchange
         dist.barrier(group=group)  # every rank is here: nobody pops until the exchange below
-    mine = dict(host=loader.queue.name, ranges=[], batches=0, records=0)
+    fed = _fed(loader.queue)
+    # A fed queue is '<name>.<host id>' on its host, and every host's shares `name`.
+    host_queue = loader.queue.summary()["name"] if fed else loader.queue.name
+    mine = dict(host=host_queue, ranges=[], batches=0, records=0)
     if loader.local_rank == 0:
-        mine["queue"] = loader.queue.state_dict()  # first: see the module's comment
+        # First: see the module's comment.
+        mine["queue"] = (dict(state=loader.queue._host_state(), name=host_queue) if fed
+                         else loader.queue.state_dict())
         mine["ring"] = loader.name
         mine["ranges"], mine["batches"], mine["records"] = _ring_ranges(loader)
     ranges, batches, records = _unused(loader)
     mine["ranges"] += ranges
     mine["batches"] += batches
     mine["records"] += records
-    if exchange is None:
-        every = [mine]
-    else:
-        every = [None] * dist.get_world_size(group)
-        dist.all_gather_object(every, mine, group=group)
+    every = [mine] if exchange is None else _exchange(dist, group, mine)
     hosts = {name: _host_state(h) for name, h in sorted(_hosts(every).items())}
     epoch, step = loader._position
     totals = {key: sum(h[key] for h in hosts.values())
               for key in ("unused_batches", "unused_records", "reopened_ranges")}
+    if fed:
+        # Every host's part is saved (the exchange is over): the coordinator's state now, once.
+        first = exchange is None or dist.get_rank(group) == 0
+        tier = (loader.queue._state_with_hosts([h["queue"]["state"] for h in hosts.values()])
+                if first else None)
+        if exchange is not None:
+            tier = next(t for t in _exchange(dist, group, tier) if t is not None)
+        low, items = _first_not_done(tier)
+        return dict(version=STATE_VERSION, epoch=epoch, step=step,
+                    queue=dict(hosts={name: h.pop("queue") for name, h in hosts.items()},
+                               tier=tier, epoch=low // items),
+                    hosts=hosts, **totals)
     if len(hosts) == 1:  # laid out as in version 1
         (host,) = hosts.values()
         return dict(host, version=STATE_VERSION, epoch=epoch, step=step)
@@ -228,13 +266,45 @@ def state_dict(loader):
                 hosts=hosts, **totals)
 
 
-def host_queue_state(restore_state, name):
+def _restore_token():
+    """One token for the ranks of a restore, drawn by rank 0 and broadcast
+    over the default group (every rank opens its queue with the checkpoint at
+    the same time)."""
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        token = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        return token[0]
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise tailcut.InvalidArgumentError(
+            "restore_state: the checkpoint is of a pool fed by a coordinator, whose ranks agree "
+            "on one restore through torch.distributed: call init_process_group() before opening "
+            "the queue (QueueDataset, or PooledLoader of a map-style dataset)")
+    return uuid.uuid4().hex
+
+
+def host_queue_state(restore_state, name, host_id=None):
     """The state queue `name` opens with from restore_state: a pool's
     checkpoint of several hosts ({'hosts': {queue name: state}}) gives that
-    queue's entry; any other restore_state is the queue's own."""
+    queue's entry; any other restore_state is the queue's own. A checkpoint of
+    a pool fed by a coordinator (with 'tier') gives this host's restore of
+    it, under a token drawn for this restore (a collective call: every rank
+    makes it)."""
     if not (isinstance(restore_state, dict) and "hosts" in restore_state):
         return restore_state
     hosts = restore_state["hosts"]
+    if "tier" in restore_state:
+        local = f"{name}.{_core._host_id(name, host_id or '')}"
+        if local not in hosts:
+            raise tailcut.InvalidArgumentError(
+                f"restore_state: the checkpoint holds the queues of {len(hosts)} hosts "
+                f"({', '.join(sorted(hosts))}), none named '{local}': restart on as many hosts, "
+                f"each with the host id it had when the checkpoint was saved (TAILCUT_HOST_ID)")
+        token = _restore_token()
+        return dict(state=_core._fed_restore_state(restore_state["tier"], hosts[local]["state"],
+                                                   token),
+                    tier=restore_state["tier"], epoch=restore_state["epoch"])
     if name not in hosts:
         raise tailcut.InvalidArgumentError(
             f"restore_state: the checkpoint holds the queues of {len(hosts)} hosts "
@@ -258,7 +328,15 @@ def load_state_dict(loader, state):
             f"PooledLoader.load_state_dict(): the state covers {len(saved)} host(s) (queues "
             f"{', '.join(saved)}), this job runs on {hosts_now} ({loader.world_size} ranks, "
             f"{loader.local_world_size} per host): restart it on {len(saved)} host(s)")
-    # Raises, saying how, unless the queue was opened from this state.
-    loader.queue.load_state_dict(host_queue_state(queue, loader.queue.name))
+    if "tier" in queue:
+        opened = getattr(loader.dataset, "_queue_args", {}).get("restore_state")
+        if not (isinstance(opened, dict) and opened.get("tier") == queue["tier"]):
+            raise tailcut.InvalidArgumentError(
+                f"queue '{loader.queue.name}': an open WorkQueue cannot jump to a checkpoint; "
+                f"open the restarted job's queue with it: QueueDataset(..., "
+                f"restore_state=state['queue']) on every rank, then load_state_dict(state)")
+    else:
+        # Raises, saying how, unless the queue was opened from this state.
+        loader.queue.load_state_dict(host_queue_state(queue, loader.queue.name))
     loader.set_epoch(state["epoch"])
     loader._position = (state["epoch"], 0)

@@ -322,7 +322,8 @@ class QueueDataset(IterableDataset):
         if queue_options.get("restore_state") is not None:
             # A PooledLoader checkpoint of several hosts: this host's queue's entry.
             self._queue_args["restore_state"] = _pool_state.host_queue_state(
-                queue_options["restore_state"], queue_options["name"])
+                queue_options["restore_state"], queue_options["name"],
+                queue_options.get("host_id"))
         self.batch_size = _args.count("batch_size", batch_size, minimum=1, allow_none=True)
         self.transform = _args.callable_or_none("transform", transform)
         self.copy = _args.flag("copy", copy)

@@ -221,7 +221,10 @@ class PooledLoader:
         the ring, held for the next epoch, carried over) and records loaders
         read ahead are read again after a restore; see docs/pooled.md,
         "Restarts and checkpoints". Several hosts: it holds every host's part,
-        each under its queue's name. More than one rank: collective over
+        each under its queue's name; fed by a coordinator, also the
+        coordinator's state with the hosts' done marks, and opening the queue
+        with restore_state=state['queue'] is then collective too (rank 0 draws
+        the restore's token). More than one rank: collective over
         torch.distributed (`group`, else the default group)."""
         return _pool_state.state_dict(self)
 
