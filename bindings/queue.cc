@@ -1,7 +1,9 @@
 #include "queue.h"
 
+#include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <thread>
@@ -570,6 +572,38 @@ void DefineQueueFunctions(py::module_& m) {
       "The restore_state of one host of a fed job from an exact checkpoint "
       "(tailcut::FedRestoreState): the coordinator's state with every host's, this host's own, "
       "and the token the hosts restoring together share.");
+  m.def(
+      "_states_epoch",
+      [](const py::iterable& states, const py::object& queue_name) {
+        const std::string name = ToQueueName(queue_name);
+        uint64_t low = UINT64_MAX, num_items = 1;
+        std::vector<tc::detail::SavedState> saved;
+        for (const py::handle& state : states) {
+          saved.push_back(tc::detail::DeserializeState(
+              name, ToBytes(py::reinterpret_borrow<py::object>(state), "_states_epoch: a state")));
+          num_items = saved.back().num_items;
+        }
+        // The lowest ticket that no state has done: below each state's low
+        // every ticket is done there, so it is one of the lows, or above.
+        auto done = [&](uint64_t t) {
+          for (const tc::detail::SavedState& s : saved) {
+            if (t < s.low) return true;
+            const uint64_t i = t / 64 - s.low / 64;
+            if (t < s.cursor && i < s.words.size() && ((s.words[i] >> (t % 64)) & 1)) return true;
+          }
+          return false;
+        };
+        for (const tc::detail::SavedState& s : saved) {
+          uint64_t t = s.low;
+          while (done(t)) ++t;
+          low = std::min(low, t);
+        }
+        return saved.empty() ? 0 : low / num_items;
+      },
+      py::arg("states"), py::arg("queue"),
+      "The epoch a job restored from the hosts' checkpoints `states` (WorkQueue._host_state()) "
+      "starts in: that of the lowest ticket none of them has done. `queue` names the queue in "
+      "errors. Raises CorruptError.");
   m.def(
       "_state_epoch",
       [](const py::object& state, const py::object& queue_name) {

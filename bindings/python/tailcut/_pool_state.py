@@ -198,21 +198,6 @@ def _host_state(host):
                 reopened_ranges=reopened)
 
 
-def _first_not_done(tier):
-    """The lowest ticket the coordinator's state `tier` has not done, and its
-    number of items: 'tailcut-global-state 1 ITEMS EPOCHS BLOCK SEED CURSOR
-    FILES_LEN BITMAP_LEN' and a line break, the files fingerprint, then the
-    done bitmap as Redis keeps it (bit 7 - t % 8 of byte t // 8)."""
-    header, _, rest = bytes(tier).partition(b"\n")
-    fields = [int(f) for f in header.split()[2:]]
-    items, files_len = fields[0], fields[5]
-    bitmap = rest[files_len:]
-    for i, byte in enumerate(bitmap):
-        if byte != 0xFF:
-            return i * 8 + next(b for b in range(8) if not byte & (0x80 >> b)), items
-    return len(bitmap) * 8, items
-
-
 def _exchange(dist, group, mine):
     every = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
@@ -251,10 +236,12 @@ def state_dict(loader):
                 if first else None)
         if exchange is not None:
             tier = next(t for t in _exchange(dist, group, tier) if t is not None)
-        low, items = _first_not_done(tier)
+        # Where a restore starts: the coordinator's done marks are the hosts'.
+        first_epoch = _core._states_epoch([h["queue"]["state"] for h in hosts.values()],
+                                          host_queue)
         return dict(version=STATE_VERSION, epoch=epoch, step=step,
                     queue=dict(hosts={name: h.pop("queue") for name, h in hosts.items()},
-                               tier=tier, epoch=low // items),
+                               tier=tier, epoch=first_epoch),
                     hosts=hosts, **totals)
     if len(hosts) == 1:  # laid out as in version 1
         (host,) = hosts.values()
