@@ -20,6 +20,7 @@ import warnings
 import pytest
 
 import tailcut
+from tailcut import _job
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -481,13 +482,13 @@ def torchrun_env(monkeypatch, tmp_path):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
         monkeypatch.setenv("MASTER_PORT", str(port))
         monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", str(static))
-        return tt._default_name()
+        return _job.default_name()
 
     return launch
 
 
 def test_default_queue_name_is_per_torchrun_job_and_attempt(torchrun_env, monkeypatch):
-    assert tt._default_name() == "work_queue"  # not under torchrun
+    assert _job.default_name() == "work_queue"  # not under torchrun
     # --rdzv_id given: the user's job id names the job.
     assert torchrun_env(f"job/{os.getpid()}") == f"torchrun-job_{os.getpid()}-0"
     assert torchrun_env(f"job/{os.getpid()}", restart=2) == f"torchrun-job_{os.getpid()}-2"

@@ -22,11 +22,6 @@ from tailcut import _job
 _log = logging.getLogger("tailcut.torch")
 
 
-def _env_int(name, default):
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
-
-
 def resume_default(resume):
     """resume, else $TAILCUT_RESUME (off by default), as a bool."""
     value = os.environ.get("TAILCUT_RESUME", "0") if resume is None else str(bool(resume))
@@ -44,9 +39,9 @@ def before_open(queue_args, resume):
     restarted = torchrun_default and _job.restart_count() > 0
     if queue_args.get("restore_state") is None:
         queue_args.pop("restore_state", None)
-    first = _env_int("LOCAL_RANK", 0) == 0
+    first = _job.env_int("LOCAL_RANK", 0) == 0
     resumed = _prepare(queue_args, resume, restarted, torchrun_default) if first else None
-    if _env_int("LOCAL_WORLD_SIZE", 1) <= 1:
+    if _job.env_int("LOCAL_WORLD_SIZE", 1) <= 1:
         return resumed
     # The other ranks of the host open the queue after local rank 0
     # prepared it (it may remove or replace a queue of that name): at a

@@ -19,7 +19,8 @@ import sys
 _UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
-def _env_int(name, default):
+def env_int(name, default):
+    """$name as an int (torchrun's RANK, LOCAL_WORLD_SIZE, ...), `default` when unset or empty."""
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
 
@@ -55,7 +56,7 @@ def torchrun_job():
 
 def restart_count():
     """torchrun's attempt number of this run (0: its first attempt)."""
-    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    return env_int("TORCHELASTIC_RESTART_COUNT", 0)
 
 
 def default_name():

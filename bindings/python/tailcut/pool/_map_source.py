@@ -21,7 +21,7 @@ import json
 from tailcut import _map_style
 from tailcut.pool._map_batch import Collate, LoadSample, unflatten
 from tailcut.pool._recipe import DEFAULT_BATCH_SIZE, Recipe
-from tailcut.torch import IndexDataset, QueueDataset  # (torch.py imports _index_dataset)
+from tailcut.torch import IndexDataset, QueueDataset
 
 
 class MapSource(IndexDataset):

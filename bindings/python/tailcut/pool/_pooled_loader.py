@@ -40,11 +40,6 @@ class _RankFailures:
         _lifecycle.raise_if_failed(self.ring_name)
 
 
-def _env_int(name, default):
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
-
-
 _Held = _pool_state.Held  # a leftover batch carried into the next epoch
 
 
@@ -153,10 +148,10 @@ class PooledLoader:
         rank = _args.count("rank", rank, allow_none=True)
         world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
         local_rank = _args.count("local_rank", local_rank, allow_none=True)
-        self.rank = _env_int("RANK", 0) if rank is None else rank
-        self.world_size = _env_int("WORLD_SIZE", 1) if world_size is None else world_size
-        self.local_rank = _env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
-        self.local_world_size = _env_int("LOCAL_WORLD_SIZE", self.world_size)
+        self.rank = _job.env_int("RANK", 0) if rank is None else rank
+        self.world_size = _job.env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.local_rank = _job.env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
+        self.local_world_size = _job.env_int("LOCAL_WORLD_SIZE", self.world_size)
         if not 0 <= self.local_rank < self.local_world_size:
             raise ValueError(f"local rank {self.local_rank} is not in "
                              f"[0, {self.local_world_size})")
@@ -356,17 +351,17 @@ class PooledLoader:
         return batch
 
     def _tensors(self, batch, copy=False):
-        from tailcut.torch import _tensor  # read-only views: torch's warning silenced once
+        from tailcut.torch._tensors import from_numpy  # read-only views: torch's warning silenced once
         arrays = decode_batch(batch.data, batch.header)
         if copy:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
                       else arrays.copy())
         if self._map_source is not None:  # the batch as the dataset's samples collated
             arrays = arrays if isinstance(arrays, tuple) else (arrays,)  # the tree alone
-            return self._map_source.rebuild_batch(tuple(_tensor(a) for a in arrays))
+            return self._map_source.rebuild_batch(tuple(from_numpy(a) for a in arrays))
         if isinstance(arrays, tuple):
-            return tuple(_tensor(a) for a in arrays)
-        return _tensor(arrays)
+            return tuple(from_numpy(a) for a in arrays)
+        return from_numpy(arrays)
 
     def _shower(self, batch):
         """show(on_leftover) of a dropped batch: passes its tensors to

@@ -76,11 +76,11 @@ class Recipe:
 
 
 def _torch_of(batch):
-    from tailcut.torch import _tensor  # read-only collated arrays: torch's warning silenced once
+    from tailcut.torch._tensors import from_numpy  # read-only collated arrays: torch's warning silenced once
     if isinstance(batch, np.ndarray):
-        return _tensor(batch)
+        return from_numpy(batch)
     if isinstance(batch, tuple) and all(isinstance(a, np.ndarray) for a in batch):
-        return tuple(_tensor(a) for a in batch)
+        return tuple(from_numpy(a) for a in batch)
     return batch
 
 

@@ -13,8 +13,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 from tailcut import _args, _attempts, _map_style, _pool_state
-from tailcut._job import default_name as _default_name
-from tailcut.torch import QueueDataset, _current_epoch, _env_int
+from tailcut._job import default_name as _default_name, env_int
+from tailcut.torch._queue_dataset import QueueDataset, current_epoch
 
 
 class IndexDataset(QueueDataset):
@@ -50,7 +50,7 @@ class IndexDataset(QueueDataset):
         IterableDataset.__init__(self)
         n = _map_style.sample_count(dataset, "IndexDataset")
         self.dataset = dataset
-        queue_options.setdefault("num_clients", _env_int("LOCAL_WORLD_SIZE", 1))
+        queue_options.setdefault("num_clients", env_int("LOCAL_WORLD_SIZE", 1))
         queue_options.setdefault("name", _default_name())
         self._queue_args = _map_style.index_queue_args(n, queue_options)
         if queue_options.get("restore_state") is not None:
@@ -84,7 +84,7 @@ class IndexDataset(QueueDataset):
         pid = os.getpid()
         epoch, last = self._epoch, self._last_epoch.get(pid)
         if epoch is None or (last is not None and epoch <= last):
-            epoch = _current_epoch(q)
+            epoch = current_epoch(q)
         self._last_epoch[pid] = epoch
         return self._samples(q, epoch)
 
