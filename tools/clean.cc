@@ -21,7 +21,7 @@
 namespace tailcut_cli {
 namespace {
 
-// The lock tailcut/_lifecycle.py takes on a ring's name while it fences a
+// The lock tailcut/pool/_lifecycle.py takes on a ring's name while it fences a
 // dead attempt and opens the ring: an abstract Unix socket bound to
 // "\0tailcut-pool.<euid>.<ring>", released by the kernel with its holder.
 class RingLock {

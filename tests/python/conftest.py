@@ -31,7 +31,7 @@ def rname():
     """A queue name nobody else uses, for a PooledLoader whose ring is '<name>.pool'
     (or a ring of that very name); afterwards the queue, and each ring with its
     pool's files (description, failure record, status), are removed."""
-    from tailcut import _lifecycle
+    from tailcut.pool import _lifecycle
     name = f"pytest-ring-{os.getpid()}-{next(_counter)}"
     yield name
     for ring in (name, name + ".pool"):

@@ -801,7 +801,7 @@ def test_loaders_leave_when_the_rank_that_started_them_is_killed(rname, tmp_path
 
 
 def test_a_failure_is_recorded_past_a_held_lock_and_never_after_the_pool_is_gone(rname):
-    from tailcut import _lifecycle
+    from tailcut.pool import _lifecycle
     ring = tailcut.BatchRing(rname, 64, 2, "trainer")
     try:
         # The ring's lock held (as by a process stopped while it removes the pool): the

@@ -12,7 +12,8 @@ import signal
 import sys
 
 import tailcut
-from tailcut import _core, _lifecycle
+from tailcut import _core
+from tailcut.pool import _lifecycle
 from tailcut.pool._description import pool_spec_path, read_pool_spec
 from tailcut.pool._loader import load
 from tailcut.pool._recipe import Recipe

@@ -1,6 +1,6 @@
 """The pool's description, for loaders that join from elsewhere: local rank 0
 writes it when it starts its loaders (write), `python3 -m tailcut.pool` reads
-it (read_pool_spec, every field checked by tailcut._pool_spec), and the
+it (read_pool_spec, every field checked by tailcut.pool._spec), and the
 process that wrote it removes it at the end (remove)."""
 
 import base64
@@ -12,7 +12,7 @@ import sys
 import time
 
 import tailcut
-from tailcut import _pool_spec
+from tailcut.pool import _spec
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -52,7 +52,7 @@ def write(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, poll):
     if args.get("prefix") is not None:
         args["prefix"] = os.fsdecode(args["prefix"])
     spec = dict(
-        version=_pool_spec.VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
+        version=_spec.VERSION, ring=ring_name, slot_bytes=slot_bytes, num_slots=num_slots,
         max_clients=max_clients, poll=poll, queue=args, format=queue.format,
         batch_size=recipe.batch_size, tensors=recipe.tensors,
         callables={k: _callable_ref(getattr(recipe, k))
@@ -83,11 +83,11 @@ def write_json(path, content, default=None):
 
 def read_pool_spec(ring_name):
     """The description of the pool of ring `ring_name` (a dict), written by
-    the job's PooledLoader, every field checked (tailcut/_pool_spec.py).
+    the job's PooledLoader, every field checked (tailcut/pool/_spec.py).
     Raises NotFoundError when there is none, PermissionDeniedError unless the
     file is this user's and private to it (it may name code to run),
     CorruptError when it is not a pool description."""
-    return _pool_spec.read(pool_spec_path(ring_name), ring_name)
+    return _spec.read(pool_spec_path(ring_name), ring_name)
 
 
 def remove(ring_name, writer_pid):

@@ -24,7 +24,8 @@ import signal
 import time
 
 import tailcut
-from tailcut import _args, _core, _lifecycle, _pool_state
+from tailcut import _args, _core, _pool_state
+from tailcut.pool import _lifecycle
 from tailcut._batch_layout import encode_batch
 from tailcut.pool._recipe import item_records, recipe_for
 

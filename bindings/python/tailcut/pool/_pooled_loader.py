@@ -9,9 +9,9 @@ import sys
 import weakref
 
 import tailcut
-from tailcut import _args, _core, _job, _lifecycle, _pool_state, _steps
+from tailcut import _args, _core, _job, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
-from tailcut.pool import _autoscale, _balance, _description, _status
+from tailcut.pool import _autoscale, _balance, _description, _lifecycle, _status
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._recipe import recipe_for
 
@@ -28,7 +28,7 @@ def _cuda_initialized():
 
 class _RankFailures:
     """Where a rank's exception is recorded for the host's other ranks: the
-    pool's failure record (tailcut._lifecycle), which they raise."""
+    pool's failure record (tailcut.pool._lifecycle), which they raise."""
 
     def __init__(self, ring_name):
         self.ring_name = ring_name
@@ -97,7 +97,7 @@ class PooledLoader:
     epoch, each is passed to on_leftover(batch) and released, and a warning
     says how many records were dropped, as EqualSteps does. len() is this
     rank's steps per epoch, an estimate (records per epoch / batch_size /
-    local ranks). Failures, restarts, what is left: tailcut._lifecycle.
+    local ranks). Failures, restarts, what is left: tailcut.pool._lifecycle.
 
     Several hosts: a pool per host, named after the host's queue; with a
     coordinator (TAILCUT_COORDINATOR, TAILCUT_HOST_ID) that queue is fed its

@@ -5,7 +5,7 @@ Local rank 0 keeps one PoolStatus per PooledLoader and rewrites
 /dev/shm/tailcut-pool.<euid>.<ring name>.status (JSON, mode 0600, replaced
 atomically) when something it shows changes: when its loaders start, after
 an autoscale decision, and when a balance decision changes the shares; never
-per batch. It goes with the pool's other files (tailcut._lifecycle.remove_pool,
+per batch. It goes with the pool's other files (tailcut.pool._lifecycle.remove_pool,
 `tailcut clean`). tools/pool_status.cc reads it and says so when it cannot.
 
 The file holds:
@@ -23,7 +23,7 @@ import logging
 import os
 import time
 
-from tailcut.pool._description import write_json
+from tailcut.pool._description import pool_spec_path, write_json
 
 log = logging.getLogger("tailcut.pool")
 
@@ -35,7 +35,6 @@ DECISIONS_KEPT = 8
 
 def status_path(ring_name):
     """/dev/shm/tailcut-pool.<euid>.<ring name>.status, beside the description."""
-    from tailcut.pool import pool_spec_path
     return pool_spec_path(ring_name)[:-len(".json")] + ".status"
 
 

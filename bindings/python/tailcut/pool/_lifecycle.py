@@ -1,4 +1,4 @@
-"""tailcut._lifecycle: a pool's loaders live, fail and end with their job.
+"""tailcut.pool._lifecycle: a pool's loaders live, fail and end with their job.
 
 * Attempts. A PooledLoader opens its ring through open_trainer_ring(): under
   a host-wide lock on the ring's name, a ring that no live trainer uses is
@@ -52,6 +52,8 @@ import time
 import traceback
 
 import tailcut
+from tailcut.pool._description import pool_spec_path
+from tailcut.pool._status import status_path
 
 log = logging.getLogger("tailcut.pool")
 
@@ -65,7 +67,6 @@ _ORPHAN_GRACE = 1.5
 
 def failure_path(ring_name):
     """/dev/shm/tailcut-pool.<euid>.<ring name>.error, beside the description."""
-    from tailcut.pool import pool_spec_path
     return pool_spec_path(ring_name)[:-len(".json")] + ".error"
 
 
@@ -100,8 +101,6 @@ def _unlink(path):
 
 def _pool_files(ring_name):
     """The files of a pool beside its ring: description, failure record, status."""
-    from tailcut.pool import pool_spec_path
-    from tailcut.pool._status import status_path
     return (pool_spec_path(ring_name), failure_path(ring_name), status_path(ring_name))
 
 
