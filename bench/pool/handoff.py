@@ -6,7 +6,7 @@ alternating in the same run.
 
 ring_bare    A forked loader process acquires slots and publishes them as fast
              as the ring lets it. It writes each slot's batch (one uint8 array
-             of --bytes, tailcut.pool.encode_batch) the first time it gets that
+             of --bytes, tailcut.pool.loader.encode_batch) the first time it gets that
              slot and only publishes it again later: no bytes are written per
              batch, so what is timed is the hand-off. The trainer (this
              process) times, per batch: pop, release.
@@ -100,7 +100,7 @@ def time_dataloader(fresh, args):
 def ring_loader(name, args):
     """The forked loader: publishes warmup + batches batches, then ends epoch 0."""
     from tailcut import _core
-    from tailcut.pool import encode_batch
+    from tailcut.pool.loader import encode_batch
 
     ring = _core.BatchRing(name, args.bytes + 4096, args.slots, "loader")
     src = np.arange(args.bytes, dtype=np.int64).astype(np.uint8)
@@ -118,7 +118,7 @@ def ring_loader(name, args):
 def time_ring(args, run, view):
     import tailcut
     from tailcut import _core
-    from tailcut.pool import decode_batch
+    from tailcut.pool.loader import decode_batch
 
     name = f"handoff-{os.getpid()}-{run}-{int(view)}"
     pid = os.fork()  # before this process opens the ring (the ring's fork rule)

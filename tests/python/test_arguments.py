@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import tailcut
-from tailcut import pool as tpool
+from tailcut.pool import loader as pool_loader
 
 _names = itertools.count()
 
@@ -76,7 +76,7 @@ _FORMS = ["not json", "null", "a list", "a number", "a string", "binary", "empty
 def ring_name():
     name = f"pytest-args-{os.getpid()}-{next(_names)}"
     yield name
-    path = tpool.pool_spec_path(name)
+    path = pool_loader.pool_spec_path(name)
     if os.path.isdir(path):
         os.rmdir(path)
     elif os.path.lexists(path):
@@ -101,7 +101,7 @@ def _join(ring, *more):
 @pytest.mark.parametrize("form", _FORMS)
 def test_a_damaged_pool_description_is_exit_1_naming_the_file_without_a_traceback(
         ring_name, form):
-    path = tpool.pool_spec_path(ring_name)
+    path = pool_loader.pool_spec_path(ring_name)
     _write(path, _damaged(ring_name, form))
     run = _join(ring_name)
     assert run.returncode == 1, run.stderr
@@ -109,7 +109,7 @@ def test_a_damaged_pool_description_is_exit_1_naming_the_file_without_a_tracebac
     assert f"pool description {path}" in run.stderr
     assert run.stderr.count("\n") == 1, run.stderr  # one line
     with pytest.raises(tailcut.CorruptError, match=re.escape(f"pool description {path}: ")):
-        tpool.read_pool_spec(ring_name)
+        pool_loader.read_pool_spec(ring_name)
     # --list shows it as stale rather than failing.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     listed = subprocess.run([sys.executable, "-m", "tailcut.pool", "--list"], env=env,
@@ -130,7 +130,7 @@ def test_a_damaged_pool_description_is_exit_1_naming_the_file_without_a_tracebac
     ("directory", None),
 ])
 def test_a_damaged_pool_description_says_what_is_wrong_and_the_fix(ring_name, form, message):
-    path = tpool.pool_spec_path(ring_name)
+    path = pool_loader.pool_spec_path(ring_name)
     _write(path, _damaged(ring_name, form))
     fix = (f"remove it (rm {path}) and restart the job's PooledLoader, whose local rank 0 "
            f"writes it again")
@@ -139,14 +139,14 @@ def test_a_damaged_pool_description_says_what_is_wrong_and_the_fix(ring_name, fo
     else:
         expected = f"pool description {path}: {message}; {fix}"
     with pytest.raises(tailcut.CorruptError, match=exact(expected)):
-        tpool.read_pool_spec(ring_name)
+        pool_loader.read_pool_spec(ring_name)
 
 
 def test_a_valid_pool_description_passes_the_checks(ring_name):
     # The baseline the damaged forms start from: the checks pass it, and the
     # loader goes on to look for the job's ring.
-    _write(tpool.pool_spec_path(ring_name), json.dumps(_valid_spec(ring_name)).encode())
-    assert tpool.read_pool_spec(ring_name)["slot_bytes"] == 65536
+    _write(pool_loader.pool_spec_path(ring_name), json.dumps(_valid_spec(ring_name)).encode())
+    assert pool_loader.read_pool_spec(ring_name)["slot_bytes"] == 65536
     run = _join(ring_name)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert f"batch ring '{ring_name}' does not exist" in run.stderr
@@ -154,7 +154,7 @@ def test_a_valid_pool_description_passes_the_checks(ring_name):
 
 def test_a_symlinked_or_foreign_pool_description_is_refused_without_a_traceback(
         ring_name, tmp_path):
-    path = tpool.pool_spec_path(ring_name)
+    path = pool_loader.pool_spec_path(ring_name)
     target = tmp_path / "spec.json"
     target.write_text(json.dumps(_valid_spec(ring_name)))
     os.symlink(target, path)
@@ -166,7 +166,7 @@ def test_a_symlinked_or_foreign_pool_description_is_refused_without_a_traceback(
     _write(path, json.dumps(_valid_spec(ring_name)).encode())
     os.chmod(path, 0o644)
     with pytest.raises(tailcut.PermissionDeniedError, match="is not a private file"):
-        tpool.read_pool_spec(ring_name)
+        pool_loader.read_pool_spec(ring_name)
 
 
 def test_a_missing_working_directory_of_the_job_is_exit_1_without_a_traceback(
@@ -178,7 +178,7 @@ def test_a_missing_working_directory_of_the_job_is_exit_1_without_a_traceback(
     spec = _valid_spec(ring_name)
     spec["queue"]["works"] = [str(data)]
     spec["cwd"] = str(tmp_path / "gone")
-    _write(tpool.pool_spec_path(ring_name), json.dumps(spec).encode())
+    _write(pool_loader.pool_spec_path(ring_name), json.dumps(spec).encode())
     with tailcut.WorkQueue(**spec["queue"]), \
             tailcut.BatchRing(ring_name, 65536, 4, "trainer", max_clients=64):
         try:
@@ -187,7 +187,7 @@ def test_a_missing_working_directory_of_the_job_is_exit_1_without_a_traceback(
             tailcut.remove_batch_ring(ring_name)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert (f"the job's working directory {str(tmp_path / 'gone')!r} (from "
-            f"{tpool.pool_spec_path(ring_name)}): No such file or directory") in run.stderr
+            f"{pool_loader.pool_spec_path(ring_name)}): No such file or directory") in run.stderr
 
 
 # ---- User strings: NUL refused, control characters shown escaped --------------------------
@@ -254,7 +254,7 @@ _NUL_CASES = [
      tailcut.InvalidArgumentError,
      "batch ring name 'r\\x00' contains '\\x00'; use only ASCII letters, digits, '.', '_' and "
      "'-'"),
-    ("pool_spec_path", lambda d, u: tpool.pool_spec_path("r\n"), tailcut.InvalidArgumentError,
+    ("pool_spec_path", lambda d, u: pool_loader.pool_spec_path("r\n"), tailcut.InvalidArgumentError,
      "batch ring name 'r\\n': use only A-Z a-z 0-9 . _ -"),
 ]
 
@@ -485,11 +485,11 @@ def _call(entry, arg, value, data_file, uniq, tt):
         elif entry == "PooledLoader":
             tt.PooledLoader(ds, **kw).close()
         elif entry == "run_loader":
-            tpool.run_loader(ds, uniq, **{"slot_bytes": 4096, "num_slots": 2, **kw})
+            pool_loader.run_loader(ds, uniq, **{"slot_bytes": 4096, "num_slots": 2, **kw})
         elif entry == "start_loaders":
             args = {"slot_bytes": 4096, "num_slots": 2, **kw}
             num_workers = args.pop("num_workers", 1)
-            tpool.start_loaders(ds, uniq, num_workers, **args)
+            pool_loader.start_loaders(ds, uniq, num_workers, **args)
 
 
 @pytest.mark.parametrize("entry, arg, value, error, message", _TYPE_CASES,
@@ -499,7 +499,7 @@ def test_every_entry_point_checks_its_arguments_with_one_message_shape(
     with pytest.raises(error, match=exact(message)):
         _call(entry, arg, value, data_file, uniq, torch_api)
     assert not os.path.exists(tailcut.segment_path(uniq))
-    assert not os.path.exists(tpool.pool_spec_path(uniq))
+    assert not os.path.exists(pool_loader.pool_spec_path(uniq))
 
 
 @pytest.mark.parametrize("value", [3, "numpy"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tailcut
-import tailcut.pool as pool
+from tailcut.pool import loader as pool_loader
 from tailcut._file_record import FileRecord
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
@@ -42,7 +42,7 @@ def folder(tmp_path):
 
 def test_a_file_record_is_bytes_with_its_path_and_index(folder):
     size = os.path.getsize(folder[3])
-    (record,) = pool.item_records(folder[3], 0, size, "file")
+    (record,) = pool_loader.item_records(folder[3], 0, size, "file")
     assert isinstance(record, bytes) and record == b"x" * size
     assert record.path == folder[3] and record.index is None
     import pickle

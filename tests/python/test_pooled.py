@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tailcut
-from tailcut import pool
+from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
@@ -163,7 +163,7 @@ def test_two_loaders_two_trainers_deliver_every_record_once(rname, tmp_path):
             os.write(ready_w, b"r")
             ids = []
             while (b := ring.pop(through_epoch=0, timeout=60)) is not None:
-                ids += ids_of(pool.decode_batch(b.data, b.header))
+                ids += ids_of(pool_loader.decode_batch(b.data, b.header))
                 time.sleep(0.001)  # a step: the other trainer pops meanwhile
                 ring.release(b)
             np.save(tmp_path / f"ids{k}.npy", np.array(ids, np.uint64))
@@ -176,7 +176,7 @@ def test_two_loaders_two_trainers_deliver_every_record_once(rname, tmp_path):
     assert os.read(ready_r, 1) + os.read(ready_r, 1) == b"rr"
     os.close(ready_r)
     os.close(ready_w)
-    loaders = pool.start_loaders(ds, rname + ".pool", 2, **ring_args)
+    loaders = pool_loader.start_loaders(ds, rname + ".pool", 2, **ring_args)
     for pid in pids:
         wait_ok(pid)
     for p in loaders:
@@ -201,14 +201,14 @@ def test_a_loader_killed_mid_run_loses_nothing_and_leaks_no_slot(rname, tmp_path
         return batch
 
     trainer = tailcut.BatchRing(rname + ".pool", 1 << 14, 4, "trainer")
-    loaders = pool.start_loaders(ds, rname + ".pool", 2, batch_size=20, slot_bytes=1 << 14,
+    loaders = pool_loader.start_loaders(ds, rname + ".pool", 2, batch_size=20, slot_bytes=1 << 14,
                                  num_slots=4, transform=slow)
     ids, killed = [], False
     while (b := trainer.pop(through_epoch=0, timeout=60)) is not None:
         if not killed and len(ids) >= 300:
             os.kill(loaders[0].pid, signal.SIGKILL)
             killed = True
-        ids += ids_of(pool.decode_batch(b.data, b.header))
+        ids += ids_of(pool_loader.decode_batch(b.data, b.header))
         trainer.release(b)
     loaders[0].join(10)
     loaders[1].join(30)
@@ -337,18 +337,18 @@ def test_loaders_added_mid_epoch_publish_and_every_record_comes_once(rname, tmp_
             if e == 0 and step == 10:
                 assert ds.queue.summary()["done"] < ds.queue.num_items  # mid-epoch
                 added = loader.add_loaders(2)
-                assert pool.pool_spec_path(loader.name) and len(loader.loaders) == 3
+                assert pool_loader.pool_spec_path(loader.name) and len(loader.loaders) == 3
             if added:
                 publishers |= loader_publishers(loader, {p.pid for p in added})
             ids += ids_of(batch.numpy())
         assert sorted(ids) == list(range(n))  # each once, in each epoch
         assert loader.reports[-1]["leftover_records"] == 0
     assert publishers == {p.pid for p in added}  # both joined and loaded
-    assert os.path.exists(pool.pool_spec_path(loader.name))
+    assert os.path.exists(pool_loader.pool_spec_path(loader.name))
     name = loader.name
     loader.close()
     assert all(p.exitcode == 0 for p in loader.loaders)
-    assert not os.path.exists(pool.pool_spec_path(name))
+    assert not os.path.exists(pool_loader.pool_spec_path(name))
     del loader, batch
     import gc
     gc.collect()
@@ -584,7 +584,7 @@ def test_item_records_cut_anywhere_yield_every_record_of_every_format_once(tmp_p
         size = path.stat().st_size
         for _ in range(5):
             cuts = sorted({0, size, *rng.integers(0, size, 7).tolist()})
-            got = [r for b, e in zip(cuts, cuts[1:]) for r in pool.item_records(str(path), b, e,
+            got = [r for b, e in zip(cuts, cuts[1:]) for r in pool_loader.item_records(str(path), b, e,
                                                                                  fmt)]
             assert got == expected, fmt
     assert tailcut.slice_records(str(fixed), 0, 1, "file") == [fixed.read_bytes()]
@@ -592,9 +592,9 @@ def test_item_records_cut_anywhere_yield_every_record_of_every_format_once(tmp_p
     bad[len(bad) // 2] ^= 0x40
     (tmp_path / "bad.tfrecord").write_bytes(bytes(bad))
     with pytest.raises(tailcut.CorruptError, match="bad.tfrecord' at offset"):
-        pool.item_records(str(tmp_path / "bad.tfrecord"), 0, len(bad), "tfrecord")
+        pool_loader.item_records(str(tmp_path / "bad.tfrecord"), 0, len(bad), "tfrecord")
     with pytest.raises(tailcut.NotFoundError):
-        pool.item_records(str(tmp_path / "none"), 0, 1, "lines")
+        pool_loader.item_records(str(tmp_path / "none"), 0, 1, "lines")
 
 
 def test_pooled_loaders_read_tfrecord(rname, tmp_path, monkeypatch):
@@ -619,8 +619,8 @@ def test_pooled_loaders_read_tfrecord(rname, tmp_path, monkeypatch):
 
 
 def ring_files(name):
-    return [p for p in (f"/dev/shm/tailcut-ring.{os.geteuid()}.{name}", pool.pool_spec_path(name),
-                        pool.pool_spec_path(name)[:-5] + ".error") if os.path.exists(p)]
+    return [p for p in (f"/dev/shm/tailcut-ring.{os.geteuid()}.{name}", pool_loader.pool_spec_path(name),
+                        pool_loader.pool_spec_path(name)[:-5] + ".error") if os.path.exists(p)]
 
 
 def test_close_with_a_batch_still_referenced_leaves_nothing_in_shm(rname, tmp_path):
@@ -746,7 +746,7 @@ def test_a_new_attempt_never_pops_a_dead_attempts_batches(rname, tmp_path):
         for i in range(2):
             slot = ring.acquire(timeout=10)
             records = np.full((32, RECORD), 0xFF, np.uint8)  # ids no file has
-            nbytes = pool.encode_batch(records, slot.data, slot.header)
+            nbytes = pool_loader.encode_batch(records, slot.data, slot.header)
             assert ring.publish(slot, 0, 32, nbytes)
         os.kill(os.getpid(), signal.SIGKILL)
 

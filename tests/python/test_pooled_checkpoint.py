@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tailcut
-from tailcut import pool
+from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
@@ -148,7 +148,7 @@ def remove_dead_run(name):
     not pop) and the pool's description; the queue the rerun discards itself."""
     tailcut.remove_batch_ring(name + ".pool")
     try:
-        os.unlink(pool.pool_spec_path(name + ".pool"))
+        os.unlink(pool_loader.pool_spec_path(name + ".pool"))
     except FileNotFoundError:
         pass
 
@@ -215,14 +215,14 @@ def test_a_batch_carries_the_ranges_of_its_records_in_the_header_or_the_data():
     batch = np.arange(64, dtype=np.uint8).reshape(4, 16)
     for n in (1, 7, 50):  # 7 fit the header after one 2-d array, 50 do not
         ranges = [(t, 10 * t, 10 * t + 5) for t in range(n)]
-        data, header = bytearray(64 + 24 * n), bytearray(pool.HEADER_BYTES)
-        used = pool.encode_batch(batch, memoryview(data), memoryview(header), ranges)
+        data, header = bytearray(64 + 24 * n), bytearray(pool_loader.HEADER_BYTES)
+        used = pool_loader.encode_batch(batch, memoryview(data), memoryview(header), ranges)
         assert layout.batch_ranges(bytes(data[:used]), bytes(header)) == ranges
-        assert (pool.decode_batch(bytes(data[:used]), bytes(header)) == batch).all()
+        assert (pool_loader.decode_batch(bytes(data[:used]), bytes(header)) == batch).all()
         assert used == (64 if n < 8 else 64 + 24 * n)
     with pytest.raises(ValueError, match="pass a larger slot_bytes"):
-        pool.encode_batch(batch, memoryview(bytearray(64 + 24 * 49)),
-                          memoryview(bytearray(pool.HEADER_BYTES)), ranges)
+        pool_loader.encode_batch(batch, memoryview(bytearray(64 + 24 * 49)),
+                          memoryview(bytearray(pool_loader.HEADER_BYTES)), ranges)
     header[-16:-12] = b"XXXX"
     with pytest.raises(tailcut.CorruptError, match="no record ranges"):
         layout.batch_ranges(bytes(data), bytes(header))

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import tailcut
-import tailcut.pool
+from tailcut.pool import loader as pool_loader
 
 pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
@@ -284,7 +284,7 @@ def test_a_loader_started_from_another_shell_that_raises_reaches_every_rank(data
     job = Job(data, out, 1, "--workers", "0")
     ring = wait_for(lambda: (out / "names-0-0.0").exists()
                     and json.loads((out / "names-0-0.0").read_text())["ring"])
-    wait_for(lambda: os.path.exists(tailcut.pool.pool_spec_path(ring)))
+    wait_for(lambda: os.path.exists(pool_loader.pool_spec_path(ring)))
     env = dict(os.environ, TEST_OUT_DIR=str(out))
     loader = subprocess.run(
         [sys.executable, "-m", "tailcut.pool", "--ring", ring, "-q", "--transform",

@@ -11,7 +11,8 @@ import time
 import pytest
 
 import tailcut
-from tailcut import _steps, pool
+from tailcut import _steps
+from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
@@ -23,8 +24,8 @@ from _pooled_hosts import equal_steps_host_rank, host_rank  # noqa: E402
 def _remove(names):
     for name in names:
         tailcut.remove_batch_ring(name + ".pool")
-        for path in (pool.pool_spec_path(name + ".pool"),
-                     pool.pool_spec_path(name + ".pool")[:-len(".json")] + ".error"):
+        for path in (pool_loader.pool_spec_path(name + ".pool"),
+                     pool_loader.pool_spec_path(name + ".pool")[:-len(".json")] + ".error"):
             try:
                 os.unlink(path)
             except FileNotFoundError:

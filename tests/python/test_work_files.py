@@ -1,5 +1,5 @@
 """Work files that change under a queue, read by the pooled loaders' path
-(tailcut.pool.item_records, tailcut.slice_records): the checks the Reader
+(tailcut.pool.loader.item_records, tailcut.slice_records): the checks the Reader
 makes (tailcut/work_file.h). Regression: slice_records opened the file
 without O_NONBLOCK, the regular-file check and the identity check, so a FIFO
 renamed over a work file blocked the loader in open() forever, and a file
@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import tailcut
-from tailcut import pool
+from tailcut.pool import loader as pool_loader
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def queue(tmp_path, qname, notices):
 
 
 def records_of(slice_item, **kw):
-    return pool.item_records(slice_item.path, slice_item.begin, slice_item.end, "lines", **kw)
+    return pool_loader.item_records(slice_item.path, slice_item.begin, slice_item.end, "lines", **kw)
 
 
 def test_a_fifo_renamed_over_a_work_file_is_refused_at_once(queue, tmp_path):

@@ -2,6 +2,6 @@
 
 import sys
 
-from tailcut.pool import main
+from tailcut.pool._cli import main
 
 sys.exit(main())
