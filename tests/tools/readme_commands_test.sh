@@ -5,7 +5,10 @@
 # for CI, must still fit the tree: exactly two commands; every script they
 # name (.ci/..., tools/...) exists and is executable; a program run from
 # DIR/bin/ is one this build makes (it is in BUILD_DIR/bin) and DIR is the
-# directory the same command configured with -B and built with --build.
+# directory the same command configured with -B and built with --build; every
+# -DNAME=VALUE sets a CMAKE_ variable or an option of the project's CMake files
+# (CMake only warns about a name it does not know, and the first command would
+# quietly build what it means to leave out).
 set -u
 readme=$1 build=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,6 +26,11 @@ for command in "${commands[@]}"; do
     next=${words[i + 1]:-}
     case $word in
       -B) configured=$next ;;
+      -D*=*)
+        name=${word#-D} name=${name%%=*} name=${name%%:*}
+        [[ $name == CMAKE_* ]] ||
+          grep -rqsE --include=CMakeLists.txt "^[[:space:]]*(option|set)\($name[[:space:]]" "$root" ||
+          fail "'$command': -D$name is no option of the project's CMake files" ;;
       --build) built=$next ;;
       .ci/* | tools/* | tests/* | bench/*)
         [[ -f $root/$word && -x $root/$word ]] || fail "'$command': $word is not an executable script" ;;
