@@ -13,7 +13,6 @@ from tailcut._file_record import FileRecord
 from tailcut._job import default_name as _default_name, env_int
 from tailcut.torch._tensors import from_numpy
 
-
 # Records per read in per-record mode (batch_size=None).
 _RECORD_GROUP = 64
 
@@ -39,7 +38,6 @@ def _mix(*values):
     return x
 
 
-
 def current_epoch(q):
     """The epoch the job is in: that of the queue's first item not done
     (items are done in about ticket order), not that of its next ticket, which
@@ -47,7 +45,6 @@ def current_epoch(q):
     a sibling's shuffle buffer, say."""
     s = q.summary()
     return min(s["epoch"], s["done"] // max(s["num_items"], 1))
-
 
 
 # ---- Reading without waiting for other processes at the end of the data -------------------
@@ -119,7 +116,6 @@ def _concat(pieces):
         offsets.append(off[1:] + base)
         base += len(data)
     return np.concatenate(datas), np.concatenate(offsets)
-
 
 
 def _to_torch(piece):
