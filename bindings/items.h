@@ -38,9 +38,12 @@ struct PyWorkItem {
   tc::WorkItem item;
   std::string path;
   ItemState state = ItemState::kOpen;
+  // The highest offset committed through this object, or where the item was
+  // handed out (its floor then).
+  uint64_t committed_at = 0;
 
   PyWorkItem(HandlePtr handle, const tc::WorkItem& it)
-      : h(std::move(handle)), item(it), path(it.path) {
+      : h(std::move(handle)), item(it), path(it.path), committed_at(it.begin) {
     item.path = {};
   }
   // An item dropped while open (garbage-collected, never acked or given
@@ -132,12 +135,24 @@ struct PyWorkItem {
   void Commit(const py::object& offset) {
     RequireOpen("commit");
     uint64_t off = ToU64(offset, "offset");
+    // The engine refuses it too (kOutOfRange); here the message can name
+    // both offsets. Only this object commits its lease, so committed_at is
+    // the lease's floor.
+    if (off < committed_at)
+      Raise(g_exc.invalid_argument,
+            "commit(" + std::to_string(off) + ") of " + Describe() + " refused: offset " +
+                std::to_string(off) + " is before " + std::to_string(committed_at) + ", " +
+                (committed_at == item.begin ? "where the item was handed out"
+                                            : "committed before") +
+                "; commits only move forward (what is committed is delivered and never read "
+                "again); nothing was recorded");
     tc::ItemStatus s;
     {
       Use use(*h);
       s = h->queue->Commit(item, off);
     }
     Check(s, "commit", off);
+    committed_at = off;
   }
   // WorkQueue::Claim: returns the item's current end (a tail split off
   // lowers it).

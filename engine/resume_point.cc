@@ -94,6 +94,15 @@ ItemStatus RecordProgress(LeaseEntry& ls, uint64_t ours, uint64_t offset,
 ItemStatus RecordCommit(LeaseEntry& ls, uint64_t ours, uint64_t offset,
                         uint64_t record_bytes) noexcept {
   if (ItemStatus s = CheckOffset(ls, ours, offset, record_bytes); s != ItemStatus::kOk) return s;
+  // A commit says "delivered up to here"; one below an earlier commit (or
+  // below where the item was handed out again) contradicts it. Only the
+  // owner moves the floor, so this read is the floor it last wrote.
+  // acquire: pairs with the owner's own CASes and RetagFloor's; a foreign
+  // tag fails below as kStale.
+  uint64_t floor_at = 0;
+  if (ProgressOffset(ls.floor.load(std::memory_order_acquire), ours, &floor_at) &&
+      offset < floor_at)
+    return ItemStatus::kOutOfRange;
   // The progress word first: from now on the owner's Progress no longer
   // moves a checkpoint (read is not delivered). Then the floor: a crash, a
   // give-back or a lease timeout resumes there. Between the two a

@@ -38,7 +38,9 @@ uint64_t FixedRecordBytes(std::string_view format_tag) noexcept;
 // WorkQueue::Progress and WorkQueue::Commit on lease `ls`, which its caller
 // holds by the OPEN word `ours`; record_bytes as FixedRecordBytes. kStale
 // when the lease moved on (or is being handed on), kOutOfRange when offset
-// lies outside the lease's [begin, end] or inside a fixed-size record.
+// lies outside the lease's [begin, end] or inside a fixed-size record, or
+// (RecordCommit) below the floor: before an earlier commit, or before where
+// the item was handed out again.
 ItemStatus RecordProgress(LeaseEntry& ls, uint64_t ours, uint64_t offset,
                           uint64_t record_bytes) noexcept;
 ItemStatus RecordCommit(LeaseEntry& ls, uint64_t ours, uint64_t offset,

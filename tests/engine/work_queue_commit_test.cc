@@ -72,18 +72,19 @@ TEST_F(CommitTest, AClaimedItemResumesAtItsCommit) {
   EXPECT_EQ(q->Ack(again), ItemStatus::kOk);
 }
 
-TEST_F(CommitTest, CommitsNeverMoveTheResumePointBack) {
+TEST_F(CommitTest, ABackwardsCommitIsRefusedAndMovesNothing) {
   auto q = WorkQueue::Open(Options(NewName("monotonic")));
   WorkItem item;
   ASSERT_EQ(q->Take(&item), TakeStatus::kOk);
   EXPECT_EQ(q->Commit(item, item.begin + 3000), ItemStatus::kOk);
-  EXPECT_EQ(q->Commit(item, item.begin + 1000), ItemStatus::kOk);  // true, and says less
+  EXPECT_EQ(q->Commit(item, item.begin + 3000), ItemStatus::kOk);  // the same point again
+  EXPECT_EQ(q->Commit(item, item.begin + 1000), ItemStatus::kOutOfRange);
   ASSERT_EQ(q->GiveBack(item), ItemStatus::kOk);
   WorkItem again;
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 3000);
   // Its next owner cannot move it below where it got the item either.
-  EXPECT_EQ(q->Commit(again, item.begin + 2000), ItemStatus::kOk);
+  EXPECT_EQ(q->Commit(again, item.begin + 2000), ItemStatus::kOutOfRange);
   ASSERT_EQ(q->GiveBack(again), ItemStatus::kOk);
   ASSERT_EQ(q->Take(&again), TakeStatus::kOk);
   EXPECT_EQ(again.begin, item.begin + 3000);

@@ -439,3 +439,24 @@ def test_an_unfinished_queue_closed_cleanly_is_removed_unless_keep(files, qname,
     assert len(got) == 3
     resumed.close()
     assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_a_backwards_commit_is_refused_naming_both_offsets(files, qname, notices):
+    """A commit says "delivered up to here": one before an earlier commit contradicts it. It was
+    accepted silently; now it is refused with both offsets, and the item resumes at the first."""
+    q = open_queue(files[:1], qname, notices, shuffle=False, num_clients=2)
+    item = q.take()
+    item.commit(800)
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=r"commit\(500\) of item 0 .* refused: offset 500 is before 800, "
+                             r"committed before; commits only move forward"):
+        item.commit(500)
+    item.commit(800)  # the same point again is fine
+    item.give_back()
+    again = q.take()
+    assert again.begin == 800
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=r"offset 600 is before 800, where the item was handed out"):
+        again.commit(600)
+    again.ack()
+    q.close()

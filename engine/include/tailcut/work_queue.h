@@ -218,7 +218,8 @@ enum class ItemStatus {
   kOk,
   kStale,        // the item was reassigned (lease timeout); the ack was refused
   kInvalid,      // not an item this process took from this queue (e.g. WorkItem{})
-  kOutOfRange,   // Progress: the offset is outside the item's [begin, end]; nothing changed
+  kOutOfRange,   // Progress, Commit: the offset is outside the item's [begin, end], or
+                 // (Commit) before an offset committed before; nothing changed
   kAlreadyDone,  // this process already acked or gave back the item; nothing changed
   kClosed,       // Close() was called on this WorkQueue; its items were given back
   kForked,       // called in a forked child of the process that opened the queue
@@ -305,10 +306,12 @@ class TAILCUT_EXPORT WorkQueue {
   // Commit calls, never by Progress (what a process only read or used dies
   // with it). A checkpoint (SaveState) resumes an open item at its floor,
   // raised by this process's Progress calls as long as it never committed
-  // the item. Each point only moves forward (an offset below one recorded
-  // before is accepted and changes nothing), except that the first Commit
-  // replaces, for the checkpoint, what this process's Progress said (read
-  // is not delivered). docs/reliability.md has the table.
+  // the item. Each point only moves forward: a Progress offset below one
+  // recorded before is accepted and changes nothing; a Commit offset below
+  // the floor (an earlier commit, or where the item was handed out again)
+  // is refused with kOutOfRange, since it contradicts what was delivered.
+  // The first Commit replaces, for the checkpoint, what this process's
+  // Progress said (read is not delivered). docs/reliability.md has the table.
   //
   // Reports progress: this process used the records before `offset` (a
   // checkpoint resumes there, see above) and read `records` more records.
@@ -329,7 +332,7 @@ class TAILCUT_EXPORT WorkQueue {
   // below a commit, and an item committed to its end is done when it comes
   // back. Call it after each hand-off; a crash between the hand-off and
   // this call repeats what that hand-off held. Same checks and statuses as
-  // Progress.
+  // Progress, and kOutOfRange for an offset below the floor (see above).
   ItemStatus Commit(const WorkItem& item, uint64_t offset) noexcept;
 
   // Tail splitting, owner side: before handing out records that start
