@@ -190,6 +190,12 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
       o.coordinator = v.is_none() ? "" : ToText(v, "coordinator");
     } else if (key == "host_id") {
       o.host_id = v.is_none() ? "" : ToText(v, "host_id");
+      // '' is how the engine spells "not set": an explicit empty id would
+      // silently become the hostname.
+      if (!v.is_none() && o.host_id.empty())
+        Raise(g_exc.invalid_argument,
+              "host_id='' is empty: pass a name such as 'node-0', or None for TAILCUT_HOST_ID "
+              "or the hostname");
     } else if (key == "global_ttl") {
       o.global_ttl = ToMillis(ToSeconds(v, "global_ttl"));
     } else if (key == "global_block_size") {

@@ -46,6 +46,14 @@ std::string ResolveHostId(const WorkQueueOptions& options) {
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name + "': the host id from " + where +
                     " must be 1 to 64 characters; set host_id (TAILCUT_HOST_ID)");
+  // The id becomes part of shared-memory names ('<queue>.<host id>'), Redis
+  // keys and command lines: '.' and '..' would name a directory, a leading
+  // '-' reads as an option.
+  if (id.find_first_not_of('.') == std::string::npos || id[0] == '-')
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name + "': the host id '" + Printable(id) + "' from " + where +
+                    " may not be only dots or start with '-'; set host_id (TAILCUT_HOST_ID) to "
+                    "a name such as 'node-0'");
   for (char c : id)
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
           c == '_' || c == '.'))

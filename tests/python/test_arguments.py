@@ -268,6 +268,39 @@ def test_a_nul_or_control_character_in_a_user_string_is_refused_and_shown_escape
     assert not os.path.exists(tailcut.segment_path(uniq))
 
 
+# Host ids become parts of shared-memory names, Redis keys and command lines: '', only dots, or
+# a leading '-' would be a silent default, a directory or an option.
+_HOST_ID_CASES = [
+    ("WorkQueue host_id ..",
+     lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1:1/0", host_id="..",
+                                    name=u),
+     tailcut.InvalidArgumentError,
+     "queue '{u}': the host id '..' from host_id may not be only dots or start with '-'; set "
+     "host_id (TAILCUT_HOST_ID) to a name such as 'node-0'"),
+    ("WorkQueue host_id -x",
+     lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1:1/0", host_id="-x",
+                                    name=u),
+     tailcut.InvalidArgumentError,
+     "queue '{u}': the host id '-x' from host_id may not be only dots or start with '-'; set "
+     "host_id (TAILCUT_HOST_ID) to a name such as 'node-0'"),
+    ("WorkQueue host_id ''",
+     lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1:1/0", host_id="",
+                                    name=u),
+     tailcut.InvalidArgumentError,
+     "host_id='' is empty: pass a name such as 'node-0', or None for TAILCUT_HOST_ID or the "
+     "hostname"),
+]
+
+
+@pytest.mark.parametrize("entry, call, error, message", _HOST_ID_CASES,
+                         ids=[c[0] for c in _HOST_ID_CASES])
+def test_a_host_id_that_reads_as_a_path_an_option_or_nothing_is_refused(
+        data_file, uniq, entry, call, error, message):
+    with pytest.raises(error, match=exact(message.format(d=data_file, u=uniq))):
+        call(data_file, uniq)
+    assert not os.path.exists(tailcut.segment_path(uniq))
+
+
 # ---- The ring's bad arguments: named with their limit ---------------------------------------
 
 
