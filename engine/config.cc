@@ -73,7 +73,9 @@ uint64_t QueueConfig::Fingerprint() const {
   h = Mix(h, num_slices);
   h = Mix(h, items.size());
   h = Mix(h, num_epochs);
-  h = Mix(h, shuffle ? 1 : 0);
+  // The order's version, not just 1: a queue or checkpoint made with another
+  // permutation must not be read in this one's order (engine/permutation.h).
+  h = Mix(h, shuffle ? kPermutationVersion : 0);
   h = Mix(h, seed_explicit ? seed : 0x5eed);
   h = Mix(h, HashBytes(format.data(), format.size()));
   return h;
@@ -189,6 +191,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   };
   check_duration(options.attach_timeout, "attach_timeout");
   check_duration(options.lease_timeout, "lease_timeout");
+  check_duration(options.stop_timeout, "stop_timeout");
   check_duration(options.global_ttl, "global_ttl");
   if (options.global_ttl < std::chrono::milliseconds(100))
     throw Error(ErrorKind::kInvalidArgument,

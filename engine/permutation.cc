@@ -1,5 +1,7 @@
 #include "engine/permutation.h"
 
+#include <utility>
+
 namespace tailcut::detail {
 
 uint64_t SplitMix64(uint64_t x) noexcept {
@@ -9,29 +11,72 @@ uint64_t SplitMix64(uint64_t x) noexcept {
   return x ^ (x >> 31);
 }
 
+namespace {
+
+// The SplitMix64 generator: a stream of 64-bit draws from one word of state.
+class Draws {
+ public:
+  explicit Draws(uint64_t state) : state_(state) {}
+  uint64_t Next() noexcept {
+    uint64_t out = SplitMix64(state_);
+    state_ += 0x9e3779b97f4a7c15ull;
+    return out;
+  }
+  // Uniform in [0, bound), bound > 0: draws below 2^64 mod bound are rejected,
+  // so every residue has the same number of draws behind it.
+  uint64_t Below(uint64_t bound) noexcept {
+    const uint64_t reject_below = (0 - bound) % bound;
+    uint64_t r;
+    do r = Next();
+    while (r < reject_below);
+    return r % bound;
+  }
+
+ private:
+  uint64_t state_;
+};
+
+constexpr uint64_t Mask(int bits) { return bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1; }
+
+// Keeps the table's draws apart from the round keys of the same epoch key.
+constexpr uint64_t kTableSalt = 0x7ab1e5eed0f15e2dull;
+
+}  // namespace
+
 Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t epoch) noexcept : n_(n) {
+  const uint64_t epoch_key = SplitMix64(seed ^ SplitMix64(epoch));
+  if (n <= kTableMax) {
+    for (uint64_t i = 0; i < n; ++i) table_[i] = static_cast<uint8_t>(i);
+    Draws draws(epoch_key ^ kTableSalt);
+    for (uint64_t i = n; i > 1; --i) std::swap(table_[i - 1], table_[draws.Below(i)]);
+    return;
+  }
   int bits = 0;
   while (bits < 64 && (uint64_t{1} << bits) < n) ++bits;
-  half_bits_ = (bits + 1) / 2;
-  if (half_bits_ == 0) half_bits_ = 1;
-  half_mask_ = (uint64_t{1} << half_bits_) - 1;
-  uint64_t epoch_key = SplitMix64(seed ^ SplitMix64(epoch));
+  high_bits_ = bits / 2;
+  low_bits_ = bits - high_bits_;
   for (int r = 0; r < kRounds; ++r) keys_[r] = SplitMix64(epoch_key + static_cast<uint64_t>(r));
 }
 
+// Round r maps (high, low) to (low, high ^ F_r(low)): the halves swap places
+// and widths each round, so after an even number of rounds the widths are
+// back where they started.
 uint64_t Permutation::Encrypt(uint64_t x) const noexcept {
-  uint64_t left = x >> half_bits_;
-  uint64_t right = x & half_mask_;
+  int high_width = high_bits_, low_width = low_bits_;
+  uint64_t high = x >> low_width;
+  uint64_t low = x & Mask(low_width);
   for (int r = 0; r < kRounds; ++r) {
-    uint64_t next = left ^ (SplitMix64(right ^ keys_[r]) & half_mask_);
-    left = right;
-    right = next;
+    const uint64_t next_low = high ^ (SplitMix64(low ^ keys_[r]) & Mask(high_width));
+    high = low;
+    low = next_low;
+    std::swap(high_width, low_width);
   }
-  return (left << half_bits_) | right;
+  static_assert(kRounds % 2 == 0, "an odd round count leaves the halves swapped");
+  return (high << low_width) | low;
 }
 
 uint64_t Permutation::operator()(uint64_t pos) const noexcept {
-  if (n_ <= 1) return 0;
+  if (n_ <= kTableMax) return pos < n_ ? table_[pos] : 0;
   uint64_t x = pos;
   do {
     x = Encrypt(x);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/clock.h"
+#include "engine/permutation.h"
 #include "engine/robust_mutex.h"
 #include "tailcut/error.h"
 
@@ -164,6 +165,13 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
     if (e.file != it.file || e.begin != it.begin || e.end != it.end)
       throw mismatch("item " + std::to_string(i) + " differs (a different tailcut version?)");
   }
+  // Every field above agrees, so what is left in the fingerprint is the
+  // version of the shuffle order (engine/permutation.h): a queue made by a
+  // tailcut with another permutation hands out its items in another order.
+  if (h.fingerprint != config.Fingerprint())
+    throw mismatch("the shuffle order differs: the queue was made by a tailcut whose "
+                   "permutation is not version " +
+                   std::to_string(kPermutationVersion) + ", this one's");
 }
 
 std::vector<WorkQueue::Item> ReadItems(const Segment& s) {
