@@ -11,6 +11,8 @@
 #include <cstring>
 #include <utility>
 
+#include "io/tar_header.h"
+#include "io/tar_index.h"
 #include "tailcut/crc32c.h"
 
 namespace tailcut {
@@ -22,6 +24,7 @@ constexpr std::pair<std::string_view, RecordFormatKind> kFormatNames[] = {
     {"lines", RecordFormatKind::kLines},
     {"tfrecord", RecordFormatKind::kTfrecord},
     {"file", RecordFormatKind::kFile},
+    {"tar", RecordFormatKind::kTar},
 };
 
 std::string_view FormatName(RecordFormatKind kind) {
@@ -336,6 +339,125 @@ class TfrecordParser final : public ParserBase {
   bool synced_ = false;  // pos_ is a record boundary
 };
 
+// WebDataset tar shards (io/tar_header.h): a record is one sample, from its
+// first member's first header block to the end of its last member's padded
+// data. A slice owns the samples that start inside it; a slice that begins
+// past 0 skips to its first sample start, found in the file's index.
+class TarParser final : public ParserBase {
+ public:
+  explicit TarParser(const RecordFormat& format) : ParserBase(format, "tar file") {}
+
+ private:
+  uint64_t Start() override {
+    skip_to_ = begin_;
+    if (begin_ == 0) return 0;
+    const auto index = TarSampleIndex(path_, file_size_, format_.max_record_bytes);
+    const auto& starts = index->starts;
+    const auto first = std::lower_bound(starts.begin(), starts.end(), begin_);
+    if (first != starts.end()) {
+      skip_to_ = *first;
+    } else if (index->damaged) {
+      // The damage hides where this slice's samples start.
+      throw Error(ErrorKind::kCorrupt, "tar file '" + path_ + "' at offset " +
+                                           std::to_string(index->error.offset) + ": " +
+                                           index->error.text);
+    } else {
+      skip_to_ = file_size_;  // no sample starts at or after begin
+    }
+    // Fed from begin, as every format is; the bytes up to skip_to_ (at most
+    // the rest of one sample) are dropped unparsed.
+    return begin_;
+  }
+
+  ParseStatus Step(View w, Record* record, size_t* consumed) noexcept override {
+    if (pos_ < skip_to_) {
+      if (skip_to_ >= end_) return ParseStatus::kDone;
+      const size_t skip = static_cast<size_t>(std::min<uint64_t>(w.n, skip_to_ - pos_));
+      pos_ += skip;
+      *consumed += skip;
+      if (pos_ < skip_to_) {
+        if (!w.at_end) return ParseStatus::kNeedMore;
+        return Fail(skip_to_, "the file ends at %" PRIu64 ", before this sample (it changed since it was indexed?)",
+                    pos_);
+      }
+      w = View{w.p + skip, w.n - skip, w.at_end};
+    }
+    // Up to the first entry that is a sample member: skipped entries between
+    // samples belong to none.
+    TarEntry first;
+    size_t at = 0;
+    for (;;) {
+      const TarDecode d = Decode(w, at, &first);
+      if (d == TarDecode::kEnd) return ParseStatus::kDone;
+      if (d == TarDecode::kError) return Fail(error_.offset, "%s", error_.text);
+      if (d == TarDecode::kEntry && first.truncated) return Fail(error_.offset, "%s", error_.text);
+      if (d == TarDecode::kNeedMore) {
+        // Drop the skipped entries; keep the one cut off.
+        pos_ += at;
+        *consumed += at;
+        return ParseStatus::kNeedMore;
+      }
+      if (first.member) break;
+      at = static_cast<size_t>(std::min<uint64_t>(first.next - pos_, w.n));
+      if (first.next - pos_ > w.n) {  // a skipped entry's data runs past the window
+        pos_ += at;
+        *consumed += at;
+        if (w.at_end) return ParseStatus::kDone;
+        skip_to_ = first.next;
+        return ParseStatus::kNeedMore;
+      }
+    }
+    if (first.start >= end_) {
+      pos_ += at;
+      *consumed += at;
+      return ParseStatus::kDone;
+    }
+    pos_ += at;
+    *consumed += at;
+    w = View{w.p + at, w.n - at, w.at_end};
+    // The sample: members that share first's key, up to the next member with
+    // another key or the end of the archive. first's path points into w,
+    // which stays put until the sample is emitted.
+    uint64_t sample_end = first.next;
+    for (size_t next_at = static_cast<size_t>(std::min<uint64_t>(first.next - pos_, w.n));;) {
+      if (sample_end - pos_ > format_.max_record_bytes)
+        return Fail(pos_,
+                    "sample of more than max_record_bytes (%" PRIu64
+                    "); raise max_record_bytes, or check that consecutive members do not share "
+                    "a key by mistake",
+                    format_.max_record_bytes);
+      if (first.next - pos_ > w.n || sample_end - pos_ > w.n) break;  // need the data first
+      TarEntry e;
+      const TarDecode d = Decode(w, next_at, &e);
+      if (d == TarDecode::kError) return Fail(error_.offset, "%s", error_.text);
+      if (d == TarDecode::kNeedMore) break;
+      const bool other = e.member ? !e.path.SameKey(first.path) : e.size > 0;
+      if (d == TarDecode::kEnd || other) {
+        const size_t size = static_cast<size_t>(sample_end - pos_);
+        return Emit(w.p, size, size, record, consumed);
+      }
+      if (e.truncated) return Fail(error_.offset, "%s", error_.text);
+      if (e.member) sample_end = e.next;
+      next_at = static_cast<size_t>(e.next - pos_);
+    }
+    if (w.at_end) {
+      // Cannot happen: at the end of the file every decode ends in an entry,
+      // the end or an error. Guard against a loop regardless.
+      return Fail(pos_, "sample runs past the end of the file at %" PRIu64, pos_ + w.n);
+    }
+    return ParseStatus::kNeedMore;
+  }
+
+  // Decodes the entry at window index `at`; error_ holds the text on kError.
+  TarDecode Decode(View w, size_t at, TarEntry* entry) {
+    return DecodeTarEntry(w.p + at, w.n - at, w.at_end, pos_ + at, format_.max_record_bytes, entry,
+                          &error_);
+  }
+
+  uint64_t skip_to_ = 0;  // the first sample start at or after begin
+  TarError error_;
+};
+
 class FileParser final : public ParserBase {
  public:
   explicit FileParser(const RecordFormat& format) : ParserBase(format, "file") {}
@@ -388,7 +510,7 @@ RecordFormat RecordFormat::Parse(std::string_view name, uint64_t record_bytes) {
     return format;
   }
   throw Error(ErrorKind::kInvalidArgument, "unknown record format '" + Printable(name) +
-                                               "' (expected fixed, lines, tfrecord or file)");
+                                               "' (expected fixed, lines, tfrecord, file or tar)");
 }
 
 std::string RecordFormat::Tag() const {
@@ -432,6 +554,8 @@ std::unique_ptr<RecordParser> RecordParser::Create(const RecordFormat& format) {
       return std::make_unique<detail::TfrecordParser>(format);
     case RecordFormatKind::kFile:
       return std::make_unique<detail::FileParser>(format);
+    case RecordFormatKind::kTar:
+      return std::make_unique<detail::TarParser>(format);
   }
   throw Error(ErrorKind::kInvalidArgument,
               "unknown record format kind " + std::to_string(static_cast<int>(format.kind)));

@@ -19,6 +19,19 @@
 //              so a corrupt record there is reported, not skipped by both.
 //  * file:     the whole file is one record, owned by the slice with begin 0
 //              (and end > 0, unless the file is empty).
+//  * tar:      a WebDataset shard: a record is one sample, the run of
+//              consecutive regular members whose paths share a key (the path
+//              up to the first '.' of its basename), from its first member's
+//              first header block to the end of its last member's padded
+//              data; tailcut/tar_sample.h splits it into members. ustar, GNU
+//              long names and pax path/size are read; directories and other
+//              non-regular members are skipped. Tar cannot be resynchronised
+//              mid-file, so a slice that begins past offset 0 finds its first
+//              sample in an index of sample starts, built by one pass over
+//              the file's headers (data skipped by size) and cached per
+//              process. A damaged header (checksum), a size that is neither
+//              octal nor base-256, or a member cut short is an error naming
+//              the file and offset.
 // docs/record_formats.md has the details and the false-match odds.
 //
 // Contract
@@ -41,14 +54,14 @@
 
 namespace tailcut {
 
-enum class RecordFormatKind { kFixed, kLines, kTfrecord, kFile };
+enum class RecordFormatKind { kFixed, kLines, kTfrecord, kFile, kTar };
 
 struct TAILCUT_EXPORT RecordFormat {
   RecordFormatKind kind = RecordFormatKind::kLines;
   uint64_t record_bytes = 0;                // kFixed only; > 0
   uint64_t max_record_bytes = 64ull << 20;  // larger records are an error
 
-  // Parses "fixed", "lines", "tfrecord" or "file". record_bytes is required
+  // Parses "fixed", "lines", "tfrecord", "file" or "tar". record_bytes is required
   // for (and only allowed with) "fixed". Throws kInvalidArgument naming the
   // bad value and the accepted ones.
   static RecordFormat Parse(std::string_view name, uint64_t record_bytes = 0);
@@ -67,7 +80,7 @@ struct TAILCUT_EXPORT RecordFormat {
 struct Record {
   const std::byte* data = nullptr;
   size_t size = 0;
-  uint64_t offset = 0;  // file offset where the record starts (its header, for tfrecord)
+  uint64_t offset = 0;  // file offset where the record starts (its header, for tfrecord and tar)
   // File offset just past the record (its trailing newline or CRC included):
   // where the next record starts, so the value to pass to WorkQueue::Commit
   // once this record is handed on. It may lie past the slice's end (the last
@@ -93,7 +106,8 @@ class TAILCUT_EXPORT RecordParser {
   // Starts slice [begin, end) of `path`, a file of file_size bytes. Returns the
   // file offset from which the caller must feed bytes (<= begin; lines needs
   // the byte before begin). Throws tailcut::Error (e.g. fixed: size not a
-  // multiple of record_bytes; begin/end out of range).
+  // multiple of record_bytes; begin/end out of range; tar with begin > 0: the
+  // file cannot be read, or a damaged header hides where its samples start).
   virtual uint64_t Begin(std::string_view path, uint64_t file_size, uint64_t begin,
                          uint64_t end) = 0;
 
