@@ -151,12 +151,14 @@ class GlobalTier::Impl {
            " as host " + options_.host_id);
   }
 
+  // expired_only: GlobalTier::ClaimExpired.
   GlobalClaimStatus Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
-                          std::chrono::milliseconds* retry_after) {
+                          std::chrono::milliseconds* retry_after, bool expired_only) {
     std::lock_guard lock(mu_);
     if (loss_ != GlobalLoss::kNone) return GlobalClaimStatus::kLost;
-    Reply reply = redis_.RunScript(detail::kClaimScript, keys_,
-                                   {run_, options_.host_id, std::to_string(ttl.count())});
+    std::vector<std::string> args = {run_, options_.host_id, std::to_string(ttl.count())};
+    if (expired_only) args.push_back("expired");
+    Reply reply = redis_.RunScript(detail::kClaimScript, keys_, args);
     if (Lost(reply.get())) return GlobalClaimStatus::kLost;
     std::string_view kind = Text(reply->element[0]);
     if (kind == "end") return GlobalClaimStatus::kEnd;
@@ -362,7 +364,11 @@ GlobalTier::~GlobalTier() = default;
 
 GlobalClaimStatus GlobalTier::Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
                                     std::chrono::milliseconds* retry_after) {
-  return impl_->Claim(ttl, block, retry_after);
+  return impl_->Claim(ttl, block, retry_after, /*expired_only=*/false);
+}
+GlobalClaimStatus GlobalTier::ClaimExpired(std::chrono::milliseconds ttl, GlobalBlock* block,
+                                           std::chrono::milliseconds* retry_after) {
+  return impl_->Claim(ttl, block, retry_after, /*expired_only=*/true);
 }
 GlobalAckStatus GlobalTier::Renew(const GlobalBlock& block, std::chrono::milliseconds ttl) {
   return impl_->Renew(block, ttl);

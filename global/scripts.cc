@@ -101,9 +101,12 @@ end
 return {'created', ARGV[4], ARGV[7], done, reopened}
 )lua"};
 
-// Claim(run, host, ttl): re-own the expired block with the earliest deadline
-// (generation + 1, only its tickets without done marks), else take the next
-// block from the cursor. Returns {'reclaimed', first, last, gen, {tickets}},
+// Claim(run, host, ttl[, 'expired']): re-own the expired block with the
+// earliest deadline (generation + 1, only its tickets without done marks),
+// else take the next block from the cursor; with 'expired', only the first
+// (a host with work enough that looks for a dead host's blocks), else
+// {'wait', ms until the soonest deadline}. Returns
+// {'reclaimed', first, last, gen, {tickets}},
 // {'new', first, last, gen}, {'wait', ms until the soonest deadline}, {'end'}
 // or {'lost', what}: what job() says, 'gen' (an open block without a
 // generation: re-owning it would hand out generation 1 again and void the
@@ -137,6 +140,11 @@ while true do
     count(host, 'reclaims', 1)
     return {'reclaimed', first, last, gen, tickets}
   end
+end
+if ARGV[4] == 'expired' then
+  local soonest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if #soonest == 0 then return {'wait', 1000} end
+  return {'wait', math.max(0, tonumber(soonest[2]) - now)}
 end
 local cursor = tonumber(redis.call('GET', KEYS[2]))
 if cursor < j.total then

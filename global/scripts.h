@@ -30,7 +30,7 @@ std::vector<std::string> JobKeys(const std::string& job_name);
 // answers {'lost', what} when the job it joined is not there any more.
 // create's ARGV: items epochs block seed files explicit run [cursor bitmap].
 extern const Script kCreateScript;
-extern const Script kClaimScript;  // ARGV: run host ttl_ms
+extern const Script kClaimScript;  // ARGV: run host ttl_ms ['expired']
 extern const Script kRenewScript;  // ARGV: run host first generation ttl_ms
 extern const Script kAckScript;    // ARGV: run host first generation ticket...
 extern const Script kStatsScript;  // ARGV: run ('*': any run)

@@ -200,6 +200,39 @@ TEST(GlobalTierTest, AnExpiredBlockIsReownedWithOnlyItsUndoneTicketsAndTheOldHol
   EXPECT_EQ(stats.hosts[1].reclaims, 1u);
 }
 
+// What a host with work enough asks for (the host feeder, between claims):
+// a dead host's block once it expires, and never a new block of the cursor.
+TEST(GlobalTierTest, ClaimExpiredReownsOnlyAnExpiredBlockAndNeverTakesANewOne) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  auto a = GlobalTier::Open(Options(redis.url(), "a"));
+  auto b = GlobalTier::Open(Options(redis.url(), "b"));
+  GlobalBlock held, got;
+  ASSERT_EQ(a->Claim(milliseconds(300), &held), GlobalClaimStatus::kOk);
+  std::vector<uint64_t> done = {0};
+  ASSERT_EQ(a->Ack(held, done), GlobalAckStatus::kOk);
+  // Not expired yet: a wait until its deadline, and the cursor stays.
+  milliseconds retry{0};
+  EXPECT_EQ(b->ClaimExpired(milliseconds(60000), &got, &retry), GlobalClaimStatus::kWait);
+  EXPECT_GT(retry.count(), 0);
+  EXPECT_LE(retry.count(), 300);
+  EXPECT_EQ(b->Stats().cursor, 4u);
+  std::this_thread::sleep_for(milliseconds(350));
+  ASSERT_EQ(b->ClaimExpired(milliseconds(60000), &got, &retry), GlobalClaimStatus::kOk);
+  EXPECT_TRUE(got.reclaimed);
+  EXPECT_EQ(got.first, 0u);
+  EXPECT_EQ(got.generation, 2u);
+  EXPECT_EQ(got.tickets, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(a->Renew(held, milliseconds(60000)), GlobalAckStatus::kStale);
+  // Nothing else expired: a wait again, though the cursor has blocks left.
+  EXPECT_EQ(b->ClaimExpired(milliseconds(60000), &got, &retry), GlobalClaimStatus::kWait);
+  GlobalStats stats = b->Stats();
+  EXPECT_EQ(stats.cursor, 4u);
+  ASSERT_EQ(stats.hosts.size(), 2u);
+  EXPECT_EQ(stats.hosts[1].claims, 1u);
+  EXPECT_EQ(stats.hosts[1].reclaims, 1u);
+}
+
 TEST(GlobalTierTest, StatsShowOpenBlocksPerHostWithDeadlines) {
   SKIP_WITHOUT_REDIS();
   RedisServer redis;

@@ -212,6 +212,13 @@ class TAILCUT_EXPORT GlobalTier {
   // nobody holds; it comes back after ttl.
   GlobalClaimStatus Claim(std::chrono::milliseconds ttl, GlobalBlock* block,
                           std::chrono::milliseconds* retry_after = nullptr);
+  // Re-owns the open block whose deadline passed first, as Claim does before
+  // anything else, but never takes a new block from the cursor: for a host
+  // that has work enough and only looks for a dead host's blocks. kOk
+  // (*block, reclaimed), kWait (none has expired; *retry_after: until the
+  // soonest deadline, capped at 1 s), kLost. Throws kIo (unreachable).
+  GlobalClaimStatus ClaimExpired(std::chrono::milliseconds ttl, GlobalBlock* block,
+                                 std::chrono::milliseconds* retry_after = nullptr);
   // Moves the block's deadline to now + ttl. kStale if it was re-owned,
   // kClosed if all its tickets are done.
   GlobalAckStatus Renew(const GlobalBlock& block, std::chrono::milliseconds ttl);
