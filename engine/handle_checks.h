@@ -35,7 +35,8 @@ class HandleChecks {
   // What an item call returned, told apart: a refusal of an item this
   // process finished itself is kAlreadyDone, not kStale. `finishes`: an Ack
   // or GiveBack, remembered when it succeeds. `reassignable`: the queue has
-  // a lease timeout (without one nothing takes a live process's item away).
+  // a lease timeout or this process a stop timeout (without either nothing
+  // takes a live process's item away).
   ItemStatus Explain(const WorkItem& item, ItemStatus status, bool finishes,
                      bool reassignable) noexcept;
 

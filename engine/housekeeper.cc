@@ -189,10 +189,13 @@ int Housekeeper::ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept {
         owner >= seg_->geometry().max_clients)
       continue;
     ClientEntry& cs = seg_->client(owner);
-    // relaxed: a timestamp; a stale one only moves the reassignment by one housekeeping round, and
-    // the CAS on the word decides.
-    uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
-    if (last + timeout_ns > now) continue;
+    // relaxed, all three: time stamps and a setting published with the slot; a stale one only
+    // moves the reassignment by one housekeeping round, and the CAS on the word decides.
+    const uint64_t last = cs.last_progress_ns.load(std::memory_order_relaxed);
+    const uint64_t stop = cs.stop_timeout_ns.load(std::memory_order_relaxed);
+    const bool hung = timeout_ns > 0 && last + timeout_ns <= now;
+    const bool stopped = stop > 0 && cs.heartbeat_ns.load(std::memory_order_relaxed) + stop <= now;
+    if (!hung && !stopped) continue;
     if (state == kLeaseOpen) {
       if (table_->ReturnToOrphan(ls, &w)) {
         // relaxed: statistics only.

@@ -34,7 +34,9 @@ class Housekeeper {
   // admin_held: the caller holds the admin mutex (recovery needs it).
   int CheckClients(uint64_t self, bool admin_held = false) noexcept;
   // Reassigns open items of live clients (other than self) whose last
-  // progress is older than timeout_ns. Returns how many.
+  // progress is older than timeout_ns (the queue's lease timeout; 0: never),
+  // or whose heartbeat is older than their own stop timeout (a stopped
+  // process, WorkQueueOptions::stop_timeout). Returns how many.
   int ReassignHung(uint64_t self, uint64_t timeout_ns) noexcept;
   // Recovers leases that no registered client can ever finish, as if their
   // owner had died: a lease TAKING, OPEN or ACKING whose owner slot is out of

@@ -65,10 +65,11 @@ int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* 
   }
 }
 
-bool LifeHolder::Start(pthread_mutex_t* life) {
+bool LifeHolder::Start(pthread_mutex_t* life, std::function<void()> beat,
+                       std::chrono::nanoseconds period) {
   life_ = life;
   started_ = locked_ = release_ = false;
-  thread_ = std::thread([this] {
+  thread_ = std::thread([this, beat = std::move(beat), period] {
     int rc = TryLockRobust(life_);
     if (rc == EOWNERDEAD) {
       // Its last holder died after its recoverer freed the slot: nothing
@@ -81,7 +82,12 @@ bool LifeHolder::Start(pthread_mutex_t* life) {
     started_ = true;
     cv_.notify_all();
     if (!locked_) return;
-    cv_.wait(lock, [this] { return release_; });
+    if (beat) {
+      beat();
+      while (!cv_.wait_for(lock, period, [this] { return release_; })) beat();
+    } else {
+      cv_.wait(lock, [this] { return release_; });
+    }
     pthread_mutex_unlock(life_);
   });
   std::unique_lock<std::mutex> lock(mu_);

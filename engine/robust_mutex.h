@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -38,7 +39,9 @@ int LockRobustFor(pthread_mutex_t* mu, std::chrono::milliseconds timeout, bool* 
 // Holds a client's life mutex on a thread of its own, so the mutex lives as
 // long as the object that opened it (a WorkQueue, a BatchRing) rather than
 // the thread that opened it: robust mutexes belong to threads, and Python
-// threads come and go.
+// threads come and go. Given a beat, the same thread calls it every period
+// while it holds the mutex: a heartbeat apart from the process's work, which
+// stops only when the whole process does (SIGSTOP, a frozen container).
 class LifeHolder {
  public:
   LifeHolder() = default;
@@ -47,8 +50,11 @@ class LifeHolder {
   ~LifeHolder() { Stop(); }
 
   // Locks *life on the holder's thread. Returns false if another holds it
-  // (or it is damaged); then no thread is left running.
-  bool Start(pthread_mutex_t* life);
+  // (or it is damaged); then no thread is left running. beat (if any) runs
+  // on that thread once the mutex is held, then every period until Stop;
+  // it must not throw.
+  bool Start(pthread_mutex_t* life, std::function<void()> beat = nullptr,
+             std::chrono::nanoseconds period = std::chrono::seconds(1));
   // Unlocks it and ends the thread. Idempotent.
   void Stop();
 

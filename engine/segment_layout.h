@@ -300,7 +300,14 @@ struct alignas(kCacheLine) ClientEntry {
   SharedAtomic<uint64_t> splits;
   SharedAtomic<uint64_t> idle_ns;
   SharedAtomic<uint64_t> left_ns;  // when it left (0 while active)
+  // WorkQueueOptions::stop_timeout of the client (0: never), and when its
+  // holder thread last ran (MonotonicNs): set before the slot is ACTIVE,
+  // beaten while it is. Read by ReassignHung.
+  SharedAtomic<uint64_t> stop_timeout_ns;
+  SharedAtomic<uint64_t> heartbeat_ns;
 };
+static_assert(sizeof(ClientEntry) == 3 * kCacheLine,
+              "ClientEntry grew: bump kLayoutVersion and say why in segment_layout.h");
 
 // Equal steps: rank r publishes ((step + 1) << 1 | has_batch) in `word`,
 // and, before it publishes its next step, ((step + 1) << 1 | all_have) in

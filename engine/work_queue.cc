@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "engine/checkpoint.h"
 #include "engine/clock.h"
@@ -104,7 +105,10 @@ class WorkQueue::Impl {
   template <typename Call>
   ItemStatus ItemCall(const WorkItem& item, bool finishes, Call call) noexcept {
     ItemStatus s = handle.Check(item, closed_);
-    return s != ItemStatus::kOk ? s : handle.Explain(item, call(), finishes, timeout_ns_ > 0);
+    return s != ItemStatus::kOk
+               ? s
+               : handle.Explain(item, call(), finishes,
+                                timeout_ns_ > 0 || options_.stop_timeout.count() > 0);
   }
 
  private:
@@ -466,8 +470,21 @@ void WorkQueue::Impl::Register() {
     // RecoverClient (housekeeper.cc): a slot seen FREE had its leases returned
     // or recovered. A filter only: locking the slot's life mutex decides.
     if (cs.state.load(std::memory_order_acquire) != kClientFree) continue;
-    if (!holder_.Start(&cs.life)) continue;
+    // A process with a stop timeout beats from its holder thread, which
+    // runs whatever the process's own threads do, and stops only with it.
+    const uint64_t stop_ns = static_cast<uint64_t>(options_.stop_timeout.count()) * 1000000ull;
+    std::function<void()> beat;
+    if (stop_ns > 0) {
+      // relaxed: a time stamp; ReassignHung allows a whole stop_timeout.
+      beat = [&cs] { cs.heartbeat_ns.store(MonotonicNs(), std::memory_order_relaxed); };
+    }
+    const auto period =
+        std::chrono::nanoseconds(std::clamp<uint64_t>(stop_ns / 8, 10'000'000, 1'000'000'000));
+    if (!holder_.Start(&cs.life, beat, period)) continue;
     uint64_t now = MonotonicNs();
+    // relaxed, both: published by the release store of ACTIVE below.
+    cs.stop_timeout_ns.store(stop_ns, std::memory_order_relaxed);
+    cs.heartbeat_ns.store(now, std::memory_order_relaxed);
     for (auto* c : {&cs.items_taken, &cs.items_acked, &cs.items_given_back, &cs.items_recovered,
                     &cs.bytes_acked, &cs.records, &cs.stale_acks, &cs.idle_ns, &cs.left_ns})
       c->store(0, std::memory_order_relaxed);
@@ -501,7 +518,7 @@ void WorkQueue::Impl::Housekeep() noexcept {
   keeper_->CheckClients(slot_);
   keeper_->RepairLeases(slot_, /*admin_held=*/false);
   keeper_->ReleaseSettledAnchors();
-  if (timeout_ns_ > 0) keeper_->ReassignHung(slot_, timeout_ns_);
+  keeper_->ReassignHung(slot_, timeout_ns_);
   keeper_->TrySweep(slot_);
 }
 

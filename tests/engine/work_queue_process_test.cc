@@ -355,6 +355,88 @@ TEST_F(WorkQueueProcessTest, HungProcessLosesItsItemAfterTheLeaseTimeoutAndItsAc
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
 }
 
+// A process's own stop_timeout: stopped (SIGSTOP), it loses its item to the
+// others without any lease timeout, and after SIGCONT its calls on it are
+// stale; only slow (no queue call for several stop timeouts, but running),
+// it keeps its item, since its holder thread beats.
+TEST_F(WorkQueueProcessTest, AStoppedProcessLosesItsItemAfterItsStopTimeoutAndASlowOneKeepsIt) {
+  auto o = BaseOptions(NewName("stop"), dir_.Files("f", 40, {1000}));
+  o.num_clients = 3;
+  WorkQueueOptions mine = o;
+  mine.stop_timeout = milliseconds(300);
+  Children kids(3, 512);
+  // A: takes one item, stops itself, and after SIGCONT tries to finish it.
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(mine);
+    WorkItem it;
+    if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    c.Log(Rec::kTaken, it);
+    c.SetValue(0, 1);
+    ::raise(SIGSTOP);
+    c.SetValue(1, 1 + static_cast<uint64_t>(q->Progress(it, it.begin + 1)));
+    const ItemStatus a = q->Ack(it);
+    c.SetValue(2, 1 + static_cast<uint64_t>(a));
+    c.Log(a == ItemStatus::kOk ? Rec::kAcked : Rec::kStale, it);
+    q->Close();
+    return 0;
+  });
+  // S: takes one item and works on it for 2 s (ten stop timeouts) without a
+  // queue call, then acks it.
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(mine);
+    WorkItem it;
+    if (q->TryTake(&it) != TakeStatus::kOk) return c.Fail("take");
+    c.Log(Rec::kTaken, it);
+    c.SetValue(0, 1);
+    std::this_thread::sleep_for(milliseconds(2000));
+    const ItemStatus a = q->Ack(it);
+    c.SetValue(2, 1 + static_cast<uint64_t>(a));
+    c.Log(a == ItemStatus::kOk ? Rec::kAcked : Rec::kStale, it);
+    q->Close();
+    return 0;
+  });
+  ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
+  ASSERT_EQ(kids.WaitValue(1, 0, milliseconds(20000)), 1u) << kids.Error(1);
+  ASSERT_TRUE(kids.WaitStopped(0, milliseconds(20000)));
+  const Record stopped = kids.Records(0).at(0), slow = kids.Records(1).at(0);
+  // B: no timeout of its own; runs the queue to its end, which needs both.
+  const auto t0 = Clock::now();
+  kids.Spawn([&](ChildContext& c) {
+    auto q = WorkQueue::Open(o);
+    WorkerOptions w;
+    w.take_timeout = milliseconds(15000);
+    const int rc = RunWorker(*q, c, w);
+    q->Close();
+    return rc;
+  });
+  const ChildResult b = kids.Wait(2, milliseconds(30000));
+  RecordProperty("b_ms", std::to_string(MillisSince(t0)));
+  EXPECT_TRUE(b.Ok()) << "B " << b.Describe();
+  bool b_got_stopped = false, b_got_slow = false;
+  for (const Record& r : kids.Records(2)) {
+    if (r.kind != Rec::kAcked) continue;
+    b_got_stopped |= r.epoch == stopped.epoch && r.index == stopped.index;
+    b_got_slow |= r.epoch == slow.epoch && r.index == slow.index;
+  }
+  EXPECT_TRUE(b_got_stopped) << "the stopped process's item was not reassigned";
+  EXPECT_FALSE(b_got_slow) << "the slow (running) process lost its item";
+  const ChildResult s = kids.Wait(1, milliseconds(20000));
+  EXPECT_TRUE(s.Ok()) << "S " << s.Describe();
+  EXPECT_EQ(kids.Value(1, 2), 1 + static_cast<uint64_t>(ItemStatus::kOk)) << "the slow one's ack";
+
+  ::kill(kids.pid(0), SIGCONT);
+  const ChildResult a = kids.Wait(0, milliseconds(20000));
+  EXPECT_TRUE(a.Ok()) << "A " << a.Describe();
+  EXPECT_EQ(kids.Value(0, 1), 1 + static_cast<uint64_t>(ItemStatus::kStale))
+      << "Progress after reassignment";
+  EXPECT_EQ(kids.Value(0, 2), 1 + static_cast<uint64_t>(ItemStatus::kStale))
+      << "Ack after reassignment";
+  std::vector<uint32_t> counts(40);
+  for (int k = 0; k < 3; ++k) CountAcks(kids, k, 40, &counts);
+  EXPECT_EQ(ExactlyOnce(counts, 40), "");
+  EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
 // The lease timeout decides what processes do to each other's items: a
 // process that opened with 0 ("never") once had its item reassigned by a
 // peer that set 200 ms. It is the queue's now: the creator's, stored in the

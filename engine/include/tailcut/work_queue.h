@@ -110,6 +110,16 @@ struct WorkQueueOptions {
   // which sets it anew. At most 7 days. Others check every 100 ms, or every
   // half timeout if that is shorter.
   std::chrono::milliseconds lease_timeout{0};
+  // This process's own items go to the others once the process has not run
+  // at all for this long: stopped (SIGSTOP, a debugger, a frozen container)
+  // or starved (a swap storm). A thread of the process beats every eighth of
+  // it (at least every second), apart from its work, so a process that is
+  // only slow (a long transform, a long step) keeps its items; its late
+  // calls on a reassigned item return kStale, as after lease_timeout. A
+  // process's own choice, unlike lease_timeout: loaders of a pool set it,
+  // trainers that hold items across long steps need not. 0: never. At most
+  // 7 days.
+  std::chrono::milliseconds stop_timeout{0};
   // Tail splitting: a process with nothing left to take splits the unread
   // tail of the open item (or piece) with the most left, and takes it as a
   // new item. Only items whose owner uses Claim, as tailcut's Reader does,
