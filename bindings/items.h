@@ -139,13 +139,13 @@ struct PyWorkItem {
     // both offsets. Only this object commits its lease, so committed_at is
     // the lease's floor.
     if (off < committed_at)
-      Raise(g_exc.invalid_argument,
-            "commit(" + std::to_string(off) + ") of " + Describe() + " refused: offset " +
-                std::to_string(off) + " is before " + std::to_string(committed_at) + ", " +
-                (committed_at == item.begin ? "where the item was handed out"
-                                            : "committed before") +
-                "; commits only move forward (what is committed is delivered and never read "
-                "again); nothing was recorded");
+      Raise(
+          g_exc.invalid_argument,
+          "commit(" + std::to_string(off) + ") of " + Describe() + " refused: offset " +
+              std::to_string(off) + " is before " + std::to_string(committed_at) + ", " +
+              (committed_at == item.begin ? "where the item was handed out" : "committed before") +
+              "; commits only move forward (what is committed is delivered and never read "
+              "again); nothing was recorded");
     tc::ItemStatus s;
     {
       Use use(*h);

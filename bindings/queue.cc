@@ -186,6 +186,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
       o.attach_timeout = t ? *t : kLongestAttach;
     } else if (key == "lease_timeout") {
       o.lease_timeout = ToMillis(ToSecondsOrNone(v, "lease_timeout").value_or(0));
+    } else if (key == "stop_timeout") {
+      o.stop_timeout = ToMillis(ToSecondsOrNone(v, "stop_timeout").value_or(0));
     } else if (key == "coordinator") {
       o.coordinator = v.is_none() ? "" : ToText(v, "coordinator");
     } else if (key == "host_id") {
@@ -268,7 +270,9 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "epoch across all processes. Use from many threads is safe. A forked child must open its "
       "own. Extra keywords: format, record_bytes (part of the configuration: every process must "
       "agree), max_clients, leases_per_client, attach_timeout and lease_timeout (seconds; "
-      "attach_timeout None: no limit; lease_timeout None: off), restore_state (bytes from "
+      "attach_timeout None: no limit; lease_timeout None: off), stop_timeout (seconds, None: "
+      "off; this process's items go to the others once it has not run at all, e.g. SIGSTOP, "
+      "for that long), restore_state (bytes from "
       "state_dict()['state']), on_notice "
       "(callable taking one str, or None for stderr), num_samples (an index work, with "
       "works=None), auto_ack (PAI compatibility: each take() or "

@@ -438,8 +438,8 @@ KillRound RunKillRound(WorkQueueOptions o, uint64_t n, uint64_t epochs, int cons
       ::waitpid(pid, &status, 0);
       r.failure = "consumer " + std::to_string(slot) + " hung";
     } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      r.failure = "consumer " + std::to_string(slot) + " ended with status " +
-                  std::to_string(status);
+      r.failure =
+          "consumer " + std::to_string(slot) + " ended with status " + std::to_string(status);
     }
   }
   // How many killed consumers had each (epoch, sample) in their hand-off:
@@ -503,7 +503,8 @@ constexpr int kKillRounds = 16;
 TEST_F(IndexWorkTest, ConsumersKilledAtRandomMomentsLoseNoSampleAndRepeatNoCommittedOne) {
   const uint64_t n = kKillRounds > 16 ? 200000 : 20000, epochs = 2;
   const bool stress = kKillRounds > 16;
-  const auto budget = std::chrono::seconds(stress ? test::EnvU64("TAILCUT_STRESS_SECONDS", 120) : 0);
+  const auto budget =
+      std::chrono::seconds(stress ? test::EnvU64("TAILCUT_STRESS_SECONDS", 120) : 0);
   const auto start = std::chrono::steady_clock::now();
   uint64_t seed = test::TestSeed();
   int rounds = 0;
@@ -525,7 +526,8 @@ TEST_F(IndexWorkTest, ConsumersKilledAtRandomMomentsLoseNoSampleAndRepeatNoCommi
     EXPECT_GE(r.killed, static_cast<uint64_t>(kKillRounds / 2));
     seed = std::mt19937_64(seed)();
   } while (std::chrono::steady_clock::now() - start + std::chrono::seconds(20) < budget);
-  std::printf("%d round(s), %llu consumers killed\n", rounds, static_cast<unsigned long long>(killed));
+  std::printf("%d round(s), %llu consumers killed\n", rounds,
+              static_cast<unsigned long long>(killed));
 }
 
 }  // namespace

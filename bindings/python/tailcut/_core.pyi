@@ -255,6 +255,7 @@ class WorkQueue:
         leases_per_client: int = ...,
         attach_timeout: Optional[float] = ...,
         lease_timeout: Optional[float] = ...,
+        stop_timeout: Optional[float] = ...,
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
         auto_ack: bool = ...,
