@@ -279,7 +279,7 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "input_producer get() acks the item handed out before it, close() the last; "
       "at-most-once, see docs/python.md); across hosts (docs/global.md): coordinator "
       "('redis://[user[:password]@]HOST:PORT/DB', default TAILCUT_COORDINATOR), host_id (default "
-      "TAILCUT_HOST_ID or the hostname), global_ttl (seconds, default 60) and global_block_size "
+      "TAILCUT_HOST_ID or the hostname), global_ttl (seconds, default 8) and global_block_size "
       "(tickets per block, 0: automatic).");
   cls.def(py::init(&OpenQueue), py::arg("works") = py::none(), py::arg("num_epochs") = 1,
           py::arg("shuffle") = true, py::arg("seed") = py::none(), py::arg("prefix") = py::none(),

@@ -1,9 +1,11 @@
 // The host's feeder: the Feeder that WorkQueue::Open loads from this library
 // when a coordinator is set (engine/feeder.h). Every process of a host runs
 // one thread of it; the one that leads (LocalFeed::TryLead) claims blocks of
-// tickets from the tier, grants them to the host's queue, renews them, acks
-// the tickets the host finished, and drops a block the tier gave to another
-// host meanwhile. When the tier answers that the job is lost, it records that
+// tickets from the tier, grants them to the host's queue, acks the tickets
+// the host finished, and drops a block the tier gave to another host
+// meanwhile; a heartbeat thread beside it renews the blocks, so a host that
+// is busy (an Ack waiting on Redis, trainers in a long transform) never lets
+// them expire. When the tier answers that the job is lost, it records that
 // in the host's queue (LocalFeed::Lose), where every process's Take sees it,
 // and calls the tier no more. See docs/global.md, "One queue per host, fed by
 // the tier" and "Losing the job's state".
@@ -17,6 +19,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine/checkpoint.h"
@@ -37,6 +40,16 @@ constexpr milliseconds kFeedPeriod{20};
 constexpr milliseconds kFollowPeriod{100};
 // How soon a leader asks again after the tier said kWait.
 constexpr milliseconds kWaitPeriod{50};
+// The heartbeat renews the host's blocks this many times per global_ttl: a
+// host paused (SIGSTOP, a long GC, a loaded machine) for up to 7/8 of the
+// TTL keeps them, and a renewal lost to a Redis hiccup is tried again long
+// before the deadline.
+constexpr int kRenewalsPerTtl = 8;
+// A leader with work enough, which claims nothing, looks for expired blocks
+// (a dead host's) this many times per global_ttl; every Claim looks for them
+// first anyway. So a dead host's work comes back at most ttl * (1 + 1/16)
+// after its last renewal, not whenever the others next run short.
+constexpr int kExpiryChecksPerTtl = 16;
 
 std::string Hex(uint64_t v) {
   char buf[17];
@@ -52,7 +65,10 @@ uint64_t RunHash(const std::string& run_id) {
 class HostFeeder final : public Feeder {
  public:
   HostFeeder(const WorkQueueOptions& options, const FeedJob& job)
-      : ttl_(options.global_ttl), on_notice_(options.on_notice) {
+      : ttl_(options.global_ttl),
+        renew_period_(std::max<milliseconds>(ttl_ / kRenewalsPerTtl, milliseconds(1))),
+        expiry_check_period_(std::max<milliseconds>(ttl_ / kExpiryChecksPerTtl, milliseconds(1))),
+        on_notice_(options.on_notice) {
     GlobalTierOptions o;
     o.coordinator = options.coordinator;
     o.host_id = ResolveHostId(options);
@@ -116,6 +132,8 @@ class HostFeeder final : public Feeder {
     wake_.notify_all();
     if (feed_ != nullptr) feed_->WakeFeeder();
     if (thread_.joinable()) thread_.join();
+    // Started by the feeder thread (TakeOver), joined once that one is.
+    if (heartbeat_.joinable()) heartbeat_.join();
   }
 
   std::string SaveState() override { return tier_->SaveState(); }
@@ -196,6 +214,7 @@ class HostFeeder final : public Feeder {
                  " keeps trying: its processes finish what they hold, then wait");
         }
       }
+      Publish(false);
       if (stopping) {
         feed_->Resign();
         return;
@@ -217,10 +236,14 @@ class HostFeeder final : public Feeder {
       h.block.tickets = std::move(tickets[i]);
       held_.push_back(std::move(h));
     }
-    next_renew_ = Clock::now();
     next_claim_ = Clock::now();
+    next_expiry_check_ = Clock::now();
     demand_seq_ = feed_->DemandSeq();
     lost_ = feed_->lost() != 0;  // a feeder before us learnt it: no need to ask again
+    // Renew at once: the blocks of a feeder that died may be close to their
+    // deadlines.
+    Publish(true);
+    if (!heartbeat_.joinable()) heartbeat_ = std::thread([this] { Beat(); });
     if (after_death && !blocks.empty())
       Notice("queue '" + tier_->job().name + "': took over feeding host " + tier_->host_id() +
              " with " + std::to_string(blocks.size()) + " blocks from a feeder that died");
@@ -244,7 +267,109 @@ class HostFeeder final : public Feeder {
     if (!message.empty()) Notice(message);
   }
 
+  // The heartbeat's view of the blocks this host holds: what held_ holds
+  // now (none once the job is lost). renew_now: renew them at once.
+  void Publish(bool renew_now) {
+    std::vector<GlobalBlock> leases;
+    if (!lost_) {
+      for (const Held& h : held_) {
+        GlobalBlock lease;  // no tickets: Renew names a block by first and generation
+        lease.first = h.block.first;
+        lease.last = h.block.last;
+        lease.generation = h.block.generation;
+        leases.push_back(std::move(lease));
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      leases_ = std::move(leases);
+      beat_now_ = beat_now_ || renew_now;
+    }
+    if (renew_now) wake_.notify_all();
+  }
+
+  // The heartbeat thread: renews the blocks the leader holds every
+  // renew_period_, whatever the feeder thread and the host's processes are
+  // doing. What it finds but cannot act on (a block the tier gave to another
+  // host, the job lost) it leaves to the feeder thread and wakes it.
+  void Beat() noexcept {
+    Clock::time_point next = Clock::now();
+    for (;;) {
+      std::vector<GlobalBlock> leases;
+      {
+        std::unique_lock lock(mu_);
+        wake_.wait_until(lock, next, [this] { return stop_ || beat_now_; });
+        if (stop_) return;
+        beat_now_ = false;
+        leases = leases_;
+      }
+      // Paced from the start of a round: a slow round does not stretch the
+      // time between two renewals of a block.
+      next = Clock::now() + renew_period_;
+      bool wake_feeder = false;
+      for (const GlobalBlock& b : leases) {
+        GlobalAckStatus st;
+        try {
+          st = tier_->Renew(b, ttl_);
+        } catch (...) {
+          break;  // Redis unreachable past retry_for: the feeder thread says so; next round
+        }
+        if (st == GlobalAckStatus::kLost) {  // sticky in tier_: the feeder thread sees it
+          wake_feeder = true;
+          break;
+        }
+        if (st == GlobalAckStatus::kStale) {
+          std::lock_guard lock(mu_);
+          stale_.push_back({b.first, b.generation});
+          wake_feeder = true;
+        }
+      }
+      if (wake_feeder) feed_->WakeFeeder();
+    }
+  }
+
+  // Drops the blocks whose renewal the tier refused (re-owned by another
+  // host while this one was paused past their deadline).
+  void DropStale() {
+    std::vector<std::pair<uint64_t, uint64_t>> stale;
+    {
+      std::lock_guard lock(mu_);
+      stale.swap(stale_);
+    }
+    for (const auto& [first, generation] : stale) {
+      for (auto it = held_.begin(); it != held_.end(); ++it) {
+        if (it->block.first == first && it->block.generation == generation) {
+          Drop(*it, "was taken over by another host after its deadline passed");
+          held_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+
+  // Makes a block the tier granted this host's. False if the host's queue
+  // cannot hold it (said once; it expires unrenewed and goes to another host).
+  bool Hold(GlobalBlock block) {
+    FedBlockInfo info{block.first, block.last, block.generation};
+    if (!feed_->Grant(info, block.tickets)) {
+      // Out of this queue's range: the tier's keys do not match it.
+      Notice("queue '" + tier_->job().name + "': the coordinator handed out block [" +
+             std::to_string(block.first) + ", " + std::to_string(block.last) +
+             ") that this host's queue cannot hold; left to expire");
+      next_claim_ = Clock::now() + milliseconds(1000);
+      return false;
+    }
+    Held h;
+    h.block = std::move(block);
+    held_.push_back(std::move(h));
+    return true;
+  }
+
   void Feed(bool stopping) {
+    // The heartbeat's renewals found the job lost, or blocks taken over.
+    if (tier_->loss() != GlobalLoss::kNone) return Lose();
+    DropStale();
+
     // Acks: tickets finished here since the last round.
     for (auto it = held_.begin(); it != held_.end();) {
       Held& h = *it;
@@ -268,32 +393,19 @@ class HostFeeder final : public Feeder {
       }
       ++it;
     }
-    if (stopping) return;
-
-    // Renewals, every third of the TTL.
-    Clock::time_point now = Clock::now();
-    if (now >= next_renew_) {
-      for (auto it = held_.begin(); it != held_.end();) {
-        GlobalAckStatus st = tier_->Renew(it->block, ttl_);
-        if (st == GlobalAckStatus::kLost) return Lose();
-        if (st == GlobalAckStatus::kStale) {
-          Drop(*it, "was taken over by another host after its deadline passed");
-          it = held_.erase(it);
-          continue;
-        }
-        ++it;
-      }
-      next_renew_ = now + ttl_ / 3;
-    }
+    if (stopping || feed_->ended()) return;
 
     // Claims: keep two blocks of untaken tickets ahead of the takers (a
-    // taker that runs dry wakes us at once, see WaitForDemand).
-    if (feed_->ended() || now < next_claim_) return;
+    // taker that runs dry wakes us at once, see WaitForDemand). Every Claim
+    // re-owns an expired block before it takes a new one.
+    Clock::time_point now = Clock::now();
     uint64_t untaken = 0;
     for (const Held& h : held_) untaken += feed_->Untaken(h.block.tickets);
-    while (untaken < 2 * tier_->job().block_size && held_.size() + 1 < kFedBlocks) {
+    while (now >= next_claim_ && untaken < 2 * tier_->job().block_size &&
+           held_.size() + 1 < kFedBlocks) {
       GlobalBlock block;
       milliseconds retry{0};
+      next_expiry_check_ = Clock::now() + expiry_check_period_;
       GlobalClaimStatus st = tier_->Claim(ttl_, &block, &retry);
       if (st == GlobalClaimStatus::kLost) return Lose();
       if (st == GlobalClaimStatus::kEnd) {
@@ -309,34 +421,39 @@ class HostFeeder final : public Feeder {
         next_claim_ = Clock::now() + std::clamp<milliseconds>(retry, kFeedPeriod, kWaitPeriod);
         return;
       }
-      FedBlockInfo info{block.first, block.last, block.generation};
-      if (!feed_->Grant(info, block.tickets)) {
-        // Out of this queue's range: the tier's keys do not match it. The
-        // block expires unrenewed and goes to another host.
-        Notice("queue '" + tier_->job().name + "': the coordinator handed out block [" +
-               std::to_string(block.first) + ", " + std::to_string(block.last) +
-               ") that this host's queue cannot hold; left to expire");
-        next_claim_ = Clock::now() + milliseconds(1000);
-        return;
-      }
-      untaken += feed_->Untaken(block.tickets);
-      Held h;
-      h.block = std::move(block);
-      held_.push_back(std::move(h));
+      uint64_t more = feed_->Untaken(block.tickets);
+      if (!Hold(std::move(block))) return;
+      untaken += more;
+    }
+
+    // Work enough, so no Claim for a while: look for a dead host's blocks
+    // all the same, so its work does not wait until this host runs short.
+    if (now >= next_expiry_check_ && held_.size() + 1 < kFedBlocks) {
+      next_expiry_check_ = now + expiry_check_period_;
+      GlobalBlock block;
+      GlobalClaimStatus st = tier_->ClaimExpired(ttl_, &block);
+      if (st == GlobalClaimStatus::kLost) return Lose();
+      if (st == GlobalClaimStatus::kOk) Hold(std::move(block));
     }
   }
 
   const milliseconds ttl_;
+  const milliseconds renew_period_;         // the heartbeat's
+  const milliseconds expiry_check_period_;  // ClaimExpired's, without a Claim meanwhile
   std::function<void(const std::string&)> on_notice_;
   std::unique_ptr<GlobalTier> tier_;
   LocalFeed* feed_ = nullptr;
-  std::thread thread_;
-  std::mutex mu_;
+  std::thread thread_;     // the feeder thread: Run
+  std::thread heartbeat_;  // Beat, from the first TakeOver on
+  std::mutex mu_;          // guards what follows, to the leader's view
   std::condition_variable wake_;
   bool stop_ = false;
+  std::vector<GlobalBlock> leases_;  // the blocks to renew (Publish), without tickets
+  bool beat_now_ = false;            // renew them now (a takeover)
+  std::vector<std::pair<uint64_t, uint64_t>> stale_;  // (first, generation) refused renewals
   // The leader's view (the feeder thread's alone).
   std::vector<Held> held_;
-  Clock::time_point next_renew_, next_claim_, failing_since_;
+  Clock::time_point next_claim_, next_expiry_check_, failing_since_;
   uint32_t demand_seq_ = 0;
   bool lost_ = false;  // the tier lost the job: no more calls to it
 };

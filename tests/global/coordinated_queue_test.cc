@@ -88,8 +88,11 @@ WorkQueueOptions Options(const Job& job, const std::string& host, int processes)
 constexpr int kExitJobLost = 5;
 
 // One process of a host: takes until the end, logs (epoch * items + index)
-// of every item it acked. Returns its exit status.
-int RunProcess(const Job& job, const std::string& host, int processes, const std::string& log) {
+// of every item it acked. Returns its exit status. With `hold_until`, it
+// holds its first item, says so (`hold_until` + ".holding") and acks it only
+// once that file exists.
+int RunProcess(const Job& job, const std::string& host, int processes, const std::string& log,
+               const std::string& hold_until = "") {
   std::unique_ptr<WorkQueue> q;
   try {
     q = WorkQueue::Open(Options(job, host, processes));
@@ -99,6 +102,7 @@ int RunProcess(const Job& job, const std::string& host, int processes, const std
   }
   int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   WorkItem item;
+  int held_first = 0;
   for (;;) {
     TakeStatus st = q->Take(&item, Clock::now() + std::chrono::seconds(60));
     if (st == TakeStatus::kEnd) break;
@@ -112,6 +116,12 @@ int RunProcess(const Job& job, const std::string& host, int processes, const std
       return 3;
     }
     std::this_thread::sleep_for(job.work_per_item);
+    if (!hold_until.empty() && held_first++ == 0) {
+      std::ofstream(hold_until + ".holding") << "\n";
+      auto give_up = Clock::now() + std::chrono::seconds(60);
+      while (!std::filesystem::exists(hold_until) && Clock::now() < give_up)
+        std::this_thread::sleep_for(milliseconds(5));
+    }
     if (q->Ack(item) == ItemStatus::kOk) {
       uint64_t key = item.epoch * q->num_items() + item.index;
       if (write(fd, &key, sizeof(key)) != sizeof(key)) return 4;
@@ -532,6 +542,151 @@ TEST_F(CoordinatedQueueTest, AHostPausedPastItsTtlIsFencedAndTheJobEndsExactlyOn
   }
   EXPECT_GT(reclaims, 0u) << "nobody re-owned the paused host's blocks";
   EXPECT_GT(refused, 0u) << "the paused host was not fenced";
+}
+
+// Blocks re-owned after their deadline passed, over every host of the job.
+uint64_t Reclaims(const Job& job) {
+  uint64_t n = 0;
+  for (const GlobalHostStats& h : JobStats(job).hosts) n += h.reclaims;
+  return n;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// How long after `since` Redis counts a first re-owned block; nullopt if
+// none within `bound`.
+std::optional<Clock::duration> AwaitReclaim(const Job& job, Clock::time_point since,
+                                            Clock::duration bound) {
+  while (Clock::now() < since + bound) {
+    if (Reclaims(job) > 0) return Clock::now() - since;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+// With the default global_ttl, a dead host costs the others seconds, not
+// the minute it did with the TTL of 60 s (the survivors ended 60.2 s after
+// the kill). Host c is SIGKILLed holding blocks; the others soon run out of
+// other work and wait for them. The test prints the seconds from the kill to
+// the first re-own of c's blocks and to the job's end (docs/global.md).
+TEST_F(CoordinatedQueueTest, AHostKilledWithTheDefaultTtlHasItsBlocksReownedWithinTenSeconds) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("killdefault");
+  job_.ttl = WorkQueueOptions().global_ttl;
+  job_.work_per_item = milliseconds(5);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b", "c"}) hosts.push_back(StartHost(job_, id, 3, dir_.path()));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({hosts[2]}).size() < 30 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(StopWhileHoldingABlock(job_, hosts[2])) << "host c never held a block";
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the kill";
+  ASSERT_EQ(Reclaims(job_), 0u) << "a block was re-owned before any host failed";
+  for (pid_t pid : hosts[2].pids) kill(pid, SIGKILL);
+  const auto killed = Clock::now();
+  Wait(hosts[2]);
+  std::optional<Clock::duration> reowned = AwaitReclaim(job_, killed, std::chrono::seconds(30));
+  for (int i = 0; i < 2; ++i)
+    for (int code : Wait(hosts[i])) EXPECT_EQ(code, 0) << "host " << hosts[i].id;
+  const Clock::duration ended = Clock::now() - killed;
+  ASSERT_TRUE(reowned) << "nobody re-owned the dead host's blocks within 30 s";
+  std::printf("global_ttl %.1f s (default): host c's blocks re-owned %.2f s after the kill, "
+              "the job ended %.2f s after it\n",
+              Seconds(job_.ttl), Seconds(*reowned), Seconds(ended));
+  EXPECT_LT(*reowned, std::chrono::seconds(10));
+  std::map<uint64_t, int> all = Counts(hosts);
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : Counts({hosts[0], hosts[1]})) EXPECT_EQ(n, 1) << "item key " << key;
+  EXPECT_EQ(JobStats(job_).done, total);
+}
+
+// A host with work enough claims nothing for a while; a dead host's blocks
+// must come back to it once they expire all the same, not whenever it next
+// runs short. Host a's one process holds its first item (its feeder holds
+// three blocks ahead: enough) until the test has seen the re-own; host c is
+// SIGKILLed holding blocks. Before the feeder looked for expired blocks
+// between claims, a re-owned them only after it was released.
+TEST_F(CoordinatedQueueTest, AHostWithWorkEnoughStillReownsADeadHostsBlocksWithinTenSeconds) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("busy");
+  job_.ttl = WorkQueueOptions().global_ttl;
+  job_.work_per_item = milliseconds(2);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  const std::string release = dir_.path() + "/release";
+  Host a;
+  a.id = "a";
+  a.logs = {dir_.path() + "/a.0.log"};
+  pid_t pid = fork();
+  if (pid == 0) _exit(RunProcess(job_, "a", 1, a.logs[0], release));
+  a.pids = {pid};
+  AwaitFile(release + ".holding");
+  Host c = StartHost(job_, "c", 1, dir_.path());
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({c}).size() < 20 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(StopWhileHoldingABlock(job_, c)) << "host c never held a block";
+  ASSERT_LT(Counts({a, c}).size(), total * 2 / 3) << "the job ended before the kill";
+  ASSERT_EQ(Reclaims(job_), 0u) << "a block was re-owned before any host failed";
+  kill(c.pids[0], SIGKILL);
+  const auto killed = Clock::now();
+  Wait(c);
+  std::optional<Clock::duration> reowned = AwaitReclaim(job_, killed, std::chrono::seconds(20));
+  std::ofstream(release) << "\n";
+  for (int code : Wait(a)) EXPECT_EQ(code, 0) << "host a";
+  ASSERT_TRUE(reowned) << "host a, holding work enough, did not re-own the dead host's blocks "
+                          "within 20 s";
+  std::printf("host a, busy, re-owned host c's blocks %.2f s after the kill\n", Seconds(*reowned));
+  EXPECT_LT(*reowned, std::chrono::seconds(10));
+  std::map<uint64_t, int> all = Counts({a, c});
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : Counts({a})) EXPECT_EQ(n, 1) << "item key " << key;
+  EXPECT_EQ(JobStats(job_).done, total);
+}
+
+// A live host that only stalls (a GC, a loaded machine; here SIGSTOP of
+// every process for 5 s) keeps its blocks with the default global_ttl: its
+// heartbeat renewed them at most an eighth of the TTL before the stop and
+// renews them as soon as it runs again. The others run out of other work
+// meanwhile and ask for blocks every 50 ms, so an expired block would be
+// re-owned at once.
+TEST_F(CoordinatedQueueTest, AHostPausedFiveSecondsWithTheDefaultTtlIsNotFenced) {
+  SKIP_WITHOUT_REDIS();
+  RedisServer redis;
+  job_.url = redis.url();
+  job_.name = UniqueJob("stall");
+  job_.ttl = WorkQueueOptions().global_ttl;
+  job_.work_per_item = milliseconds(3);
+  const uint64_t total = NumItems(job_) * kEpochs;
+  std::vector<Host> hosts;
+  for (const char* id : {"a", "b", "c"}) hosts.push_back(StartHost(job_, id, 2, dir_.path()));
+  auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Counts({hosts[2]}).size() < 20 && Clock::now() < give_up)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(StopWhileHoldingABlock(job_, hosts[2])) << "host c never held a block";
+  ASSERT_LT(Counts(hosts).size(), total * 2 / 3) << "the job ended before the pause";
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const size_t done_in_pause = Counts(hosts).size();
+  for (pid_t pid : hosts[2].pids) kill(pid, SIGCONT);
+  for (const Host& h : hosts)
+    for (int code : Wait(h)) EXPECT_EQ(code, 0) << "host " << h.id;
+  std::printf("after the 5 s pause of host c, %zu of %llu items were done\n", done_in_pause,
+              static_cast<unsigned long long>(total));
+  // Nobody fenced: every item read once over all hosts, nothing re-owned,
+  // no renew or ack refused.
+  std::map<uint64_t, int> all = Counts(hosts);
+  EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
+  for (const auto& [key, n] : all) EXPECT_EQ(n, 1) << "item key " << key;
+  GlobalStats stats = JobStats(job_);
+  EXPECT_EQ(stats.done, total);
+  for (const GlobalHostStats& h : stats.hosts) {
+    EXPECT_EQ(h.reclaims, 0u) << "host " << h.host_id << " re-owned a block of the paused host";
+    EXPECT_EQ(h.stale_acks + h.stale_renews, 0u) << "host " << h.host_id << " was fenced";
+  }
 }
 
 TEST_F(CoordinatedQueueTest, RedisCrashingAndRestartingMidEpochKeepsExactlyOnce) {

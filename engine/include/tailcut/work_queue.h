@@ -149,12 +149,14 @@ struct WorkQueueOptions {
   // This host's identity in the job; empty: TAILCUT_HOST_ID, else the
   // hostname. Several ids on one machine simulate several hosts.
   std::string host_id;
-  // How long a block stays this host's without a renewal (the feeder renews
-  // every third of it): a host that dies or stops (SIGSTOP, a partition)
-  // loses its unfinished tickets to the others after this. Far longer than
-  // lease_timeout, so that a trainer's crash inside a host never reaches
-  // the other hosts.
-  std::chrono::milliseconds global_ttl{60000};
+  // How long a block stays this host's without a renewal. A heartbeat thread
+  // of the host's feeder renews its blocks 8 times per TTL, whatever its
+  // processes do, so a host paused (SIGSTOP, a GC, a loaded machine) for up
+  // to 7/8 of it keeps them; a host that dies, or stops longer, loses its
+  // unfinished tickets to the others about this long after (at the default,
+  // within 9 s of its death). Longer for hosts that may stall longer, or a
+  // Redis whose restarts take longer (docs/global.md, "The timings").
+  std::chrono::milliseconds global_ttl{8000};
   // Tickets per block claimed from the coordinator. Larger blocks mean
   // fewer Redis calls, smaller ones a shorter tail between hosts at the end
   // of the data. 0: num_items / 64, at least 1 and at most 64.
