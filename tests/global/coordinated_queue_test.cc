@@ -593,9 +593,10 @@ TEST_F(CoordinatedQueueTest, AHostKilledWithTheDefaultTtlHasItsBlocksReownedWith
     for (int code : Wait(hosts[i])) EXPECT_EQ(code, 0) << "host " << hosts[i].id;
   const Clock::duration ended = Clock::now() - killed;
   ASSERT_TRUE(reowned) << "nobody re-owned the dead host's blocks within 30 s";
-  std::printf("global_ttl %.1f s (default): host c's blocks re-owned %.2f s after the kill, "
-              "the job ended %.2f s after it\n",
-              Seconds(job_.ttl), Seconds(*reowned), Seconds(ended));
+  std::printf(
+      "global_ttl %.1f s (default): host c's blocks re-owned %.2f s after the kill, "
+      "the job ended %.2f s after it\n",
+      Seconds(job_.ttl), Seconds(*reowned), Seconds(ended));
   EXPECT_LT(*reowned, std::chrono::seconds(10));
   std::map<uint64_t, int> all = Counts(hosts);
   EXPECT_EQ(all.size(), total) << "lost, e.g.: " << Missing(all, total);
