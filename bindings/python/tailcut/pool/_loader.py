@@ -3,14 +3,24 @@ their records, publishes batches into the ring and acks each item once the
 batch with its last record is published (run_loader); start_loaders forks
 such processes for a PooledLoader.
 
-Unit of recovery: the work item. A loader acks an item only after the batch
-holding its last record is published. A loader killed while it holds items
-(taken, not all records published): the queue hands those items out again
-whole, so records of them that were already in published batches come out a
-second time (at least once). Its unpublished slot goes back to the ring. No
-item is lost and no slot leaks. Records of items it acked come out once. A
+Unit of recovery: the work item and its commits. A loader acks an item only
+after the batch holding its last record is published, and commits the item
+up to the batch's last record after each publish. A loader killed while it
+holds items: the queue hands them out again from their last commit, so only
+a batch published and not yet committed comes out a second time; its
+unpublished slot goes back to the ring. No item is lost and no slot leaks. A
 loader that leaves (SIGTERM, remove_loaders, Ctrl-C of the command) first
 publishes what it holds and acks it: exactly once.
+
+A stopped loader (SIGSTOP, a debugger, a frozen container) loses its items
+to the others once it has not run for stop_timeout (the queue's
+stop_timeout, beaten by a thread of the process apart from its work, so a
+loader that is only slow keeps them). Back, it checks that the items of a
+batch are still its own right before it publishes the batch (the fence):
+a batch with records of an item it lost is abandoned, and what it read of
+the items it still holds goes back to the queue. A stop that lands between
+that check and the publish (microseconds) repeats at most that one batch,
+as a kill between a publish and its commit does.
 
 Epochs: a loader never acks an item of epoch e + 1 before every item of epoch
 e is acked; the loader whose ack completes epoch e (WorkQueue summary 'done')
@@ -30,6 +40,10 @@ from tailcut._batch_layout import encode_batch
 from tailcut.pool._recipe import item_records, recipe_for
 
 RING_MAX_CLIENTS = 64
+# A loader that has not run for this long (stopped) loses its items to the
+# other loaders (WorkQueue stop_timeout). Long enough for a short debugger
+# stop or a swap storm, short against a job's timeout.
+STOP_TIMEOUT = 10.0
 # A loader with nothing to do looks for a leave request (and a closed ring)
 # this often; it bounds how long SIGTERM takes to be noticed.
 _WAIT_SLICE = 0.1
@@ -59,6 +73,34 @@ class RingClosed(Exception):
     """The job closed its ring (every epoch ended): the loader leaves."""
 
 
+class _Fenced(Exception):
+    """A batch held records of an item that went to another loader while this
+    one was stopped: it was not published, and its items were let go."""
+
+
+def _lost(items):
+    """The items of `items` that are no longer this loader's (reassigned
+    while it was stopped), found by a no-op progress report on each."""
+    lost = []
+    for item in items:
+        try:
+            item.progress(item.begin)
+        except tailcut.StaleItemError:
+            lost.append(item)
+    return lost
+
+
+def _let_go(items, lost):
+    """Gives back the items of a fenced batch that are still this loader's:
+    they are read again from their last commit, by whoever takes them."""
+    for item in items:
+        if item not in lost:
+            try:
+                item.give_back()
+            except tailcut.StaleItemError:
+                pass  # lost meanwhile: another loader reads it
+
+
 def load(queue, ring, recipe, leave, poll):
     """The loop of one loader: takes items, reads their records, publishes
     batches of recipe.batch_size records (the last one of each of this
@@ -69,7 +111,7 @@ def load(queue, ring, recipe, leave, poll):
     fmt = queue.format
     gate = _EpochGate(queue, ring)
     gate.try_end()  # a loader that joins late starts at the job's epoch
-    counts = dict(batches=0, records=0, items=0, stopped="end")
+    counts = dict(batches=0, records=0, items=0, stopped="end", fenced=0, stale=0)
     pending, done_items, spans = [], [], _pool_state.Spans()
     epoch = None
 
@@ -80,6 +122,16 @@ def load(queue, ring, recipe, leave, poll):
             except tailcut.Empty:
                 if ring.stats()["closed"]:
                     raise RingClosed() from None
+
+    def stale(item, call):
+        # The item went to another loader between the fence and this call
+        # (this loader stopped there past its stop_timeout): the batch is out,
+        # so its records from the item's last commit may come out twice.
+        counts["stale"] += 1
+        _lifecycle.log.warning(
+            "loader %d: %s of item %d (epoch %d) refused: it went to another loader while this "
+            "one was stopped past its stop_timeout; up to one batch of it may be used twice",
+            os.getpid(), call, item.index, item.epoch)
 
     def flush(reading=None):
         # reading: (item, offset) of the item whose records are being read,
@@ -93,6 +145,16 @@ def load(queue, ring, recipe, leave, poll):
             except BaseException:
                 ring.abandon(slot)
                 raise
+            # The fence: publish only records of items still this loader's.
+            held = done_items + ([reading[0]] if reading is not None else [])
+            lost = _lost(held)
+            if lost:
+                ring.abandon(slot)
+                _let_go(held, lost)
+                counts["fenced"] += 1
+                pending, done_items = [], []
+                spans.clear()
+                raise _Fenced()
             if not ring.publish(slot, epoch, len(pending), nbytes):
                 ring.abandon(slot)
                 if ring.stats()["closed"]:
@@ -103,16 +165,26 @@ def load(queue, ring, recipe, leave, poll):
             counts["batches"] += 1
             counts["records"] += len(pending)
         for item in done_items:  # every record of these is in a published batch
-            item.ack()
+            try:
+                item.ack()
+            except tailcut.StaleItemError:
+                stale(item, "ack")
+        reading_lost = False
         if reading is not None:
             # Its records up to offset are published: should this loader die
             # now, the item is read again from there, not from its start.
             item, offset = reading
-            item.commit(min(offset, item.end))
+            try:
+                item.commit(min(offset, item.end))
+            except tailcut.StaleItemError:
+                stale(item, "commit")
+                reading_lost = True  # the rest of it is another loader's
         counts["items"] += len(done_items)
         pending, done_items = [], []
         spans.clear()
         gate.try_end()
+        if reading_lost:
+            raise _Fenced()
 
     try:
         while True:
@@ -124,7 +196,10 @@ def load(queue, ring, recipe, leave, poll):
             except tailcut.Empty:
                 # Nothing to take now: publish and ack what this loader holds
                 # first, since a take that waits may be waiting for its items.
-                flush()
+                try:
+                    flush()
+                except _Fenced:
+                    pass
                 try:
                     item = queue.take(timeout=_WAIT_SLICE)
                 except tailcut.Empty:
@@ -132,12 +207,15 @@ def load(queue, ring, recipe, leave, poll):
             if item is None:
                 break
             if epoch is not None and item.epoch != epoch:
-                flush()
+                try:
+                    flush()
+                except _Fenced:
+                    pass
             if item.epoch > gate.ended + 1:
                 # Epoch item.epoch - 1 has items open elsewhere: hand this one
                 # back and look again (an item of that epoch may come back from
                 # a dead loader, and must be read by someone).
-                item.give_back()
+                _let_go([item], [])
                 time.sleep(poll)
                 gate.try_end()
                 continue
@@ -148,14 +226,20 @@ def load(queue, ring, recipe, leave, poll):
                 records, ends = item_records(item.path, item.begin, item.end, fmt,
                                               with_ends=True, item=item)
             start = item.begin
-            for record, end in zip(records, ends):
-                pending.append(record)
-                spans.add(item.ticket, start, min(end, item.end))
-                start = end
-                if len(pending) == recipe.batch_size:
-                    flush((item, end))
+            try:
+                for record, end in zip(records, ends):
+                    pending.append(record)
+                    spans.add(item.ticket, start, min(end, item.end))
+                    start = end
+                    if len(pending) == recipe.batch_size:
+                        flush((item, end))
+            except _Fenced:
+                continue  # the item is another loader's now, or given back
             done_items.append(item)
-        flush()  # leaving too: what it holds is published, so nothing comes out twice
+        try:
+            flush()  # leaving too: what it holds is published, so nothing comes out twice
+        except _Fenced:
+            pass
         while counts["stopped"] == "end" and gate.try_end() + 1 < queue.num_epochs:
             if leave():  # another loader still holds the last items
                 counts["stopped"] = "left"
@@ -169,7 +253,8 @@ def load(queue, ring, recipe, leave, poll):
 
 
 def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, collate_fn=None,
-               transform=None, max_clients=RING_MAX_CLIENTS, poll=0.005, stop=None):
+               transform=None, max_clients=RING_MAX_CLIENTS, poll=0.005, stop=None,
+               stop_timeout=STOP_TIMEOUT):
     """Runs one loader process's loop until the queue has no item left (or
     it is asked to leave): takes items, reads their records, publishes
     batches of batch_size records (the last of each epoch of this loader may
@@ -179,12 +264,16 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
     `dataset` is a tailcut.torch.QueueDataset; batch_size, collate_fn and
     transform default to its own (see PooledLoader). The loader leaves early,
     after publishing and acking what it holds, on SIGTERM (when run in the
-    main thread), when stop() returns true, or when the job closes the ring."""
+    main thread), when stop() returns true, or when the job closes the ring.
+    Stopped (SIGSTOP, a debugger) for stop_timeout s (None: never), it loses
+    its items to the other loaders, and fences its late batches (above)."""
     _args.count("batch_size", batch_size, minimum=1, allow_none=True)
     _args.seconds("poll", poll)
     for key, fn in (("collate_fn", collate_fn), ("transform", transform), ("stop", stop)):
         _args.callable_or_none(key, fn)
+    _args.seconds("stop_timeout", stop_timeout, allow_none=True)
     recipe = recipe_for(dataset, batch_size, collate_fn, transform)
+    _open_as_loader(dataset, stop_timeout)
     ring = _core.BatchRing(ring_name, slot_bytes, num_slots, "loader", max_clients=max_clients)
     try:
         with _lifecycle.LeaveOnSignals((signal.SIGTERM,)) as signals:
@@ -196,8 +285,19 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
     return counts["batches"]
 
 
-def start_loaders(dataset, ring_name, num_workers, **kwargs):
-    """Starts num_workers loader processes (forked) running run_loader; returns them."""
+def _open_as_loader(dataset, stop_timeout):
+    """Opens this process's queue of `dataset` (a QueueDataset) as a loader's:
+    with its stop_timeout. A queue this process opened before keeps its own."""
+    args = getattr(dataset, "_queue_args", None)
+    if args is not None and getattr(dataset, "_queue_pid", None) != os.getpid():
+        args["stop_timeout"] = stop_timeout
+    return dataset.queue
+
+
+def start_loaders(dataset, ring_name, num_workers, worker_init_fn=None, first_id=0, **kwargs):
+    """Starts num_workers loader processes (forked) running run_loader; returns them.
+    worker_init_fn(worker_id) runs first in each, as in a DataLoader worker;
+    worker ids count from first_id (the loaders a PooledLoader started before)."""
     num_workers = _args.count("num_workers", num_workers)
     # What the loaders would refuse, refused here, not in each child.
     inspect.signature(run_loader).bind(dataset, ring_name, **kwargs)
@@ -205,17 +305,19 @@ def start_loaders(dataset, ring_name, num_workers, **kwargs):
         _args.count(key, kwargs[key], minimum=1, allow_none=key == "batch_size")
     ctx = multiprocessing.get_context("fork")
     procs = []
-    for _ in range(num_workers):
-        p = ctx.Process(target=_loader_main, args=(dataset, ring_name, kwargs, os.getpid()),
-                        daemon=True)
+    for i in range(num_workers):
+        p = ctx.Process(target=_loader_main, args=(dataset, ring_name, kwargs, os.getpid(),
+                                                   worker_init_fn, first_id + i), daemon=True)
         p.start()
         procs.append(p)
     return procs
 
 
-def _loader_main(dataset, ring_name, kwargs, parent_pid):
+def _loader_main(dataset, ring_name, kwargs, parent_pid, worker_init_fn=None, worker_id=0):
     _lifecycle.watch_parent(parent_pid, ring_name)
     try:
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
         run_loader(dataset, ring_name, **kwargs)
     except Exception as e:  # the ranks raise it (see _lifecycle)
         _lifecycle.report_failure(ring_name, os.getpid(), e)
