@@ -29,6 +29,53 @@ constexpr size_t kParallelStatThreshold = 256;
 
 uint64_t Mix(uint64_t h, uint64_t v) { return SplitMix64(h ^ v) + 0x9e37; }
 
+// Most items a queue may have. Each costs about 75 bytes of the process's
+// memory and of /dev/shm (its entry in the segment, its done bits, its
+// entry in QueueConfig::items): 4M items take about 300 MiB, a length of
+// 2^30 samples at 256 an item; more slices than that is a mistake, and a
+// larger length wants larger items (num_slices) anyway. Checked before
+// the item table is built, since a length of 2^40 samples, 256 an item,
+// would ask for 300 GiB before anything could refuse it.
+constexpr uint64_t kMaxItems = uint64_t{1} << 22;
+
+// At least as many items as SliceFiles(sizes, num_slices) makes, without
+// making them: one per file, else at most num_slices plus one per file
+// but one (a small file gets one even when its share rounds to none; the
+// largest file's share is at least one) and never more than a file has
+// bytes. Exact for an index work.
+uint64_t ItemCountBound(const std::vector<uint64_t>& sizes, uint64_t num_slices) {
+  const uint64_t n = sizes.size();
+  if (num_slices <= n) return n;
+  unsigned __int128 bytes = 0;
+  for (uint64_t s : sizes) bytes += std::max<uint64_t>(s, 1);
+  const unsigned __int128 slices = static_cast<unsigned __int128>(num_slices) + n - 1;
+  return static_cast<uint64_t>(std::min(bytes, slices));
+}
+
+void CheckItemCount(const WorkQueueOptions& options, uint64_t num_slices, uint64_t items) {
+  if (items <= kMaxItems) return;
+  const std::string queue = "queue '" + options.name + "': ";
+  const std::string limit = "; the limit is " + std::to_string(kMaxItems) +
+                            " items (each takes memory and /dev/shm): ";
+  if (options.num_samples != 0) {
+    const uint64_t per_item = (options.num_samples + kMaxItems - 1) / kMaxItems;
+    throw Error(ErrorKind::kInvalidArgument,
+                queue + "num_samples=" + std::to_string(options.num_samples) + " makes " +
+                    std::to_string(items) + " items" +
+                    (!options.num_slices
+                         ? " of " + std::to_string(kSamplesPerItem) + " samples"
+                         : " (num_slices=" + std::to_string(num_slices) + ")") +
+                    limit + "pass num_slices=" + std::to_string(kMaxItems) +
+                    " or fewer (items of " + std::to_string(per_item) + " samples or more)");
+  }
+  const bool per_file = num_slices <= options.works.size();
+  throw Error(ErrorKind::kInvalidArgument,
+              queue + std::to_string(options.works.size()) + " works make " +
+                  std::to_string(items) + " items" +
+                  (per_file ? " (one per file)" : " (num_slices=" + std::to_string(num_slices) + ")") +
+                  limit + (per_file ? "use fewer, larger files" : "pass a smaller num_slices"));
+}
+
 std::string Quote(const std::string& s) { return "'" + Printable(s) + "'"; }
 
 // The options an index work (num_samples) must not combine with.
@@ -311,6 +358,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
     if (num_slices == 0) num_slices = (options.num_samples + kSamplesPerItem - 1) / kSamplesPerItem;
   }
   for (uint64_t s : config.sizes) config.total_bytes += s;
+  CheckItemCount(options, num_slices, ItemCountBound(config.sizes, num_slices));
   config.items = SliceFiles(config.sizes, num_slices);
   unsigned __int128 tickets =
       static_cast<unsigned __int128>(config.items.size()) * config.num_epochs;
