@@ -12,6 +12,7 @@ import sys
 import time
 
 import tailcut
+from tailcut import _private_files
 from tailcut.pool import _spec
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
@@ -59,26 +60,23 @@ def write(ring_name, queue, recipe, slot_bytes, num_slots, max_clients, poll):
                    for k in ("collate_fn", "transform", "record_transform")},
         cwd=os.getcwd(), sys_path=[p for p in sys.path if isinstance(p, str)],
         pid=os.getpid(), written=time.time())
-    write_json(path, spec, default=os.fspath)  # a PathLike option; anything else raises
+    write_json(path, spec, "pool description", default=os.fspath)  # a PathLike option; anything else raises
     return path
 
 
-def write_json(path, content, default=None):
+# What to do when /dev/shm is full as a pool writes one of its files.
+NO_SPACE_FIX = ("free space in /dev/shm (`tailcut clean` removes what stopped jobs left there) "
+                "or use fewer or smaller batch slots (num_slots, slot_bytes)")
+
+
+def write_json(path, content, what, default=None):
     """Replaces the file at `path` by `content` as JSON, mode 0600, at once:
-    readers see the old file or the new one, never a part (a temporary file
-    renamed over it; removed again if writing fails)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(content, f, default=default)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    readers see the old file or the new one, never a part (a private
+    temporary file renamed over it: tailcut._private_files). Raises
+    PermissionDeniedError when another user's file, a FIFO or a link is at
+    `path`, NoSpaceError when /dev/shm is full."""
+    data = json.dumps(content, default=default).encode("utf-8")
+    _private_files.write(path, data, what, NO_SPACE_FIX)
 
 
 def read_pool_spec(ring_name):
@@ -95,8 +93,5 @@ def remove(ring_name, writer_pid):
     child that exits normally must not remove its parent's)."""
     if os.getpid() != writer_pid:
         return
-    try:
-        os.unlink(pool_spec_path(ring_name))
-    except FileNotFoundError:
-        pass
+    _private_files.remove(pool_spec_path(ring_name))
 

@@ -45,14 +45,14 @@ import os
 import pickle
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
 import traceback
 
 import tailcut
-from tailcut.pool._description import pool_spec_path
+from tailcut import _private_files
+from tailcut.pool._description import NO_SPACE_FIX, pool_spec_path
 from tailcut.pool._status import status_path
 
 log = logging.getLogger("tailcut.pool")
@@ -63,6 +63,9 @@ _PARENT_POLL = 0.1
 # How long an orphaned loader waits for the ring's trainers to go before it
 # leaves the clean-up to the next attempt (or `tailcut clean`).
 _ORPHAN_GRACE = 1.5
+# A record holds an exception's message and traceback: small, unless a
+# message is huge; more than this is not one a loader wrote.
+_MAX_RECORD_BYTES = 64 << 20
 
 
 def failure_path(ring_name):
@@ -93,10 +96,9 @@ def ring_lock(ring_name, timeout=30.0):
 
 
 def _unlink(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    # This user's files alone: another user's at one of the pool's names is
+    # left to its owner, and refused where the pool writes or reads it.
+    _private_files.remove(path)
 
 
 def _pool_files(ring_name):
@@ -224,18 +226,9 @@ def report_failure(ring_name, pid, exc, who="loader"):
 def _write_record(ring_name, pid, record):
     if _live_trainers(ring_name) is None:
         return  # the pool is gone: nobody is left to read it
-    path = failure_path(ring_name)
-    tmp = f"{path}.{pid}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        try:
-            os.link(tmp, path)  # fails when another loader's record is there
-        except FileExistsError:
-            pass
-    finally:
-        _unlink(tmp)
+    # Linked, not renamed, into place: the first loader's record stays.
+    _private_files.write(failure_path(ring_name), json.dumps(record).encode("utf-8"),
+                         "loader failure record", NO_SPACE_FIX, replace=False)
 
 
 def linger():
@@ -259,23 +252,26 @@ class LoaderError(RuntimeError):
 
 
 def failed(ring_name):
-    return os.path.exists(failure_path(ring_name))
+    """Whether a loader's failure is recorded (a file planted there is not a record)."""
+    return _private_files.exists(failure_path(ring_name))
 
 
 def raise_if_failed(ring_name):
     """Raises the exception a loader of the ring recorded, if any."""
     path = failure_path(ring_name)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    data = _private_files.read(path, "loader failure record", f"remove it (rm -f {path})",
+                               _MAX_RECORD_BYTES)
+    if data is None:
         return
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
-            raise tailcut.PermissionDeniedError(
-                f"loader failure record {path} is not a private file of user {os.geteuid()}: "
-                f"refusing to read it (remove it)")
-        record = json.load(f)
+    try:
+        record = json.loads(data)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not all(
+            isinstance(record.get(k), str) for k in ("traceback", "type", "message")):
+        raise tailcut.CorruptError(
+            f"loader failure record {path} is not one that tailcut writes (JSON with "
+            f"traceback, type and message); remove it (rm -f {path})")
     who = f"{record.get('who', 'loader')} process {record['pid']} of batch ring '{ring_name}'"
     cause = LoaderTraceback(f"{who} failed:\n{record['traceback']}")
     exc = None

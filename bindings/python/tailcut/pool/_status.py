@@ -88,7 +88,7 @@ class PoolStatus:
                                      step=self.shares.steps, time=time.time())
             status["balance"] = self._balance
         try:
-            write_json(status_path(self.ring_name), status)
+            write_json(status_path(self.ring_name), status, "pool status")
         except OSError as e:  # what top shows is not worth stopping the job for
             if not self._write_failed:
                 self._write_failed = True
