@@ -1,19 +1,23 @@
 """The layout of a pooled batch in a BatchRing slot (tailcut.pool).
 
 The batch is one array or a tuple/list of arrays (numpy arrays or torch
-tensors). The slot's 256-byte user header holds
-    magic b"TCB1", u8 version (1), u8 count, 2 bytes padding,
-then per array: u8 dtype code (_DTYPES), u8 ndim (<= 4), 2 bytes padding,
-u64 offset into the slot data, ndim u64 dims; these end before byte 240.
-Array bytes are C-contiguous, each starting at a multiple of 64 in the slot
-data. Then the (ticket, begin, end) ranges of the items the batch's records
-come from (u64 each; tailcut._pool_state reads them for a checkpoint): in
-the header after the array entries where they fit, else in the slot data
-after the arrays, at a multiple of 8. The header's last 16 bytes locate
-them: magic b"TCRH" (in the header) or b"TCRD" (in the data), u32 count,
-u64 offset. A reader checks every field against the bytes that hold it.
+tensors), any number of them. The slot's 256-byte user header starts with
+    magic b"TCB2", u32 count, u8 where (0: header, 1: data), 3 bytes padding,
+    u64 offset and u64 bytes of the array table,
+and the array table follows at byte 32 when it fits before byte 240, else it
+is in the slot data after the arrays, at a multiple of 8. Per array: u8
+dtype code (_DTYPES), u8 ndim (<= 32), 6 bytes padding, u64 offset into the
+slot data, ndim u64 dims. Array bytes are C-contiguous, each starting at a
+multiple of 64 in the slot data. Then the (ticket, begin, end) ranges of the
+items the batch's records come from (u64 each; tailcut._pool_state reads
+them for a checkpoint): in the header after the array table where they fit,
+else in the slot data after the arrays (and a table there), at a multiple of
+8. The header's last 16 bytes locate them: magic b"TCRH" (in the header) or
+b"TCRD" (in the data), u32 count, u64 offset. A reader checks every field
+against the bytes that hold it.
 """
 
+import math
 import struct
 
 import numpy as np
@@ -21,75 +25,107 @@ import numpy as np
 import tailcut
 
 HEADER_BYTES = 256
-_MAGIC = b"TCB1"
+_MAGIC = b"TCB2"
+_TOP = struct.Struct("<4sIB3xQQ")  # magic, count, where, table offset, table bytes
+_TABLE_AT = 32  # in the header, when the table fits there
+_ENTRY = struct.Struct("<BB6xQ")  # dtype code, ndim, offset; then ndim u64 dims
+_MAX_NDIM = 32  # numpy's
 _ALIGN = 64
 _DTYPES = [np.dtype(t) for t in ("uint8", "int8", "int16", "int32", "int64", "float16",
-                                 "float32", "float64", "bool", "uint16", "uint32", "uint64")]
+                                 "float32", "float64", "bool", "uint16", "uint32", "uint64",
+                                 "complex64", "complex128")]
 _CODE = {d: i for i, d in enumerate(_DTYPES)}
 _IN_HEADER, _IN_DATA = b"TCRH", b"TCRD"  # where the record ranges are
 _RANGE_AT = 240  # the header's last 16 bytes: magic, u32 count, u64 offset
 
 
-def _as_numpy(x):
+def _as_numpy(x, i):
     if isinstance(x, np.ndarray):
         return np.ascontiguousarray(x)
     numpy = getattr(x, "numpy", None)  # torch.Tensor, without importing torch here
     if numpy is not None:
-        return np.ascontiguousarray(x.detach().cpu().numpy())
-    raise TypeError(f"a pooled batch holds numpy arrays or torch tensors, got {type(x).__name__}")
+        try:
+            return np.ascontiguousarray(x.detach().cpu().numpy())
+        except TypeError as e:  # a dtype numpy has not (torch.bfloat16, ...)
+            raise TypeError(f"array {i} of a pooled batch is a tensor of dtype {x.dtype}, which "
+                            f"numpy has not ({e}); convert it in collate_fn or transform (a "
+                            f"map-style dataset's samples carry any dtype)") from None
+    raise TypeError(f"a pooled batch holds numpy arrays or torch tensors; array {i} is a "
+                    f"{type(x).__name__}")
 
 
 def encode_batch(batch, data, header, ranges=()):
     """Writes `batch` (an array, or a tuple/list of arrays) and the (ticket,
     begin, end) ranges of its records into the writable memoryviews `data`
     and `header` of a slot; returns the bytes used."""
-    arrays = [_as_numpy(a) for a in (batch if isinstance(batch, (tuple, list)) else (batch,))]
-    meta = bytearray(_MAGIC + struct.pack("<BB2x", 1, len(arrays)))
+    arrays = [_as_numpy(a, i)
+              for i, a in enumerate(batch if isinstance(batch, (tuple, list)) else (batch,))]
+    table = bytearray()
     offset = 0
     out = np.frombuffer(data, dtype=np.uint8)
-    for a in arrays:
-        if a.dtype not in _CODE or a.ndim > 4:
-            raise TypeError(f"pooled batches hold arrays of dtypes {[str(d) for d in _DTYPES]} "
-                            f"and at most 4 dimensions, got {a.dtype} with {a.ndim}")
+    for i, a in enumerate(arrays):
+        if a.dtype not in _CODE or a.ndim > _MAX_NDIM:
+            raise TypeError(f"array {i} of a pooled batch has dtype {a.dtype} and {a.ndim} "
+                            f"dimensions; a batch holds arrays of dtypes "
+                            f"{[str(d) for d in _DTYPES]} and at most {_MAX_NDIM} dimensions")
         offset = -(-offset // _ALIGN) * _ALIGN
         if offset + a.nbytes > len(out):
-            raise ValueError(f"a batch of {offset + a.nbytes} bytes does not fit a slot of "
-                             f"{len(out)} bytes: pass a larger slot_bytes")
-        meta += struct.pack("<BB2xQ", _CODE[a.dtype], a.ndim, offset)
-        meta += struct.pack(f"<{a.ndim}Q", *a.shape)
+            raise ValueError(f"a batch of {offset + a.nbytes} bytes or more (array {i} of "
+                             f"{len(arrays)}: dtype {a.dtype}, shape {a.shape}) does not fit a "
+                             f"slot of {len(out)} bytes: pass a larger slot_bytes")
+        table += _ENTRY.pack(_CODE[a.dtype], a.ndim, offset)
+        table += struct.pack(f"<{a.ndim}Q", *a.shape)
         out[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
         offset += a.nbytes
-    if len(meta) > _RANGE_AT:
-        raise ValueError(f"a batch of {len(arrays)} arrays does not fit the {HEADER_BYTES}-byte "
-                         f"slot header (16 bytes of it locate the record ranges): use fewer "
-                         f"arrays")
-    header[:len(meta)] = meta
-    return _write_ranges(out, offset, header, len(meta), ranges)
+    if _TABLE_AT + len(table) <= _RANGE_AT:
+        where, at, header_used = 0, _TABLE_AT, _TABLE_AT + len(table)
+        header[at:header_used] = table
+    else:  # spills into the data, after the arrays
+        where, at, header_used = 1, -(-offset // 8) * 8, _TABLE_AT
+        if at + len(table) > len(out):
+            raise ValueError(f"a batch of {at + len(table)} bytes (with the table of its "
+                             f"{len(arrays)} arrays) does not fit a slot of {len(out)} bytes: "
+                             f"pass a larger slot_bytes")
+        out[at:at + len(table)] = np.frombuffer(bytes(table), dtype=np.uint8)
+        offset = at + len(table)
+    header[:_TOP.size] = _TOP.pack(_MAGIC, len(arrays), where, at, len(table))
+    return _write_ranges(out, offset, header, header_used, ranges)
 
 
 def decode_batch(data, header):
     """The arrays of a batch, read-only numpy views over `data` (no copy): one
     array, or a tuple if the batch was a tuple/list."""
-    h = bytes(header)
-    if h[:4] != _MAGIC:
-        raise tailcut.CorruptError(f"pooled batch: bad header magic {h[:4]!r}")
-    count = h[5]
-    pos, arrays = 8, []
+    h = bytes(header[:_RANGE_AT])
+    magic, count, where, at, size = _TOP.unpack_from(h)
+    if magic != _MAGIC:
+        raise tailcut.CorruptError(f"pooled batch: bad header magic {magic!r} (a loader of "
+                                   f"another tailcut version?)")
     n = len(data)
-    for _ in range(count):
-        if pos + 12 > len(h):
-            raise tailcut.CorruptError("pooled batch: header too short for its arrays")
-        code, ndim, offset = struct.unpack_from("<BB2xQ", h, pos)
-        pos += 12
-        if code >= len(_DTYPES) or ndim > 4 or pos + 8 * ndim > len(h):
-            raise tailcut.CorruptError(f"pooled batch: bad array entry (dtype {code}, ndim {ndim})")
-        shape = struct.unpack_from(f"<{ndim}Q", h, pos)
+    if where == 0:
+        table, limit = h, _RANGE_AT
+    elif where == 1:
+        table, limit = data, n
+    else:
+        raise tailcut.CorruptError(f"pooled batch: bad array table place {where}")
+    if at % 8 or at + size > limit or count * _ENTRY.size > size:
+        raise tailcut.CorruptError(f"pooled batch: a table of {count} arrays in {size} bytes at "
+                                   f"{at} is beyond the {limit} bytes that may hold it")
+    pos, end, arrays = at, at + size, []
+    for i in range(count):
+        if pos + _ENTRY.size > end:
+            raise tailcut.CorruptError(f"pooled batch: its array table ends before array {i}")
+        code, ndim, offset = _ENTRY.unpack_from(table, pos)
+        pos += _ENTRY.size
+        if code >= len(_DTYPES) or ndim > _MAX_NDIM or pos + 8 * ndim > end:
+            raise tailcut.CorruptError(f"pooled batch: bad entry of array {i} (dtype {code}, "
+                                       f"ndim {ndim})")
+        shape = struct.unpack_from(f"<{ndim}Q", table, pos)
         pos += 8 * ndim
         dtype = _DTYPES[code]
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.uint64))
+        nbytes = dtype.itemsize * math.prod(shape)
         if offset + nbytes > n:
-            raise tailcut.CorruptError(f"pooled batch: array at {offset} of {nbytes} bytes is "
-                                       f"beyond the batch's {n} bytes")
+            raise tailcut.CorruptError(f"pooled batch: array {i} at {offset} of {nbytes} bytes "
+                                       f"is beyond the batch's {n} bytes")
         arrays.append(np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize,
                                     offset=offset).reshape(shape))
     return arrays[0] if count == 1 else tuple(arrays)

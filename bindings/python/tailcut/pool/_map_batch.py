@@ -3,6 +3,8 @@ the rank gets its structure back (pool/_map_source.py): small, with no
 import of tailcut.torch, so that a loader started with `python3 -m
 tailcut.pool` unpickles these from the pool's description cheaply."""
 
+import base64
+import importlib
 import json
 
 import numpy as np
@@ -56,40 +58,88 @@ class Collate:
         if self.transform is not None:
             batch = self.transform(batch)
         leaves = []
-        tree = _flatten(batch, leaves, "batch")
+        try:
+            tree = _flatten(batch, leaves, "batch")
+        except TypeError as e:
+            _map_style.add_note(e, f"tailcut: in the batch of dataset[{indices[0]}] .. "
+                                   f"dataset[{indices[-1]}] ({len(indices)} samples)")
+            raise
         leaves.append(np.frombuffer(json.dumps(tree).encode("utf-8"), dtype=np.uint8))
         return tuple(leaves)
+
+
+# torch dtypes numpy has not, and the dtype of the same size whose bits carry them.
+_CARRIED = {"bfloat16": "int16", "complex32": "int32"}
 
 
 def _flatten(x, leaves, path):
     numpy = getattr(x, "numpy", None)
     if isinstance(x, np.ndarray) or numpy is not None:
+        node = {"a": len(leaves)}
+        name = str(getattr(x, "dtype", "")).replace("torch.", "")
+        if numpy is not None and name in _CARRIED:  # its bits, in a dtype numpy has
+            import torch
+            x = x.contiguous().view(getattr(torch, _CARRIED[name]))
+            node["t"] = name
+        elif numpy is not None and getattr(x, "is_quantized", False):
+            raise TypeError(f"{path} is a quantized tensor ({x.dtype}), which a pooled batch "
+                            f"cannot carry: dequantize it in collate_fn or transform")
         leaves.append(x)
-        return {"a": len(leaves) - 1}
+        return node
     if isinstance(x, dict):
         for k in x:
             if not isinstance(k, str):
                 raise TypeError(f"a pooled batch's dict keys are str; {path} has {k!r}")
         return {"d": [[k, _flatten(v, leaves, f"{path}[{k!r}]")] for k, v in x.items()]}
+    if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a namedtuple, as collated
+        kind = type(x)
+        return {"n": [kind.__module__, kind.__qualname__, list(kind._fields)],
+                "t": [_flatten(v, leaves, f"{path}.{f}") for f, v in zip(kind._fields, x)]}
     if isinstance(x, (tuple, list)):
         kind = "l" if isinstance(x, list) else "t"
         return {kind: [_flatten(v, leaves, f"{path}[{i}]") for i, v in enumerate(x)]}
+    if isinstance(x, bytes):
+        return {"b": base64.b64encode(x).decode("ascii")}
     if x is None or isinstance(x, (str, int, float, bool)):
         return {"v": x}
     raise TypeError(f"a pooled batch holds tensors, arrays, dicts, tuples, lists and plain "
-                    f"values (str, int, float, bool, None); {path} is a {type(x).__name__}: "
-                    f"convert it in collate_fn")
+                    f"values (str, bytes, int, float, bool, None); {path} is a "
+                    f"{type(x).__name__}: convert it in collate_fn")
+
+
+def _namedtuple(module, qualname, fields):
+    """The namedtuple class a loader collated (imported as the loader had
+    it), else one of the same name and fields."""
+    try:
+        kind = importlib.import_module(module)
+        for part in qualname.split("."):
+            kind = getattr(kind, part)
+        if isinstance(kind, type) and issubclass(kind, tuple) and \
+                list(getattr(kind, "_fields", ())) == fields:
+            return kind
+    except Exception:
+        pass
+    import collections
+    return collections.namedtuple(qualname.rsplit(".", 1)[-1], fields)
 
 
 def unflatten(tree, leaves):
     if "a" in tree:
-        return leaves[tree["a"]]
+        leaf = leaves[tree["a"]]
+        if "t" in tree:  # bits of a torch dtype numpy has not
+            import torch
+            leaf = leaf.view(getattr(torch, tree["t"]))
+        return leaf
     if "d" in tree:
         return {k: unflatten(v, leaves) for k, v in tree["d"]}
+    if "n" in tree:
+        return _namedtuple(*tree["n"])(*(unflatten(v, leaves) for v in tree["t"]))
     if "l" in tree:
         return [unflatten(v, leaves) for v in tree["l"]]
     if "t" in tree:
         return tuple(unflatten(v, leaves) for v in tree["t"])
+    if "b" in tree:
+        return base64.b64decode(tree["b"])
     return tree["v"]
 
 
