@@ -169,9 +169,10 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
   // version of the shuffle order (engine/permutation.h): a queue made by a
   // tailcut with another permutation hands out its items in another order.
   if (h.fingerprint != config.Fingerprint())
-    throw mismatch("the shuffle order differs: the queue was made by a tailcut whose "
-                   "permutation is not version " +
-                   std::to_string(kPermutationVersion) + ", this one's");
+    throw mismatch(
+        "the shuffle order differs: the queue was made by a tailcut whose "
+        "permutation is not version " +
+        std::to_string(kPermutationVersion) + ", this one's");
 }
 
 std::vector<WorkQueue::Item> ReadItems(const Segment& s) {
