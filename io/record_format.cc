@@ -377,7 +377,9 @@ class TarParser final : public ParserBase {
       *consumed += skip;
       if (pos_ < skip_to_) {
         if (!w.at_end) return ParseStatus::kNeedMore;
-        return Fail(skip_to_, "the file ends at %" PRIu64 ", before this sample (it changed since it was indexed?)",
+        return Fail(skip_to_,
+                    "the file ends at %" PRIu64
+                    ", before this sample (it changed since it was indexed?)",
                     pos_);
       }
       w = View{w.p + skip, w.n - skip, w.at_end};

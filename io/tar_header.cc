@@ -174,14 +174,16 @@ TarDecode DecodeTarEntry(const std::byte* window, size_t size, bool at_end, uint
       if (!at_end) return TarDecode::kNeedMore;
       if (size == at && at == 0) return TarDecode::kEnd;
       return Fail(error, block_offset,
-                  "truncated header: the file ends at %" PRIu64 ", inside the 512-byte header (file cut short?)",
+                  "truncated header: the file ends at %" PRIu64
+                  ", inside the 512-byte header (file cut short?)",
                   offset + size);
     }
     const std::byte* h = window + at;
     if (AllZero(h)) {
       if (at == 0) return TarDecode::kEnd;
-      return Fail(error, block_offset,
-                  "the archive ends right after an extended header (long name or pax) that has no member");
+      return Fail(
+          error, block_offset,
+          "the archive ends right after an extended header (long name or pax) that has no member");
     }
     uint64_t stored = 0, computed = 0;
     if (!ChecksumOk(h, &stored, &computed)) {
@@ -206,8 +208,8 @@ TarDecode DecodeTarEntry(const std::byte* window, size_t size, bool at_end, uint
     if (type == 'L' || type == 'x' || type == 'g' || type == 'K') {
       if (data_size > max_extended_bytes)
         return Fail(error, block_offset,
-                    "extended header '%c' of %" PRIu64 " bytes, more than max_record_bytes (%" PRIu64
-                    "): a damaged archive?",
+                    "extended header '%c' of %" PRIu64
+                    " bytes, more than max_record_bytes (%" PRIu64 "): a damaged archive?",
                     type, data_size, max_extended_bytes);
       if (size - data_at < data_size) {
         if (!at_end) return TarDecode::kNeedMore;
@@ -241,8 +243,8 @@ TarDecode DecodeTarEntry(const std::byte* window, size_t size, bool at_end, uint
       at = data_at + Padded(data_size);
       if (at > size) {  // the padding of the last extended header lies past the window
         if (!at_end) return TarDecode::kNeedMore;
-        return Fail(error, block_offset, "truncated extended header padding: the file ends at %" PRIu64,
-                    offset + size);
+        return Fail(error, block_offset,
+                    "truncated extended header padding: the file ends at %" PRIu64, offset + size);
       }
       continue;
     }
@@ -283,8 +285,8 @@ TarDecode DecodeTarEntry(const std::byte* window, size_t size, bool at_end, uint
         std::memcpy(name, shown.data(), shown.size());
         name[shown.size()] = 0;
         Fail(error, block_offset,
-             "truncated member '%s%s': its header says %" PRIu64
-             " bytes, the file ends at %" PRIu64 " (file cut short?)",
+             "truncated member '%s%s': its header says %" PRIu64 " bytes, the file ends at %" PRIu64
+             " (file cut short?)",
              e.path.prefix.empty() ? "" : ".../", name, e.size, file_end);
         e.truncated = true;
       }

@@ -37,7 +37,9 @@ inline constexpr size_t kTarBlock = 512;
 struct TarPath {
   std::string_view prefix, name;
 
-  size_t size() const noexcept { return prefix.empty() ? name.size() : prefix.size() + 1 + name.size(); }
+  size_t size() const noexcept {
+    return prefix.empty() ? name.size() : prefix.size() + 1 + name.size();
+  }
   char at(size_t i) const noexcept {
     if (prefix.empty()) return name[i];
     if (i < prefix.size()) return prefix[i];

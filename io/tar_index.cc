@@ -62,9 +62,9 @@ std::shared_ptr<TarIndex> Scan(int fd, const std::string& path, uint64_t file_si
     const bool at_end = offset + buffer.size() >= file_size || buffer.size() < ask;
     TarEntry e;
     TarError error;
-    const TarDecode d = DecodeTarEntry(reinterpret_cast<const std::byte*>(buffer.data()),
-                                       buffer.size(), at_end, offset, max_extended_bytes, &e,
-                                       &error);
+    const TarDecode d =
+        DecodeTarEntry(reinterpret_cast<const std::byte*>(buffer.data()), buffer.size(), at_end,
+                       offset, max_extended_bytes, &e, &error);
     if (d == TarDecode::kNeedMore) {
       want *= 2;  // a long extended header: read more of it
       continue;
@@ -102,7 +102,9 @@ std::shared_ptr<const TarIndex> TarSampleIndex(const std::string& path, uint64_t
                                                uint64_t max_extended_bytes) {
   WorkFile file = OpenWorkFile(path, nullptr);
   if (file.fd < 0) throw Error(file.kind, file.error);
-  const Key key{path, file_size, static_cast<uint64_t>(file.st.st_dev),
+  const Key key{path,
+                file_size,
+                static_cast<uint64_t>(file.st.st_dev),
                 static_cast<uint64_t>(file.st.st_ino),
                 static_cast<int64_t>(file.st.st_mtim.tv_sec) * 1000000000 + file.st.st_mtim.tv_nsec,
                 max_extended_bytes};

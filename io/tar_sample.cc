@@ -27,8 +27,8 @@ TarSample::TarSample(const Record& record) {
         first = e.path;
         key_ = e.path.ToString().substr(0, e.path.KeyLength());
       } else if (!e.path.SameKey(first)) {
-        throw corrupt(e.start, "member '" + Printable(e.path.ToString()) + "' has another key than '" +
-                                   Printable(key_) + "'");
+        throw corrupt(e.start, "member '" + Printable(e.path.ToString()) +
+                                   "' has another key than '" + Printable(key_) + "'");
       }
       TarMember m;
       m.path = e.path.ToString();

@@ -74,6 +74,9 @@ inline void CheckPlacement(const RecordFormat& format, std::string_view file, ui
     case RecordFormatKind::kFile:
       FUZZ_CHECK(offset == 0 && data == file);
       break;
+    case RecordFormatKind::kTar:  // a sample: its bytes as they lie in the file
+      FUZZ_CHECK(offset % 512 == 0 && file.substr(offset, data.size()) == data);
+      break;
   }
 }
 

@@ -104,13 +104,18 @@ bool WriteShard(const std::string& dir, const std::string& how, Shard* shard, st
     command = "tar --no-recursion --format=" + std::string(how == "gnutar" ? "gnu" : "posix") +
               " -cf " + shard->path + " -C " + stage + " -T " + dir + "/manifest";
   } else {
-    const std::string format = how == "ustar" ? "USTAR_FORMAT" : how == "gnu" ? "GNU_FORMAT" : "PAX_FORMAT";
-    command = "python3 -c 'import sys, tarfile\n"
-              "stage, out, manifest = sys.argv[1:4]\n"
-              "with tarfile.open(out, \"w\", format=tarfile." + format + ") as t:\n"
-              "    for p in open(manifest).read().split(\"\\n\"):\n"
-              "        if p: t.add(stage + \"/\" + p, arcname=p, recursive=False)\n' " +
-              stage + " " + shard->path + " " + dir + "/manifest";
+    const std::string format = how == "ustar" ? "USTAR_FORMAT"
+                               : how == "gnu" ? "GNU_FORMAT"
+                                              : "PAX_FORMAT";
+    command =
+        "python3 -c 'import sys, tarfile\n"
+        "stage, out, manifest = sys.argv[1:4]\n"
+        "with tarfile.open(out, \"w\", format=tarfile." +
+        format +
+        ") as t:\n"
+        "    for p in open(manifest).read().split(\"\\n\"):\n"
+        "        if p: t.add(stage + \"/\" + p, arcname=p, recursive=False)\n' " +
+        stage + " " + shard->path + " " + dir + "/manifest";
   }
   if (std::system(command.c_str()) != 0) {
     *why = "could not run: " + command;
@@ -189,8 +194,8 @@ TEST_P(TarShardTest, EverySampleOnceWithItsMembersAndBytesHoweverFed) {
   for (size_t step : {1ul, 100ul, 511ul, 512ul, 4096ul, 1ul << 20}) {
     SliceRun run = RunSlice(shard_, 0, shard_.bytes.size(), step);
     EXPECT_EQ(run.error, "") << "step " << step;
-    EXPECT_TRUE(run.samples == shard_.samples) << "step " << step << ": " << run.samples.size()
-                                               << " samples read";
+    EXPECT_TRUE(run.samples == shard_.samples)
+        << "step " << step << ": " << run.samples.size() << " samples read";
   }
 }
 
@@ -309,8 +314,9 @@ TEST_F(TarDamageTest, ASizeFieldThatIsNotOctalIsAnError) {
   Reseal(at);
   Save();
   const SliceRun run = RunSlice(shard_, 0, shard_.bytes.size(), 4096);
-  EXPECT_NE(run.error.find(At(shard_, at) + "size field '00000zz0000?' is neither octal nor base-256"),
-            std::string::npos)
+  EXPECT_NE(
+      run.error.find(At(shard_, at) + "size field '00000zz0000?' is neither octal nor base-256"),
+      std::string::npos)
       << run.error;
 }
 
@@ -348,15 +354,18 @@ TEST_F(TarDamageTest, AMemberCutShortIsAnError) {
   const SliceRun run = RunSlice(shard_, 0, shard_.bytes.size(), 4096);
   EXPECT_EQ(run.samples.size(), cut_sample);
   EXPECT_NE(run.error.find("truncated member"), std::string::npos) << run.error;
-  EXPECT_NE(run.error.find("tar file '" + shard_.path + "' at offset "), std::string::npos) << run.error;
-  EXPECT_NE(run.error.find("the file ends at " + std::to_string(cut)), std::string::npos) << run.error;
+  EXPECT_NE(run.error.find("tar file '" + shard_.path + "' at offset "), std::string::npos)
+      << run.error;
+  EXPECT_NE(run.error.find("the file ends at " + std::to_string(cut)), std::string::npos)
+      << run.error;
 }
 
 TEST_F(TarDamageTest, NotATarFileIsAnError) {
   shard_.bytes = std::string(4096, 'x');
   Save();
   const SliceRun run = RunSlice(shard_, 0, shard_.bytes.size(), 512);
-  EXPECT_NE(run.error.find(At(shard_, 0) + "header checksum mismatch"), std::string::npos) << run.error;
+  EXPECT_NE(run.error.find(At(shard_, 0) + "header checksum mismatch"), std::string::npos)
+      << run.error;
 }
 
 TEST(TarFormatTest, TheNameParsesAndTagsAsTar) {

@@ -33,8 +33,8 @@
 namespace tailcut {
 
 struct TAILCUT_EXPORT TarMember {
-  std::string path;            // the member's path in the archive, e.g. "train/000123.jpg"
-  size_t suffix_at = 0;        // where its suffix starts in path
+  std::string path;      // the member's path in the archive, e.g. "train/000123.jpg"
+  size_t suffix_at = 0;  // where its suffix starts in path
   const std::byte* data = nullptr;
   size_t size = 0;
   uint64_t offset = 0;  // file offset of its data
