@@ -244,7 +244,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name + "': global_ttl is " +
                     std::to_string(options.global_ttl.count()) +
-                    " ms; it must be at least 100 ms (the feeder renews every third of it)");
+                    " ms; it must be at least 100 ms (the feeder renews every eighth of it)");
   if (options.global_block_size > kMaxTickets)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': global_block_size is " +
                                                  std::to_string(options.global_block_size) +
