@@ -3,12 +3,13 @@
 // one thread of it; the one that leads (LocalFeed::TryLead) claims blocks of
 // tickets from the tier, grants them to the host's queue, acks the tickets
 // the host finished, and drops a block the tier gave to another host
-// meanwhile; a heartbeat thread beside it renews the blocks, so a host that
-// is busy (an Ack waiting on Redis, trainers in a long transform) never lets
-// them expire. When the tier answers that the job is lost, it records that
-// in the host's queue (LocalFeed::Lose), where every process's Take sees it,
-// and calls the tier no more. See docs/global.md, "One queue per host, fed by
-// the tier" and "Losing the job's state".
+// meanwhile; a heartbeat thread beside it renews the blocks, so that neither
+// trainers in a long transform nor a slow round of the feeder thread (a
+// notice waiting for Python's GIL, a block dropped) lets them expire. When
+// the tier answers that the job is lost, it records that in the host's queue
+// (LocalFeed::Lose), where every process's Take sees it, and calls the tier
+// no more. See docs/global.md, "One queue per host, fed by the tier", "The
+// timings" and "Losing the job's state".
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
