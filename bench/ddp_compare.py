@@ -93,7 +93,7 @@ def rank_main(rank, args, path, rendezvous, pipeline, results):
                                         **shuffle)
         loader = DataLoader(ds, batch_size=None, num_workers=1, persistent_workers=True,
                             multiprocessing_context="fork")
-        steps = tailcut.torch.EqualSteps(loader, rank=rank, world_size=args.ranks,
+        steps = tailcut.torch.EqualSteps(loader, local_rank=rank, local_world_size=args.ranks,
                                          carry_over=True, timeout=120)
         epochs = [steps] * args.epochs
     out = []

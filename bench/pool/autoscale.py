@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loader autoscaling, shown and measured: PooledLoader(num_workers=(min, max)).
+"""Loader autoscaling, shown and measured: PooledLoader(loaders_per_host=(min, max)).
 
     python3 bench/pool/autoscale.py --demo      # one autoscaled job; its decisions logged
     python3 bench/pool/autoscale.py --bench     # autoscaled against a fixed pool
@@ -69,7 +69,7 @@ def job(args):
         ds = tt.QueueDataset([path], name=args.name, format="fixed", record_bytes=_RECORD,
                              num_slices=args.records // 50, num_epochs=args.epochs,
                              num_clients=1)
-        loader = tt.PooledLoader(ds, num_workers=workers, batch_size=args.batch,
+        loader = tt.PooledLoader(ds, loaders_per_host=workers, batch_size=args.batch,
                                  transform=costly, slot_bytes=args.batch * _RECORD,
                                  num_slots=16, timeout=120)
         first = workers[0] if isinstance(workers, tuple) else workers

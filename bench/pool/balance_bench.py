@@ -68,7 +68,7 @@ def run(args, data, case, mode, tag):
                                     num_epochs=args.epochs, num_slices=64,
                                     name=f"balance-bench-{tag}")
     balance = Balance(unit=args.unit) if mode == "on" else False
-    loader = tailcut.torch.PooledLoader(ds, num_workers=args.workers, num_slots=args.num_slots,
+    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=args.workers, num_slots=args.num_slots,
                                         slot_bytes=1 << 14, balance=balance, timeout=120.0)
     epochs, shares = [], None
     for _ in range(args.epochs):

@@ -10,7 +10,7 @@
 Both modes read the same fixed-record file through a tailcut QueueDataset with
 the same number of loader processes on the host: per_rank, a
 DataLoader(num_workers=--workers-per-rank, persistent_workers=True) per rank
-under EqualSteps; pooled, one PooledLoader(num_workers=that times the ranks).
+under EqualSteps; pooled, one PooledLoader(loaders_per_host=that times the ranks).
 Every loader runs the same per-batch transform: a sleep standing for decoding
 and augmentation (a sleep, so that on a small machine the loaders do not
 compete with the trainers for cores). Every step sleeps --step-ms (the
@@ -211,7 +211,7 @@ def run(case, mode, rep, args, path, model, opt):
         cost = BatchCost(args.mean_ms, sigma, seed, slow_factor, counter=counter,
                          num_slow=args.workers_per_rank)
         ds = opened_first_by_rank0(lambda: tt.QueueDataset([path], **common))
-        loader = tt.PooledLoader(ds, num_workers=args.workers_per_rank * world,
+        loader = tt.PooledLoader(ds, loaders_per_host=args.workers_per_rank * world,
                                  batch_size=args.batch, transform=cost, slot_bytes=slot_bytes,
                                  num_slots=args.slots)
         ring_name = loader.name

@@ -45,8 +45,8 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     loader = tailcut.torch.PooledLoader(Labels(args.samples), batch_size=32,
-                                        num_workers=args.loaders, seed=1, rank=0, world_size=1,
-                                        local_rank=0, queue_name=f"map-memory-{os.getpid()}")
+                                        loaders_per_host=args.loaders, seed=1, rank=0, world_size=1,
+                                        local_rank=0, name=f"map-memory-{os.getpid()}")
     it = iter(loader)
     for _ in range(args.batches):
         next(it)

@@ -9,7 +9,7 @@ torchrun jobs of --ranks ranks (gloo, CPU), each training a tiny model for --epo
 on ImageFolder(folder) (resized to 32x32) with:
   per_rank  DataLoader(dataset, batch_size, sampler=DistributedSampler(dataset, shuffle=True,
             seed=0), num_workers=--workers-per-rank, persistent_workers=True) on every rank
-  pooled    PooledLoader(dataset, batch_size, num_workers=--workers-per-rank x ranks,
+  pooled    PooledLoader(dataset, batch_size, loaders_per_host=--workers-per-rank x ranks,
             shuffle=True, seed=0): the one-line change
 Each sample costs its JPEG decode plus a sleep of --sample-ms (augmentation standing in as a
 sleep, so that on a small machine the loaders do not compete with the trainers for cores).
@@ -119,9 +119,9 @@ def rank_main(args):
     else:
         sampler = None
         loader = tailcut.torch.PooledLoader(ds, batch_size=args.batch_size,
-                                            num_workers=args.workers_per_rank * world,
+                                            loaders_per_host=args.workers_per_rank * world,
                                             shuffle=True, seed=0, num_epochs=args.epochs,
-                                            queue_name=args.job)
+                                            name=args.job)
     model = DistributedDataParallel(torch.nn.Linear(3 * 32 * 32, args.classes))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     labels = ds.images.targets

@@ -54,7 +54,7 @@ def main():
     else:
         balance = Balance(unit=2, every=2)
     dropped = []
-    loader = tailcut.torch.PooledLoader(ds, num_workers=1, num_slots=24, slot_bytes=1 << 12,
+    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=1, num_slots=24, slot_bytes=1 << 12,
                                         balance=balance, timeout=60.0,
                                         on_leftover=lambda b: dropped.extend(ids_of(b).tolist()))
     steps, grad_errors, unequal = [], [], 0

@@ -36,7 +36,8 @@ def index_rank(rank, args):
                                     num_clients=args["world"] * 3, num_slices=args["items"])
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
     left = []
-    steps = tailcut.torch.EqualSteps(loader, rank=rank, world_size=args["world"], timeout=30,
+    steps = tailcut.torch.EqualSteps(loader, local_rank=rank, local_world_size=args["world"],
+                                     timeout=30,
                                      carry_over=False,
                                      on_leftover=lambda b: left.append(b[0][:, 0].tolist()))
     log = []

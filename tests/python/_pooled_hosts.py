@@ -32,7 +32,7 @@ def host_rank(rank, args):
     ds = tt.QueueDataset(args["works"][host], name=f"{args['job']}-h{host}", format="fixed",
                          record_bytes=RECORD, num_slices=args["num_slices"],
                          num_epochs=args["epochs"], shuffle_buffer=0, interleave=1)
-    loader = tt.PooledLoader(ds, num_workers=1, batch_size=16, slot_bytes=1 << 13, num_slots=4,
+    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=16, slot_bytes=1 << 13, num_slots=4,
                              timeout=30, carry_over=False)
     if rank == args.get("fail_rank"):
         steps_given = [0]

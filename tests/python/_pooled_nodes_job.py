@@ -102,12 +102,11 @@ def main():
         write(dropped=True, epoch=current[0], ids=ids)
 
     restore = dict(restore_state=state["queue"] if state else None)
-    pool = dict(num_workers=2, batch_size=BATCH, num_slots=32 if args.balance else 8,
+    pool = dict(loaders_per_host=2, batch_size=BATCH, num_slots=32 if args.balance else 8,
                 timeout=60, carry_over=False, on_leftover=on_leftover, balance=args.balance)
     if args.map:
         ds = None
         ids = torch.from_numpy(np.concatenate([np.fromfile(f, np.int64) for f in files]))
-        opts["queue_name"] = opts.pop("name")
         loader = tailcut.torch.PooledLoader(Ids(ids), slot_bytes=1 << 14, num_epochs=epochs,
                                             num_slices=40, **restore, **opts, **pool)
     else:

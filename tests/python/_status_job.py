@@ -29,7 +29,7 @@ def main():
     ds = tailcut.torch.QueueDataset(data, BATCH, format="fixed", record_bytes=16,
                                     num_epochs=int(epochs), num_slices=16, shuffle=False,
                                     name=name)
-    loader = tailcut.torch.PooledLoader(ds, num_workers=1, num_slots=24, slot_bytes=1 << 12,
+    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=1, num_slots=24, slot_bytes=1 << 12,
                                         balance=Balance(unit=2, every=2), timeout=60.0)
     for epoch in range(int(epochs)):
         for batch in loader:

@@ -117,7 +117,7 @@ def ddp_rank(rank, args):
         loss.backward()
         opt.step()
 
-    steps = tailcut.torch.EqualSteps(ds, rank=local_rank, world_size=local_world,
+    steps = tailcut.torch.EqualSteps(ds, local_rank=local_rank, local_world_size=local_world,
                                      carry_over=args["carry_over"], timeout=30)
     log = _run_epochs(steps, args["epochs"], train_step)
     dist.barrier()
@@ -143,7 +143,7 @@ def loader_rank(rank, args):
     ds = _dataset(args, rank)
     # fork: this rank was spawned, and spawned workers would import torch again.
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
-    steps = tailcut.torch.EqualSteps(loader, rank=rank, world_size=args["world"],
+    steps = tailcut.torch.EqualSteps(loader, local_rank=rank, local_world_size=args["world"],
                                      carry_over=args["carry_over"], timeout=30)
     log = _run_epochs(steps, args["epochs"], lambda x: None)
     ds.close()

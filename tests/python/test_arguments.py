@@ -392,6 +392,12 @@ def _rule_cases(entry, arg, rule, minimum=0, none_ok=False, numbers=True):
             for value, error in cases]
 
 
+def _named(entry, cases):
+    """The cases with the message prefixed by the entry's name."""
+    return [(e, arg, value, error, f"{entry}: {message}")
+            for e, arg, value, error, message in cases]
+
+
 def _flag_cases(entry, arg):
     return [(entry, arg, value, TypeError,
              f"{arg} must be True or False, got {value!r} ({type(value).__name__})")
@@ -448,28 +454,43 @@ _TYPE_CASES = (
     + _rule_cases("QueueDataset", "shuffle_buffer", "an int >= 0")
     + _rule_cases("QueueDataset", "interleave", "an int >= 1", minimum=1)
     + _flag_cases("QueueDataset", "copy") + _flag_cases("QueueDataset", "drop_last")
-    + _rule_cases("EqualSteps", "rank", "an int >= 0 or None", none_ok=True)
-    + _rule_cases("EqualSteps", "world_size", "an int >= 1 or None", minimum=1, none_ok=True)
+    + _rule_cases("EqualSteps", "local_rank", "an int >= 0 or None", none_ok=True)
+    + _rule_cases("EqualSteps", "local_world_size", "an int >= 1 or None", minimum=1,
+                  none_ok=True)
     + _flag_cases("EqualSteps", "carry_over")
-    + _rule_cases("PooledLoader", "num_workers", "an int >= 0")
-    + _rule_cases("PooledLoader", "batch_size", "an int >= 1 or None", minimum=1, none_ok=True)
-    + _rule_cases("PooledLoader", "slot_bytes", "an int >= 1", minimum=1)
-    + _rule_cases("PooledLoader", "num_slots", "an int >= 1", minimum=1)
-    + _rule_cases("PooledLoader", "rank", "an int >= 0 or None", none_ok=True)
-    + _rule_cases("PooledLoader", "world_size", "an int >= 1 or None", minimum=1, none_ok=True)
-    + _rule_cases("PooledLoader", "local_rank", "an int >= 0 or None", none_ok=True)
-    + _flag_cases("PooledLoader", "carry_over")
+    # PooledLoader's messages name it: "PooledLoader: <the argument's rule>".
+    + _named("PooledLoader",
+             _rule_cases("PooledLoader", "num_workers", "an int >= 0")
+             + _rule_cases("PooledLoader", "batch_size", "an int >= 1 or None", minimum=1,
+                           none_ok=True)
+             + _rule_cases("PooledLoader", "slot_bytes", "an int >= 1", minimum=1)
+             + _rule_cases("PooledLoader", "num_slots", "an int >= 1 or None", minimum=1,
+                           none_ok=True)
+             + _rule_cases("PooledLoader", "prefetch_factor", "an int >= 1", minimum=1,
+                           none_ok=True)
+             + _rule_cases("PooledLoader", "rank", "an int >= 0 or None", none_ok=True)
+             + _rule_cases("PooledLoader", "world_size", "an int >= 1 or None", minimum=1,
+                           none_ok=True)
+             + _rule_cases("PooledLoader", "local_rank", "an int >= 0 or None", none_ok=True)
+             + _rule_cases("PooledLoader", "local_world_size", "an int >= 1 or None",
+                           minimum=1, none_ok=True)
+             + _rule_cases("PooledLoader", "timeout", "a number of seconds >= 0 or None",
+                           none_ok=True)
+             + _flag_cases("PooledLoader", "carry_over") + _flag_cases("PooledLoader", "drop_last")
+             + _flag_cases("PooledLoader", "pin_memory") + _flag_cases("PooledLoader", "zero_copy")
+             + _flag_cases("PooledLoader", "persistent_workers"))
     + _rule_cases("run_loader", "batch_size", "an int >= 1 or None", minimum=1, none_ok=True)
     + _rule_cases("run_loader", "slot_bytes", "an int >= 1", minimum=1)
     + _rule_cases("run_loader", "poll", "a number of seconds >= 0")
     + _rule_cases("start_loaders", "num_workers", "an int >= 0")
     + _rule_cases("start_loaders", "num_slots", "an int >= 1", minimum=1)
 )
-# EqualSteps and PooledLoader: timeout must be > 0 (a wait of 0 ends every step).
+# EqualSteps: timeout must be > 0 (a wait of 0 ends every step); PooledLoader's is
+# DataLoader's, where 0 waits for ever.
 _TYPE_CASES += [
     (entry, "timeout", value, error,
      f"timeout must be a number of seconds > 0 or None, got {value!r} ({type(value).__name__})")
-    for entry in ("EqualSteps", "PooledLoader")
+    for entry in ("EqualSteps",)
     for value, error in ((True, TypeError), ("2", TypeError), (0, tailcut.InvalidArgumentError),
                          (-1.0, tailcut.InvalidArgumentError))]
 

@@ -1,4 +1,4 @@
-"""Loader autoscaling (tailcut.pool.Autoscale): PooledLoader(num_workers=(min, max)) adds
+"""Loader autoscaling (tailcut.pool.Autoscale): PooledLoader(loaders_per_host=(min, max)) adds
 loaders when the trainers starve and removes them when the ring stays full, with real loader
 processes, and every record still comes once per epoch."""
 
@@ -33,7 +33,7 @@ def ids_dataset(tmp_path, name, n, epochs=1):
 
 def one_rank(ds, monkeypatch, num_workers, transform):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    return tt.PooledLoader(ds, num_workers=num_workers, batch_size=20, transform=transform,
+    return tt.PooledLoader(ds, loaders_per_host=num_workers, batch_size=20, transform=transform,
                            slot_bytes=1 << 14, num_slots=4, rank=0, world_size=1, local_rank=0,
                            timeout=60)
 
@@ -52,7 +52,7 @@ def test_starving_trainers_get_more_loaders_up_to_max(rname, tmp_path, monkeypat
     ds = ids_dataset(tmp_path, rname, n)
     # 30 ms per batch in a loader, no time in the trainer: it starves with any 3 loaders.
     loader = one_rank(ds, monkeypatch, (1, 3), Slow(0.03))
-    assert loader.num_workers == 1 and loader.autoscale.maximum == 3
+    assert loader.loaders_per_host == 1 and loader.autoscale.maximum == 3
     ids, most = [], 0
     for batch in loader:
         ids += ids_of(batch)
@@ -115,14 +115,14 @@ def test_bad_autoscale_arguments_are_refused_with_the_fix(rname, tmp_path, monke
     ds = ids_dataset(tmp_path, rname, 100)
     refused = [
         ((2, 1), tailcut.InvalidArgumentError, "min 2 is above max 1: give 1 <= min <= max"),
-        ((0, 2), tailcut.InvalidArgumentError, "num_workers=(min, max): min must be an int >= 1"),
+        ((0, 2), tailcut.InvalidArgumentError, "loaders_per_host=(min, max): min must be an int >= 1"),
         ((1.5, 2), TypeError, "min must be an int >= 1, got 1.5 (float)"),
         ((1, "8"), TypeError, "max must be an int >= 1, got '8' (str)"),
         ((1, 64), tailcut.InvalidArgumentError, "max 64 is more loaders than the ring holds: "
                                                 "give max <= 63"),
         ((True, 2), TypeError, "min must be an int >= 1, got True (bool)"),
-        ((1, 2, 3), TypeError, "num_workers must be an int or (min, max), got (1, 2, 3)"),
-        (1.0, TypeError, "num_workers must be an int >= 0, got 1.0 (float)"),
+        ((1, 2, 3), TypeError, "loaders_per_host must be an int or (min, max), got (1, 2, 3)"),
+        (1.0, TypeError, "loaders_per_host must be an int >= 0, got 1.0 (float)"),
     ]
     for workers, error, text in refused:
         with pytest.raises(error) as e:
@@ -199,7 +199,7 @@ def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, 
         os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                              num_slices=40)
-        loader = tt.PooledLoader(ds, num_workers=(1, 3), batch_size=20, transform=Slow(0.03),
+        loader = tt.PooledLoader(ds, loaders_per_host=(1, 3), batch_size=20, transform=Slow(0.03),
                                  slot_bytes=1 << 14, num_slots=4, timeout=60)
         ids = [i for batch in loader for i in ids_of(batch)]
         rep = loader.reports[-1]

@@ -107,7 +107,7 @@ def test_bad_balance_arguments_are_refused_naming_the_fix(dataset, monkeypatch):
 def test_balance_needs_torch_distributed_with_several_ranks(dataset, monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     loader = PooledLoader(dataset, balance=True, num_slots=32, world_size=2, rank=0,
-                          local_rank=0, num_workers=0)
+                          local_rank=0, loaders_per_host=0)
     with pytest.raises(tailcut.InvalidArgumentError, match="init_process_group"):
         next(iter(loader))
     loader.close()
@@ -116,7 +116,7 @@ def test_balance_needs_torch_distributed_with_several_ranks(dataset, monkeypatch
 def test_balance_false_yields_whole_batches_in_place_as_before(dataset, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    with PooledLoader(dataset, num_workers=1) as loader:
+    with PooledLoader(dataset, loaders_per_host=1) as loader:
         assert loader._loader_kwargs()["batch_size"] == 8  # loaders publish whole batches
         seen = []
         for batch in loader:
@@ -129,7 +129,7 @@ def test_balance_false_yields_whole_batches_in_place_as_before(dataset, monkeypa
 def test_one_rank_with_balance_takes_its_whole_batch_of_units(dataset, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    with PooledLoader(dataset, num_workers=1, balance=Balance(unit=2), num_slots=8) as loader:
+    with PooledLoader(dataset, loaders_per_host=1, balance=Balance(unit=2), num_slots=8) as loader:
         assert loader._loader_kwargs()["batch_size"] == 2  # loaders publish units
         seen = []
         for batch in loader:
@@ -154,7 +154,7 @@ def test_a_balanced_rank_restored_from_its_state_reads_every_record_once(tmp_pat
         ds = tailcut.torch.QueueDataset([path], 16, name=queue_name, format="fixed",
                                         record_bytes=16, num_epochs=2, num_slices=40, seed=7,
                                         **more)
-        return ds, PooledLoader(ds, num_workers=2, num_slots=8, slot_bytes=1 << 12, timeout=60,
+        return ds, PooledLoader(ds, loaders_per_host=2, num_slots=8, slot_bytes=1 << 12, timeout=60,
                                 rank=0, world_size=1, local_rank=0, balance=Balance(unit=4))
 
     ds, loader = open_loader(name)

@@ -33,7 +33,7 @@ def one_rank(monkeypatch, qname):
         kw.setdefault("slot_bytes", 1 << 14)
         kw.setdefault("num_slots", 4)
         loader = tt.PooledLoader(dataset, rank=0, world_size=1, local_rank=0, timeout=60,
-                                 name=qname + ".pool", **{"queue_name": qname, **kw})
+                                 **{"name": qname, **kw})
         made.append(loader)
         return loader
 
@@ -200,7 +200,7 @@ def test_a_loader_from_another_shell_names_the_dataset_it_cannot_load(one_rank):
     class Local(Labelled):  # defined in a function: no other process can import it
         pass
 
-    loader = one_rank(Local(100), batch_size=10, num_workers=0, num_epochs=1)
+    loader = one_rank(Local(100), batch_size=10, loaders_per_host=0, num_epochs=1)
     loader.start_loaders()  # what the first iteration does: describes the pool
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(tailcut.__file__).resolve().parents[1]))
     cli = subprocess.run([sys.executable, "-m", "tailcut.pool", "--ring", loader.name],
@@ -246,7 +246,7 @@ def test_drop_last_drops_the_short_batches_and_reports_them(one_rank, caplog):
 
 
 def test_a_loader_from_another_shell_loads_a_dataset_it_can_import(one_rank):
-    loader = one_rank(Labelled(300), batch_size=10, num_workers=0, num_epochs=1)
+    loader = one_rank(Labelled(300), batch_size=10, loaders_per_host=0, num_epochs=1)
     loader.start_loaders()  # what the first iteration does: describes the pool
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(pathlib.Path(tailcut.__file__).resolve().parents[1]),
@@ -270,8 +270,8 @@ def test_two_ranks_get_equal_steps_and_every_sample_once_with_its_label(qname, t
 
     def rank(r):
         os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-        loader = tt.PooledLoader(Labelled(n), batch_size=16, num_workers=2, seed=9,
-                                 num_epochs=epochs, queue_name=qname, slot_bytes=1 << 14,
+        loader = tt.PooledLoader(Labelled(n), batch_size=16, loaders_per_host=2, seed=9,
+                                 num_epochs=epochs, name=qname, slot_bytes=1 << 14,
                                  num_slots=6, timeout=60, carry_over=False)
         out = []
         for e in range(epochs):

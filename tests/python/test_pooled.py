@@ -238,7 +238,7 @@ def test_pooled_loader_gives_forked_ranks_equal_steps(rname, tmp_path):
             ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                                  num_slices=23, num_epochs=epochs)
             # Leftovers dropped, not carried over: each epoch's records stand alone.
-            loader = tt.PooledLoader(ds, num_workers=2, batch_size=32, slot_bytes=1 << 14,
+            loader = tt.PooledLoader(ds, loaders_per_host=2, batch_size=32, slot_bytes=1 << 14,
                                      num_slots=6, timeout=60, carry_over=False)
             out = []
             for e in range(epochs):
@@ -442,7 +442,7 @@ def test_the_loader_command_needs_a_transform_it_can_import(rname, tmp_path, mon
     path = write_ids(tmp_path / "ids.bin", n)
     ds = dataset(path, rname, num_slices=12)
     # No loader of its own, and a transform no other process can import.
-    loader = one_rank(ds, monkeypatch, num_workers=0, batch_size=20,
+    loader = one_rank(ds, monkeypatch, loaders_per_host=0, batch_size=20,
                       transform=lambda batch: batch)
     loader.start_loaders()  # what the first iteration does: describes the pool
     refused = start_cli("--ring", loader.name)
@@ -490,7 +490,7 @@ def test_carry_over_yields_the_leftover_first_in_the_next_epoch(rname, tmp_path)
                               LOCAL_WORLD_SIZE="2")
             ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                                  num_slices=23, num_epochs=epochs)
-            loader = tt.PooledLoader(ds, num_workers=1, batch_size=40, slot_bytes=1 << 14,
+            loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=40, slot_bytes=1 << 14,
                                      num_slots=6, timeout=60, carry_over=True)
             out = []
             for e in range(epochs):
@@ -547,14 +547,14 @@ def test_replacing_a_dataloader_keeps_the_datasets_batch_size_and_transform(rnam
             if how == "per_rank":
                 loader = DataLoader(ds, num_workers=2, **dl_kw)
             else:  # the one line that changes; batch_size as the DataLoader had it
-                loader = one_rank(ds, monkeypatch, num_workers=2, name=name,
+                loader = one_rank(ds, monkeypatch, num_workers=2,
                                   batch_size=dl_kw["batch_size"])
             batches = list(b.clone() for b in loader)
             if how == "pooled":
                 loader.close()
             ds.close()
             results[k, how] = batches
-            tailcut.remove_batch_ring(name)
+            tailcut.remove_batch_ring(name + ".pool")
         for how in ("per_rank", "pooled"):
             batches = results[k, how]
             assert all(b.dtype == torch.int64 and b.ndim == 1 for b in batches)
@@ -626,7 +626,7 @@ def ring_files(name):
 def test_close_with_a_batch_still_referenced_leaves_nothing_in_shm(rname, tmp_path):
     path = write_ids(tmp_path / "ids.bin", 400)
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
-    loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
                              timeout=60)
     batch = next(iter(loader))
     assert ring_files(loader.name)
@@ -646,7 +646,7 @@ def test_a_pooled_loader_ended_before_its_first_iteration_leaves_nothing_in_shm(
         import tailcut.torch as tt
         ds = tt.QueueDataset([{path!r}], name={rname!r}, format="fixed",
                              record_bytes={RECORD}, num_slices=4)
-        loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12,
+        loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12,
                                  num_slots=4, timeout=60)
         assert loader.ring is not None
         if {end!r} == "close":
@@ -685,7 +685,7 @@ def test_ranks_that_close_before_iterating_leave_nothing_in_shm(rname, tmp_path,
         print("ready", flush=True)
         for step in sys.stdin:
             if step.strip() == "make":
-                loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12,
+                loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12,
                                          num_slots=4, timeout=60)
             elif step.strip() == "close":
                 loader.close()
@@ -723,7 +723,7 @@ def test_a_dropped_pooled_loader_leaves_nothing_in_shm(rname, tmp_path):
     import gc
     path = write_ids(tmp_path / "ids.bin", 400)
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
-    loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
                              timeout=60)
     name, procs = loader.name, loader.start_loaders()
     for batch in loader:
@@ -754,7 +754,7 @@ def test_a_new_attempt_never_pops_a_dead_attempts_batches(rname, tmp_path):
     os.waitpid(pid, 0)
     assert tailcut.inspect_batch_ring(ring_name)["ready"] == 2
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
-    loader = tt.PooledLoader(ds, num_workers=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
                              timeout=60)
     assert loader.ring.stats()["ready"] == 0  # a fresh ring
     ids = [i for batch in loader for i in ids_of(batch.numpy())]
@@ -770,7 +770,7 @@ def test_loaders_leave_when_the_rank_that_started_them_is_killed(rname, tmp_path
     def rank():
         ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                              num_slices=16)
-        loader = tt.PooledLoader(ds, num_workers=2, batch_size=32, slot_bytes=1 << 12,
+        loader = tt.PooledLoader(ds, loaders_per_host=2, batch_size=32, slot_bytes=1 << 12,
                                  num_slots=2, timeout=60, transform=Slow(0.01))
         next(iter(loader))
         pids.write_text(" ".join(str(p.pid) for p in loader.loaders))

@@ -410,7 +410,7 @@ def one_host_states(data, job, **restore):
         ds = tailcut.torch.QueueDataset(files[node::NODES], name=name, format="fixed",
                                         record_bytes=8, num_slices=8, shuffle_buffer=0,
                                         num_clients=1)
-        loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, world_size=1,
+        loader = tailcut.torch.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1,
                                             local_rank=0)
         states[name] = loader.state_dict()
         loader.close()
@@ -441,7 +441,7 @@ def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_
     def restored(world_size, queue_state):
         ds = tailcut.torch.QueueDataset(files[1::NODES], name=f"{job}.n1",
                                         restore_state=queue_state, **opts)
-        loader = tailcut.torch.PooledLoader(ds, num_workers=0, rank=0, local_rank=0,
+        loader = tailcut.torch.PooledLoader(ds, loaders_per_host=0, rank=0, local_rank=0,
                                             world_size=world_size)
         return ds, loader
 
@@ -492,7 +492,7 @@ def test_a_pool_fed_by_a_coordinator_resumes_from_its_checkpoint_exactly_once(  
     opts = dict(name=job, format="fixed", record_bytes=8, num_slices=40, shuffle_buffer=0,
                 coordinator=redis_url, host_id="n0", global_block_size=2,
                 on_notice=lambda line: None)
-    pool = dict(num_workers=1, batch_size=64, slot_bytes=64 * 8, num_slots=8, rank=0,
+    pool = dict(loaders_per_host=1, batch_size=64, slot_bytes=64 * 8, num_slots=8, rank=0,
                 world_size=1, local_rank=0)
 
     def ids(batch):

@@ -54,7 +54,7 @@ def test_a_pooled_loader_past_epoch_2_30_is_refused(tmp_path, qname, monkeypatch
         monkeypatch.delenv(var, raising=False)
     path = write_ids(tmp_path / "ids.bin", 64)
     ds = tt.QueueDataset([path], name=qname, format="fixed", record_bytes=RECORD)
-    loader = tt.PooledLoader(ds, num_workers=0, batch_size=16, slot_bytes=1 << 13, num_slots=2,
+    loader = tt.PooledLoader(ds, loaders_per_host=0, batch_size=16, slot_bytes=1 << 13, num_slots=2,
                              timeout=5)
     try:
         loader.epoch = 1 << 30  # set_epoch refuses it; a long job's counter gets there
@@ -144,7 +144,7 @@ def test_a_rank_whose_batch_raises_makes_the_other_local_rank_raise_without_torc
         os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         ds = tt.QueueDataset([path], name=qname, format="fixed", record_bytes=RECORD,
                              num_slices=20, num_epochs=1, shuffle_buffer=0, interleave=1)
-        loader = tt.PooledLoader(ds, num_workers=1, batch_size=16, slot_bytes=1 << 13,
+        loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=16, slot_bytes=1 << 13,
                                  num_slots=4, timeout=30, carry_over=False)
         if r == 1:
             given = [0]

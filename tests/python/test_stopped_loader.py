@@ -25,7 +25,7 @@ def one_rank_loader(path, name, monkeypatch, num_workers, timeout, num_epochs=1)
     ds = tt.QueueDataset([path], name=name, format="fixed", record_bytes=RECORD, num_clients=1,
                          num_slices=60, num_epochs=num_epochs)
     loader = tt.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=timeout,
-                             num_workers=num_workers, batch_size=20, transform=Slow(0.01),
+                             loaders_per_host=num_workers, batch_size=20, transform=Slow(0.01),
                              slot_bytes=1 << 14, num_slots=4)
     return ds, loader
 

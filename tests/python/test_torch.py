@@ -208,12 +208,12 @@ def test_equal_steps_refuses_bad_arguments_by_name(tmp_path, qname):
         tt.EqualSteps([1, 2, 3])
     with tt.QueueDataset(works, 10, name=qname, format="fixed", record_bytes=RECORD_BYTES) as ds:
         with pytest.raises(ValueError, match=r"^rank 2 is not in \[0, world_size=2\)$"):
-            tt.EqualSteps(ds, rank=2, world_size=2)
+            tt.EqualSteps(ds, local_rank=2, local_world_size=2)
         with pytest.raises(ValueError,
                            match=r"^timeout must be a number of seconds > 0 or None, "
                                  r"got 0 \(int\)$"):
-            tt.EqualSteps(ds, rank=0, world_size=1, timeout=0)
-        steps = tt.EqualSteps(ds, rank=0, world_size=1)
+            tt.EqualSteps(ds, local_rank=0, local_world_size=1, timeout=0)
+        steps = tt.EqualSteps(ds, local_rank=0, local_world_size=1)
         with pytest.raises(ValueError, match=r"^epoch must be an int in \[0, 2\*\*30\), got -1$"):
             steps.set_epoch(-1)
 
@@ -222,7 +222,7 @@ def test_equal_steps_alone_times_out_instead_of_hanging(tmp_path, qname):
     works = [write_records(tmp_path / "a.bin", range(100))]
     with tt.QueueDataset(works, 10, name=qname, format="fixed", record_bytes=RECORD_BYTES,
                          num_clients=2) as ds:
-        steps = tt.EqualSteps(ds, rank=0, world_size=2, timeout=0.3)
+        steps = tt.EqualSteps(ds, local_rank=0, local_world_size=2, timeout=0.3)
         start = time.monotonic()
         with pytest.raises(tailcut.TimeoutError, match="epoch 0, step 0"):
             for _ in steps:
@@ -234,7 +234,7 @@ def test_equal_steps_single_rank_carries_nothing_and_counts_steps(tmp_path, qnam
     works = [write_records(tmp_path / "a.bin", range(1000))]
     with tt.QueueDataset(works, 100, transform=split, name=qname, num_epochs=2,
                          format="fixed", record_bytes=RECORD_BYTES, reader_options=SMALL) as ds:
-        steps = tt.EqualSteps(ds, rank=0, world_size=1, carry_over=True)
+        steps = tt.EqualSteps(ds, local_rank=0, local_world_size=1, carry_over=True)
         for epoch in range(2):
             ids = [i for batch_ids, _ in steps for i in batch_ids.tolist()]
             assert sorted(ids) == list(range(1000))
@@ -346,7 +346,7 @@ def test_equal_steps_counts_records_of_text_batches_from_dataloader_workers(tmp_
                          on_notice=quiet)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
                         timeout=60)
-    steps = tt.EqualSteps(loader, rank=0, world_size=2, timeout=30)
+    steps = tt.EqualSteps(loader, local_rank=0, local_world_size=2, timeout=30)
     dropped = []
     steps.on_leftover = dropped.append
     # Rank 1 has no batch at step 0, so rank 0's whole epoch is left over;
@@ -381,7 +381,7 @@ def test_batches_carried_at_an_epoch_end_survive_a_checkpoint_and_restore(tmp_pa
     ds = tt.QueueDataset(works, 20, name=f"{qname}-a", **opts)
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
                         timeout=60)
-    steps = tt.EqualSteps(loader, rank=0, world_size=2, timeout=30)
+    steps = tt.EqualSteps(loader, local_rank=0, local_world_size=2, timeout=30)
 
     def rank1():  # a batch for steps 0..2, none at 3; then the two epoch-end agreements
         for step in range(6):
@@ -405,10 +405,10 @@ def test_batches_carried_at_an_epoch_end_survive_a_checkpoint_and_restore(tmp_pa
     with tt.QueueDataset(works, 20, name=f"{qname}-b", restore_state=ckpt["queue"],
                          **opts) as ds:
         with pytest.raises(tailcut.InvalidArgumentError, match=r"rank\(s\) \[0\], not of rank 1"):
-            tt.EqualSteps(ds, rank=1, world_size=2).load_state_dict(ckpt)
+            tt.EqualSteps(ds, local_rank=1, local_world_size=2).load_state_dict(ckpt)
         loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork",
                             timeout=60)
-        steps = tt.EqualSteps(loader, rank=0, world_size=1, timeout=30)
+        steps = tt.EqualSteps(loader, local_rank=0, local_world_size=1, timeout=30)
         steps.load_state_dict(ckpt)
         assert steps.epoch == 1
         got = [ids_of(batch) for batch in steps]
@@ -556,7 +556,7 @@ def test_a_rerun_under_standalone_resumes_or_restores_the_crashed_run(tmp_path, 
     def crashed_run(run_id, restart=0):
         name = torchrun_env(run_id, restart=restart)
         ds = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)  # kept, as by a crash
-        steps = iter(tt.EqualSteps(ds, rank=0, world_size=1))
+        steps = iter(tt.EqualSteps(ds, local_rank=0, local_world_size=1))
         next(steps), next(steps)  # the first item is done; steps 0 and 1 agreed
         ds.queue.close()
         assert os.path.exists(tailcut.segment_path(name))
@@ -570,7 +570,7 @@ def test_a_rerun_under_standalone_resumes_or_restores_the_crashed_run(tmp_path, 
     assert name == first
     with pytest.warns(RuntimeWarning, match=rf"resuming queue '{name}', left unfinished"):
         ds = tt.QueueDataset(works, 100, resume=True, **opts)
-    steps = tt.EqualSteps(ds, rank=0, world_size=1)
+    steps = tt.EqualSteps(ds, local_rank=0, local_world_size=1)
     assert 0 < sum(len(ids_of(b)) for b in steps) < 800
     ds.close()
     # With a checkpoint (restore_state) the checkpoint decides: the stale queue goes.
@@ -602,12 +602,12 @@ def test_len_is_exact_for_fixed_records_and_estimated_for_lines(tmp_path, qname)
                          num_clients=1)
     assert ds.records_per_epoch() == (1250, True)
     assert len(ds) == -(-1250 // 16) == sum(1 for _ in ds)  # one reader: exact
-    assert len(tt.EqualSteps(ds, rank=0, world_size=1)) == 1250 // 16
+    assert len(tt.EqualSteps(ds, local_rank=0, local_world_size=1)) == 1250 // 16
     ds.close()
     four = tt.QueueDataset(works, 16, name=qname + "-4", format="fixed",
                            record_bytes=RECORD_BYTES, num_clients=4)
     assert len(four) == -(-(-(-1250 // 4)) // 16)  # a rank's even share
-    assert len(tt.EqualSteps(four, rank=0, world_size=4)) == 1250 // (4 * 16)
+    assert len(tt.EqualSteps(four, local_rank=0, local_world_size=4)) == 1250 // (4 * 16)
     four.close()
     tailcut.remove_queue(qname + "-4", force=True)
     lines = [write_lines(tmp_path / f"{i}.txt", [b"x" * (i % 7) for i in range(3000)])
@@ -679,7 +679,7 @@ def test_a_resumed_queue_starts_the_epoch_counters_at_its_epoch(tmp_path, qname)
     opts = dict(format="fixed", record_bytes=RECORD_BYTES, num_slices=8, name=qname,
                 num_clients=1, num_epochs=2, on_notice=quiet, **FILE_ORDER)
     crashed = tt.QueueDataset(works, 100, keep_unfinished=True, **opts)
-    steps = tt.EqualSteps(crashed, rank=0, world_size=1)
+    steps = tt.EqualSteps(crashed, local_rank=0, local_world_size=1)
     assert steps.epoch == 0
     assert sum(1 for _ in steps) == 8  # epoch 0, whole
     it = iter(steps)
@@ -688,7 +688,7 @@ def test_a_resumed_queue_starts_the_epoch_counters_at_its_epoch(tmp_path, qname)
     crashed.queue.close()
     with pytest.warns(RuntimeWarning, match="goes on at epoch 1"):
         ds = tt.QueueDataset(works, 100, resume=True, **opts)
-    steps = tt.EqualSteps(ds, rank=0, world_size=1)
+    steps = tt.EqualSteps(ds, local_rank=0, local_world_size=1)
     assert steps.epoch == 1
     assert 0 < sum(1 for _ in steps) <= 8  # the rest of epoch 1, not an empty epoch 0
     ds.close()
@@ -710,9 +710,9 @@ def test_a_pooled_loader_refuses_a_queue_resumed_without_a_checkpoint(tmp_path, 
                        match=r"^PooledLoader: queue '.*', left unfinished by an earlier run "
                              r"\(epoch 0, .*\) was resumed without a checkpoint \(resume=True\), "
                              r"which would lose the batches .* or start over \(resume=False"):
-        tt.PooledLoader(ds, num_workers=0, rank=0, world_size=1, local_rank=0)
+        tt.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0)
     ds.close()
     # A rerun that starts over (the default) pools as ever.
     fresh = tt.QueueDataset(works, 100, **opts)
-    tt.PooledLoader(fresh, num_workers=0, rank=0, world_size=1, local_rank=0).close()
+    tt.PooledLoader(fresh, loaders_per_host=0, rank=0, world_size=1, local_rank=0).close()
     fresh.close()

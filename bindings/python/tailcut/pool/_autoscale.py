@@ -1,6 +1,6 @@
 """Loader autoscaling: how many loader processes a PooledLoader keeps.
 
-PooledLoader(ds, num_workers=(min, max)), or num_workers=Autoscale(min, max,
+PooledLoader(ds, loaders_per_host=(min, max)), or loaders_per_host=Autoscale(min, max,
 ...) for the knobs: local rank 0 starts `min` loaders and, while it
 iterates, looks at the ring's counters (BatchRing.stats(): what `tailcut
 ring NAME` shows) at most every `interval` seconds, between two of its
@@ -59,7 +59,7 @@ class Autoscale:
 
     def __init__(self, minimum, maximum, *, interval=0.25, starve=0.1, full_for=2.0,
                  cooldown=1.0):
-        what = "num_workers=(min, max)"
+        what = "loaders_per_host=(min, max)"
         self.minimum = _args.count(f"{what}: min", minimum, minimum=1)
         self.maximum = _args.count(f"{what}: max", maximum, minimum=1)
         if self.minimum > self.maximum:
@@ -171,18 +171,20 @@ class Autoscale:
 
 
 def workers(num_workers, max_loaders):
-    """(loaders to start, Autoscale or None) of PooledLoader's num_workers: an
+    """(loaders to start, Autoscale or None) of PooledLoader's host-wide
+    loader count (loaders_per_host, else num_workers x local ranks): an
     int (a fixed pool), (min, max), or an Autoscale; max at most max_loaders
     (the ring's client slots less one for a trainer)."""
     if isinstance(num_workers, (tuple, list)):
         if len(num_workers) != 2:
-            raise TypeError(f"num_workers must be an int or (min, max), got {num_workers!r}")
+            raise TypeError(f"loaders_per_host must be an int or (min, max), got "
+                            f"{num_workers!r}")
         num_workers = Autoscale(*num_workers)
     if not isinstance(num_workers, Autoscale):
-        return _args.count("num_workers", num_workers), None
+        return _args.count("loaders_per_host", num_workers), None
     if num_workers.maximum > max_loaders:
         raise tailcut.InvalidArgumentError(
-            f"num_workers=(min, max): max {num_workers.maximum} is more loaders than the ring "
+            f"loaders_per_host=(min, max): max {num_workers.maximum} is more loaders than the ring "
             f"holds: give max <= {max_loaders} (its {max_loaders + 1} client slots, one at "
             f"least for a trainer)")
     return num_workers.minimum, num_workers

@@ -117,6 +117,20 @@ def allocate(speeds, total, cap):
     return shares
 
 
+def held_units(spec, batch_size, world_size, local_world_size):
+    """The most units the ranks of a host hold at once while they gather
+    their shares: the sum of their shares (each capped at MAX_SHARE_FACTOR x
+    the equal share), plus one unit each of the next epoch. The ring needs
+    that many slots at least (PooledLoader's default num_slots has them)."""
+    unit = spec.unit
+    if unit is None or batch_size % unit:
+        per = max(d for d in range(1, DEFAULT_UNITS_PER_BATCH + 1) if batch_size % d == 0)
+    else:
+        per = batch_size // unit
+    cap = MAX_SHARE_FACTOR * per
+    return min(world_size * per, local_world_size * cap) + local_world_size
+
+
 class _GradientClock:
     """The communication hook's state: when this rank's last gradient bucket
     of the step was ready (its compute was done; what follows is waiting for
@@ -159,7 +173,7 @@ class Shares:
         self.per_batch = batch_size // unit  # units of an equal share
         self.cap = MAX_SHARE_FACTOR * self.per_batch
         self.world_size = world_size
-        held = min(world_size * self.per_batch, local_world_size * self.cap) + local_world_size
+        held = held_units(spec, batch_size, world_size, local_world_size)
         if num_slots < held:
             raise tailcut.InvalidArgumentError(
                 f"PooledLoader(balance=...): the {local_world_size} ranks of this host may hold "

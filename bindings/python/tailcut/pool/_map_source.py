@@ -17,10 +17,12 @@ description, and one that cannot be pickled or imported there is named in
 the error."""
 
 import json
+import sys
 
-from tailcut import _map_style
+import tailcut
+from tailcut import _args, _map_style
 from tailcut.pool._map_batch import Collate, LoadSample, unflatten
-from tailcut.pool._recipe import DEFAULT_BATCH_SIZE, Recipe
+from tailcut.pool._recipe import Recipe
 from tailcut.torch import IndexDataset, QueueDataset
 
 
@@ -29,7 +31,9 @@ class MapSource(IndexDataset):
     make batches of it."""
 
     def __init__(self, dataset, batch_size, *, drop_last=False, resume=None, **queue_options):
-        super().__init__(dataset, resume=resume, **queue_options)
+        # queue_options: those of PooledLoader that wrap() passes (shuffle, seed, name, ...).
+        self.notices = QuietWhenFinished()
+        super().__init__(dataset, resume=resume, on_notice=self.notices, **queue_options)
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)
 
@@ -45,17 +49,45 @@ class MapSource(IndexDataset):
         return unflatten(json.loads(bytes(tree.numpy()).decode("utf-8")), leaves)
 
 
+class QuietWhenFinished:
+    """The index queue's notices, printed as the engine prints them, but for
+    the one that its queue was "removed unfinished" once the job's loop ran
+    its epochs to their end: a map-style queue has num_epochs=100 by default
+    and the loaders read ahead into the next epoch, so every job that ends
+    its loop would be told its queue was left unfinished. A loop left early
+    (break, an exception) still hears it."""
+
+    def __init__(self):
+        self.finished = False
+
+    def __call__(self, line):
+        if self.finished and " removed unfinished (" in line:
+            return
+        sys.stderr.write(f"tailcut: {line}\n")
+        sys.stderr.flush()
+
+
 def wrap(dataset, batch_size, options):
-    """The MapSource of a map-style dataset. options: drop_last, queue_name
-    (its queue's name) and the queue's options (shuffle, seed, num_epochs,
-    num_slices, restore_state, resume, ...). A QueueDataset (an IndexDataset
-    too) gives None, and takes no options here."""
+    """The MapSource of a map-style dataset, or None for a QueueDataset (an
+    IndexDataset too), which takes its queue's options itself. options:
+    PooledLoader's shuffle, seed, drop_last, name (the job's: its queue's),
+    num_epochs, num_slices, restore_state and resume, None where not given."""
+    given = {k: v for k, v in options.items() if v is not None}
     if isinstance(dataset, QueueDataset):
-        if options:
-            raise TypeError(f"PooledLoader: {', '.join(sorted(options))} are for a map-style "
-                            f"dataset; a QueueDataset takes its queue's options itself")
+        # shuffle=False and drop_last=False are DataLoader's defaults: nothing given.
+        given = sorted(k for k, v in given.items() if v is not False)
+        if given:
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader: {', '.join(f'{k}=' for k in given)} are for a map-style "
+                f"dataset; a QueueDataset takes its queue's options itself (pass them to "
+                f"QueueDataset or IndexDataset)")
         return None
+    if batch_size is None:
+        raise tailcut.InvalidArgumentError(
+            "PooledLoader: batch_size=None (no batching) is refused for a map-style dataset: "
+            "the loaders publish batches; give batch_size=")
     _map_style.sample_count(dataset, "PooledLoader")
-    if "queue_name" in options:
-        options["name"] = options.pop("queue_name")
-    return MapSource(dataset, batch_size or DEFAULT_BATCH_SIZE, **options)
+    if given.get("name") is not None:
+        _args.text("name", given["name"])
+    drop_last = given.pop("drop_last", False)
+    return MapSource(dataset, batch_size, drop_last=drop_last, **given)

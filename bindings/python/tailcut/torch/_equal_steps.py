@@ -6,7 +6,7 @@ import torch
 import tailcut
 from tailcut import _args, _pool_state, _steps
 from tailcut._job import env_int
-from tailcut.torch._queue_dataset import QueueDataset
+from tailcut.torch._queue_dataset import QueueDataset, current_epoch
 
 _END = object()
 
@@ -51,18 +51,21 @@ def _clone(batch):
 class EqualSteps:
     """Equal steps per epoch for the ranks of a synchronous trainer (DDP).
 
-    EqualSteps(loader, queue=None, *, rank=None, world_size=None,
+    EqualSteps(loader, queue=None, *, local_rank=None, local_world_size=None,
                carry_over=True, timeout=1800.0, on_leftover=None,
                count=None, group=None)
 
     Iterating it runs one epoch of `loader` (a DataLoader over a QueueDataset,
     the QueueDataset itself, or any iterable whose data come from `queue`).
-    Before each step the ranks 0..world_size-1 of the host agree through the
-    queue (WorkQueue.agree_step) that each has a batch; when one has none,
-    every rank ends the epoch at that same step, so DDP's collectives never
-    wait for a rank that stopped. rank and world_size default to
-    $LOCAL_RANK and $LOCAL_WORLD_SIZE (torchrun), else 0 and 1; queue
-    defaults to the loader's QueueDataset's queue.
+    Before each step the ranks 0..local_world_size-1 of the host agree
+    through the queue (WorkQueue.agree_step) that each has a batch; when one
+    has none, every rank ends the epoch at that same step, so DDP's
+    collectives never wait for a rank that stopped. local_rank and
+    local_world_size (the host's, as torchrun's $LOCAL_RANK and
+    $LOCAL_WORLD_SIZE, which they default to, else 0 and 1; rank and
+    world_size are the job's global ones everywhere in tailcut); queue
+    defaults to the loader's QueueDataset's queue. A new EqualSteps(loader)
+    per epoch runs the epoch the job is in (or the dataset's set_epoch()).
 
     Leftovers: the batches a rank still had when the group ended the epoch
     (and what its loader still had for this epoch, which is read to its end)
@@ -78,7 +81,7 @@ class EqualSteps:
     loop early (break) on one rank desynchronizes the group.
 
     Across hosts: the queue is per host. When torch.distributed is initialized
-    with more ranks than world_size (or `group` is given), each step's answer
+    with more ranks than local_world_size (or `group` is given), each step's answer
     is also combined over that group with an all_reduce, so every rank of
     every host runs the same steps, and a rank whose loader raises makes the
     ranks of other hosts raise (tailcut._steps, which PooledLoader shares).
@@ -87,7 +90,8 @@ class EqualSteps:
     dimension of the first tensor found).
     """
 
-    def __init__(self, loader, queue=None, *, rank=None, world_size=None, carry_over=True,
+    def __init__(self, loader, queue=None, *, local_rank=None, local_world_size=None,
+                 carry_over=True,
                  timeout=1800.0, on_leftover=None, count=None, group=None):
         self.loader = loader
         dataset = getattr(loader, "dataset", loader)
@@ -96,12 +100,15 @@ class EqualSteps:
                 raise TypeError("EqualSteps needs queue= unless the loader reads a QueueDataset")
             queue = dataset.queue
         self.queue = queue
-        rank = _args.count("rank", rank, allow_none=True)
-        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
-        self.rank = env_int("LOCAL_RANK", 0) if rank is None else rank
-        self.world_size = env_int("LOCAL_WORLD_SIZE", 1) if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} is not in [0, world_size={self.world_size})")
+        local_rank = _args.count("local_rank", local_rank, allow_none=True)
+        local_world_size = _args.count("local_world_size", local_world_size, minimum=1,
+                                       allow_none=True)
+        self.local_rank = env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
+        self.local_world_size = (env_int("LOCAL_WORLD_SIZE", 1) if local_world_size is None
+                                 else local_world_size)
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(f"EqualSteps: local_rank {self.local_rank} is not in "
+                             f"[0, local_world_size={self.local_world_size})")
         self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
         self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = _args.callable_or_none("on_leftover", on_leftover)
@@ -109,7 +116,11 @@ class EqualSteps:
         self._count = count or _count_records
         self._group = group
         self._steps = None  # the _steps.StepAgreement, made at the first iteration
-        self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
+        # A resumed queue's epoch, else the one the job is in: a new EqualSteps(loader) per
+        # epoch (the documented IndexDataset loop) runs the next epoch, not epoch 0 again,
+        # whose steps the queue already agreed on. The dataset's set_epoch() sets it too.
+        self.epoch = max(_pool_state.restored_epoch(dataset), current_epoch(queue),
+                         getattr(dataset, "_epoch", None) or 0)
         self.reports = []
         self._carried = []
         self._epoch_end_state = None
@@ -135,7 +146,7 @@ class EqualSteps:
             raise TypeError("len(EqualSteps) needs a loader over a QueueDataset")
         batch = dataset.batch_size or getattr(self.loader, "batch_size", None) or 1
         records, _ = dataset.records_per_epoch()
-        return records // (self.world_size * batch)
+        return records // (self.local_world_size * batch)
 
     def state_dict(self):
         """What a checkpoint needs to resume this trainer's data at the start of
@@ -177,7 +188,7 @@ class EqualSteps:
     def _rank_key(self):
         """This rank's key in state_dict()['carried']: the global rank, else the local one."""
         dist = _steps._dist()
-        return dist.get_rank() if dist is not None else self.rank
+        return dist.get_rank() if dist is not None else self.local_rank
 
     def _gather_carried(self):
         """{rank: carried batches} of every rank of the process group (or of
@@ -201,7 +212,7 @@ class EqualSteps:
 
     def _agreement(self):
         if self._steps is None:  # made here: torch.distributed may start after __init__
-            self._steps = _steps.StepAgreement(self.queue, self.rank, self.world_size,
+            self._steps = _steps.StepAgreement(self.queue, self.local_rank, self.local_world_size,
                                                timeout=self.timeout, group=self._group,
                                                who="EqualSteps")
         return self._steps
@@ -268,8 +279,9 @@ class EqualSteps:
         self._epoch_end_state = self.queue.state_dict()
         self._agree(epoch, step + 2, False)
         self._epoch_end_carried = self._gather_carried()
-        leftovers.end_epoch(report, self.rank)
+        leftovers.end_epoch(report, self.local_rank)
 
     def __repr__(self):
-        return (f"EqualSteps(rank={self.rank}, world_size={self.world_size}, epoch={self.epoch}, "
+        return (f"EqualSteps(local_rank={self.local_rank}, local_world_size="
+                f"{self.local_world_size}, epoch={self.epoch}, "
                 f"carry_over={self.carry_over})")
