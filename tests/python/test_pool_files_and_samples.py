@@ -13,9 +13,11 @@ pool, each met as a user meets it (a job in processes of its own):
 
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -166,6 +168,60 @@ def test_the_largest_length_at_256_samples_an_item_and_a_huge_one_in_larger_item
         if not extra:  # one sample more is an item too many
             beyond = HUGE.format(n=n + 1, queue=qname, extra=extra)
             assert "the limit is 4194304 items" in run_job(beyond), n
+
+
+HUGE_JOB = """
+import os, resource, sys, time
+import torch.distributed as dist
+import tailcut, tailcut.torch as tt
+
+class Huge:
+    def __len__(self):
+        return 2 ** 40
+    def __getitem__(self, i):
+        return i
+
+dist.init_process_group("gloo")
+t = time.monotonic()
+loader = None
+try:  # the queue is opened by the constructor or the first iteration
+    loader = tt.PooledLoader(Huge(), batch_size=8, num_workers=1, name=sys.argv[2])
+    said = f"accepted {next(iter(loader))}"
+except tailcut.InvalidArgumentError as e:
+    said = f"refused {e}"
+finally:
+    if loader is not None:
+        loader.close()
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w") as f:
+    f.write(f"{time.monotonic() - t:.2f} {rss} {said}")
+"""
+
+
+def test_a_torchrun_job_over_a_length_no_table_can_hold_is_refused_on_every_rank(tmp_path,
+                                                                                  qname):
+    # The job as it was met: a rank of such a job grew to 2.8 GiB in 60 s with no answer.
+    (tmp_path / "job.py").write_text(HUGE_JOB)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={qname}", "--nproc_per_node=2",
+           "--redirects", "1", "--tee", "2", str(tmp_path / "job.py"), str(tmp_path), qname]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert time.monotonic() - started < 60, proc.stdout[-6000:]
+    for rank in (0, 1):
+        seconds, rss_mib, said = (tmp_path / f"rank{rank}").read_text().split(" ", 2)
+        assert said.startswith("refused ") and (
+            f"queue '{qname}': num_samples=1099511627776 makes 4294967296 items of 256 samples; "
+            f"the limit is 4194304 items (each takes memory and /dev/shm): pass "
+            f"num_slices=4194304 or fewer (items of 262144 samples or more)") in said, said
+        assert float(seconds) < 10 and int(rss_mib) < 1024, (seconds, rss_mib)
+    assert not [f for f in os.listdir("/dev/shm") if qname in f]
 
 
 # Samples of every kind torch's default_collate takes.
