@@ -96,8 +96,13 @@ def test_bad_balance_arguments_are_refused_naming_the_fix(dataset, monkeypatch):
     with pytest.raises(tailcut.InvalidArgumentError, match="must divide batch_size"):
         PooledLoader(dataset, balance=Balance(unit=3), num_slots=64)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # 4 ranks of 4 units, each may hold 1 more
-    with pytest.raises(tailcut.InvalidArgumentError, match="pass num_slots=20 or more"):
-        PooledLoader(dataset, balance=True, world_size=4, rank=0, local_rank=0)
+    with pytest.raises(tailcut.InvalidArgumentError, match="pass num_slots=20 or more, or leave "
+                                                           "num_slots=None"):
+        PooledLoader(dataset, balance=True, world_size=4, rank=0, local_rank=0, num_slots=16)
+    # The default ring has room for the shares (it was 16 slots, and refused).
+    loader = PooledLoader(dataset, balance=True, world_size=4, rank=0, local_rank=0)
+    assert loader.num_slots >= 20
+    loader.close()
     with pytest.raises(tailcut.InvalidArgumentError, match="smoothing"):
         Balance(smoothing=0)
     with pytest.raises(TypeError, match="every"):

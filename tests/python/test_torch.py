@@ -207,7 +207,8 @@ def test_equal_steps_refuses_bad_arguments_by_name(tmp_path, qname):
                        match=r"^EqualSteps needs queue= unless the loader reads a QueueDataset$"):
         tt.EqualSteps([1, 2, 3])
     with tt.QueueDataset(works, 10, name=qname, format="fixed", record_bytes=RECORD_BYTES) as ds:
-        with pytest.raises(ValueError, match=r"^rank 2 is not in \[0, world_size=2\)$"):
+        with pytest.raises(ValueError, match=r"^EqualSteps: local_rank 2 is not in "
+                                             r"\[0, local_world_size=2\)$"):
             tt.EqualSteps(ds, local_rank=2, local_world_size=2)
         with pytest.raises(ValueError,
                            match=r"^timeout must be a number of seconds > 0 or None, "
