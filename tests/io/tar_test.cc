@@ -142,8 +142,11 @@ struct SliceRun {
 
 // Feeds slice [begin, end) the way a reader does: a window from the offset
 // Begin returns that grows by `step` bytes whenever the parser needs more.
+// With split_after > 0, the tail is split off (SetEnd at the parser's
+// position) after that many samples, as an idle process does; *split says where.
 SliceRun RunSlice(const Shard& shard, uint64_t begin, uint64_t end, size_t step,
-                  RecordFormat format = RecordFormat::Parse("tar")) {
+                  RecordFormat format = RecordFormat::Parse("tar"), size_t split_after = 0,
+                  uint64_t* split = nullptr) {
   SliceRun run;
   auto parser = RecordParser::Create(format);
   uint64_t at;
@@ -166,6 +169,10 @@ SliceRun RunSlice(const Shard& shard, uint64_t begin, uint64_t end, size_t step,
       run.samples.push_back(ToSample(record));
       run.offsets.push_back(record.offset);
       window = step;
+      if (split_after > 0 && run.samples.size() == split_after) {
+        parser->SetEnd(parser->position());
+        *split = parser->position();
+      }
     } else if (status == ParseStatus::kNeedMore) {
       EXPECT_FALSE(eof && consumed == 0) << "kNeedMore with the whole file in the window";
       if (eof && consumed == 0) return run;
@@ -227,6 +234,23 @@ TEST_P(TarShardTest, SlicesCutAnywhereTogetherYieldEverySampleOnce) {
       got.insert(got.end(), run.samples.begin(), run.samples.end());
     }
     EXPECT_TRUE(got == shard_.samples) << "stride " << stride << ": " << got.size() << " samples";
+  }
+}
+
+TEST_P(TarShardTest, ATailSplitOffMidSliceIsReadOnceByWhoeverTakesIt) {
+  // The owner lowers its end past what it has parsed; the tail [split, end)
+  // is a new slice that starts at a sample's end, not at a header of its own.
+  const uint64_t size = shard_.bytes.size();
+  for (size_t after : {1ul, 7ul, 20ul}) {
+    uint64_t split = 0;
+    SliceRun head = RunSlice(shard_, 0, size, 700, RecordFormat::Parse("tar"), after, &split);
+    ASSERT_EQ(head.error, "");
+    EXPECT_EQ(head.samples.size(), after);
+    SliceRun tail = RunSlice(shard_, split, size, 700);
+    ASSERT_EQ(tail.error, "");
+    std::vector<Sample> got = head.samples;
+    got.insert(got.end(), tail.samples.begin(), tail.samples.end());
+    EXPECT_TRUE(got == shard_.samples) << "split after " << after << " samples at " << split;
   }
 }
 
@@ -366,6 +390,42 @@ TEST_F(TarDamageTest, NotATarFileIsAnError) {
   const SliceRun run = RunSlice(shard_, 0, shard_.bytes.size(), 512);
   EXPECT_NE(run.error.find(At(shard_, 0) + "header checksum mismatch"), std::string::npos)
       << run.error;
+}
+
+TEST_F(TarDamageTest, ASampleLargerThanMaxRecordBytesIsAnError) {
+  RecordFormat format = RecordFormat::Parse("tar");
+  format.max_record_bytes = 4096;  // sample 7 holds 9000 bytes of data
+  const SliceRun run = RunSlice(shard_, 0, shard_.bytes.size(), 512, format);
+  EXPECT_NE(run.error.find("sample of more than max_record_bytes (4096)"), std::string::npos)
+      << run.error;
+  EXPECT_NE(run.error.find(At(shard_, whole_.offsets[run.samples.size()])), std::string::npos)
+      << run.error;
+}
+
+TEST(TarGlobalHeaderTest, AGlobalPaxPathIsRefusedAndOtherGlobalKeysAreIgnored) {
+  // Python's tarfile writes TarFile(pax_headers=...) as a global 'g' header.
+  TempDir dir;
+  const std::string stage = dir.path() + "/a.txt";
+  WriteFile(stage, "hello");
+  for (const std::string& key : {"comment", "path"}) {
+    const std::string out = dir.path() + "/" + key + ".tar";
+    const std::string command =
+        "python3 -c 'import sys, tarfile\n"
+        "with tarfile.open(sys.argv[1], \"w\", format=tarfile.PAX_FORMAT, "
+        "pax_headers={sys.argv[3]: \"x\"}) as t: t.add(sys.argv[2], arcname=\"k/0001.txt\")' " +
+        out + " " + stage + " " + key;
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    Shard shard{out, ReadFile(out), {}};
+    const SliceRun run = RunSlice(shard, 0, shard.bytes.size(), 512);
+    if (key == "comment") {
+      EXPECT_EQ(run.error, "");
+      ASSERT_EQ(run.samples.size(), 1u);
+      EXPECT_EQ(run.samples[0].key, "k/0001");
+    } else {
+      EXPECT_NE(run.error.find(At(shard, 0) + "a global pax header sets path"), std::string::npos)
+          << run.error;
+    }
+  }
 }
 
 TEST(TarFormatTest, TheNameParsesAndTagsAsTar) {
