@@ -20,12 +20,15 @@ from tailcut.torch._queue_dataset import QueueDataset, current_epoch
 class IndexDataset(QueueDataset):
     """An IterableDataset over a map-style dataset, read by index from a tailcut queue.
 
-    IndexDataset(dataset, *, resume=None, **queue_options)
+    IndexDataset(dataset, *, name=None, num_epochs=None, shuffle=None,
+                 seed=None, num_slices=None, num_clients=None, resume=None,
+                 restore_state=None, ...the other tailcut.WorkQueue options)
 
     `dataset` has __getitem__ and __len__ (torch's Dataset, torchvision's
-    ImageFolder, ...). queue_options are tailcut.WorkQueue's (num_epochs,
+    ImageFolder, ...). The keywords are tailcut.WorkQueue's (num_epochs,
     default 100; shuffle, default True; seed; num_slices, default one item
-    per 256 samples; name; ...), the same in every process of the job:
+    per 256 samples; name, default the torchrun job's; ...; None keeps the
+    default), the same in every process of the job:
     each process (rank or DataLoader worker) opens the queue over
     num_samples=len(dataset) and reads the items it takes. Use it in place of
     DistributedSampler, with the DataLoader's own batching:
@@ -46,8 +49,23 @@ class IndexDataset(QueueDataset):
     again whole. An exception of dataset[i] propagates with a note naming i.
     """
 
-    def __init__(self, dataset, *, resume=None, **queue_options):
+    def __init__(self, dataset, *, name=None, num_epochs=None, shuffle=None, seed=None,
+                 num_slices=None, num_clients=None, resume=None, restore_state=None,
+                 max_clients=None, leases_per_client=None, attach_timeout=None,
+                 lease_timeout=None, stop_timeout=None, on_notice=None, auto_ack=None,
+                 keep_unfinished=None, coordinator=None, host_id=None, global_ttl=None,
+                 global_block_size=None):
         IterableDataset.__init__(self)
+        # The index queue's tailcut.WorkQueue options, listed (no **kwargs: an unknown keyword
+        # is Python's TypeError naming IndexDataset); those not given keep WorkQueue's default.
+        queue_options = {k: v for k, v in dict(
+            name=name, num_epochs=num_epochs, shuffle=shuffle, seed=seed, num_slices=num_slices,
+            num_clients=num_clients, restore_state=restore_state, max_clients=max_clients,
+            leases_per_client=leases_per_client, attach_timeout=attach_timeout,
+            lease_timeout=lease_timeout, stop_timeout=stop_timeout, on_notice=on_notice,
+            auto_ack=auto_ack, keep_unfinished=keep_unfinished, coordinator=coordinator,
+            host_id=host_id, global_ttl=global_ttl, global_block_size=global_block_size,
+        ).items() if v is not None}
         n = _map_style.sample_count(dataset, "IndexDataset")
         self.dataset = dataset
         queue_options.setdefault("num_clients", env_int("LOCAL_WORLD_SIZE", 1))
