@@ -378,6 +378,9 @@ QueueStats Housekeeper::Stats(const std::string& name) noexcept {
   s.segment_path = seg_->path();
   s.num_items = table_->num_items();
   s.num_epochs = table_->num_epochs();
+  // An index work is one file entry without a path (config.h), sized num_samples.
+  if (seg_->geometry().num_files == 1 && seg_->file(0).path_length == 0)
+    s.num_samples = seg_->file(0).size;
   s.total = total_;
   s.seed = table_->seed();
   s.shuffle = table_->shuffle();

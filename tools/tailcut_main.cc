@@ -425,6 +425,10 @@ int Main(int argc, char** argv) {
   top->add_option("--ring", ring_name,
                   "the batch ring to show (default: NAME.pool, the queue's PooledLoader, if any)");
   top->add_flag("--once", once, "print one frame (rates over each client's lifetime) and exit");
+  bool top_json = false;
+  top->add_flag("--json", top_json,
+                "each frame as one line of JSON: the queue, each process with its role and rates, "
+                "the ring, and the verdict (for scripts)");
   std::string coordinator;
   top->add_option("--coordinator", coordinator,
                   "show the job NAME across hosts as this coordinator sees it "
@@ -432,8 +436,10 @@ int Main(int argc, char** argv) {
   top->footer(
       "Refreshes every second, like top: the epoch, done / in flight / remaining\n"
       "with a progress bar, recovered items, split tails and stale acks, then one\n"
-      "row per client with items/s and MB/s since the last refresh, open items,\n"
-      "idle share and splits. The slowest live client still holding items is\n"
+      "row per client with items/s and MB/s since the last refresh (samples/s\n"
+      "for a map-style dataset's queue), open items, idle share and splits;\n"
+      "with a pool, each process is a rank or a loader. The slowest live client\n"
+      "still holding items is\n"
       "flagged as the straggler when it runs at under half the median rate;\n"
       "clients that died are shown with their items recovered. Ends on Ctrl-C\n"
       "or when the queue's last process removes it.\n"
@@ -448,6 +454,9 @@ int Main(int argc, char** argv) {
       "max), the loaders it keeps and its last decisions with their reasons; with\n"
       "balance=, each rank's records per step and the speeds that decided them.\n"
       "With --ring and no NAME, only the ring; it ends when the ring is removed.\n"
+      "Last, the verdict: input-bound when the ranks waited 10% or more of the\n"
+      "window for batches, with the loader that published least. --json prints\n"
+      "each frame's numbers as one line of JSON instead.\n"
       "\n"
       "With --coordinator, the job NAME across hosts instead (docs/global.md):\n"
       "done / total, then one row per host with blocks claimed and re-owned,\n"
@@ -559,7 +568,7 @@ int Main(int argc, char** argv) {
     if (top->parsed()) {
       if (name.empty() && ring_name.empty())
         return UsageFailure("top needs a queue NAME, or --ring RING", top);
-      return tailcut_cli::RunTop({name, ring_name, once, 1.0});
+      return tailcut_cli::RunTop({name, ring_name, once, 1.0, top_json});
     }
     if (ring->parsed()) return RunRing(name, json, remove);
     if (clean->parsed()) return tailcut_cli::RunClean(prefix, dry_run, std::cout);

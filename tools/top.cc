@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,18 +48,44 @@ struct Sample {
 };
 
 // One frame. `previous` holds the last sample per client slot (rates are the
-// change since then); it is updated.
-std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* previous) {
+// change since then); it is updated. `loaders`: pids the queue's batch ring
+// knows as loaders (the other live clients are the ranks), empty without a
+// ring. An index work (a map-style dataset's) counts samples, not records
+// and bytes. Adds the frame's numbers to *json.
+std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* previous,
+                  const std::set<int32_t>& loaders, nlohmann::json* json) {
   std::string out;
+  const bool samples = s.num_samples != 0;
   uint64_t remaining = s.total - std::min(s.total, s.done + s.in_flight);
-  uint64_t live = static_cast<uint64_t>(
-      std::count_if(s.clients.begin(), s.clients.end(), [](const auto& c) { return c.alive; }));
-  // Live processes, and every join since the start: DataLoader workers open
-  // the queue again each epoch, each a new client, so the second grows.
+  uint64_t live = 0, live_loaders = 0;
+  for (const tailcut::ClientStats& c : s.clients) {
+    live += c.alive;
+    live_loaders += c.alive && loaders.count(c.pid) > 0;
+  }
   out += "queue " + s.name + "   epoch " + std::to_string(std::min(s.epoch + 1, s.num_epochs)) +
-         "/" + std::to_string(s.num_epochs) + "   clients " + std::to_string(live) + " live, " +
-         std::to_string(s.clients_joined) + " joined since the start (" +
-         std::to_string(s.num_clients) + " expected)\n";
+         "/" + std::to_string(s.num_epochs) + "   ";
+  if (!loaders.empty()) {
+    // A pool: its loaders take the items, its ranks agree on steps.
+    out += "processes " + std::to_string(live - live_loaders) + " ranks, " +
+           std::to_string(live_loaders) + " loaders\n";
+  } else {
+    // Live processes, and every join since the start: DataLoader workers open
+    // the queue again each epoch, each a new client, so the second grows.
+    out += "clients " + std::to_string(live) + " live, " + std::to_string(s.clients_joined) +
+           " joined since the start (" + std::to_string(s.num_clients) + " expected)\n";
+  }
+  nlohmann::json& q = (*json)["queue"];
+  q = {{"name", s.name},
+       {"epoch", std::min(s.epoch + 1, s.num_epochs)},
+       {"num_epochs", s.num_epochs},
+       {"num_samples", s.num_samples},
+       {"done", s.done},
+       {"in_flight", s.in_flight},
+       {"total", s.total},
+       {"recovered_items", s.recovered_items},
+       {"ranks", loaders.empty() ? nlohmann::json(nullptr) : nlohmann::json(live - live_loaders)},
+       {"loaders", loaders.empty() ? nlohmann::json(nullptr) : nlohmann::json(live_loaders)},
+       {"clients", nlohmann::json::array()}};
   out += Bar(s.done, s.total, 40) + " " + Fixed(s.total ? 100.0 * s.done / s.total : 100.0, 1) +
          "%   done " + std::to_string(s.done) + "   in flight " + std::to_string(s.in_flight) +
          "   remaining " + std::to_string(remaining) + " of " + std::to_string(s.total) + "\n";
@@ -111,23 +139,58 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
       }
   }
   char line[256];
-  std::snprintf(line, sizeof(line), "%5s %8s %-8s %9s %9s %8s %6s %6s %7s %6s  %s\n", "slot", "pid",
-                "state", "items/s", "recs/s", "MB/s", "acked", "open", "idle%", "splits", "");
+  // An index work's bytes are positions: samples, and no records to count.
+  if (samples) {
+    std::snprintf(line, sizeof(line), "%5s %8s %-8s %-6s %9s %10s %6s %6s %7s %6s  %s\n", "slot",
+                  "pid", "state", "role", "items/s", "samples/s", "acked", "open", "idle%",
+                  "splits", "");
+  } else {
+    std::snprintf(line, sizeof(line), "%5s %8s %-8s %-6s %9s %9s %8s %6s %6s %7s %6s  %s\n", "slot",
+                  "pid", "state", "role", "items/s", "recs/s", "MB/s", "acked", "open", "idle%",
+                  "splits", "");
+  }
   out += line;
   for (const Row& r : rows) {
     const tailcut::ClientStats& c = *r.c;
     std::string state = c.alive ? "alive" : "gone";
+    const char* role = loaders.empty() ? "-" : loaders.count(c.pid) ? "loader" : "rank";
     std::string note;
     if (&c == straggler) note = "<- straggler";
-    if (c.alive && c.open_items == 0 && r.items_per_s == 0) note = "idle";
+    // A pool's ranks take no items: idle is a loader's or a reader's word.
+    if (c.alive && c.open_items == 0 && r.items_per_s == 0 && std::string(role) != "rank")
+      note = "idle";
     if (!c.alive && c.items_taken > c.items_acked + c.items_given_back) note = "items recovered";
-    std::snprintf(line, sizeof(line), "%5u %8d %-8s %9s %9s %8s %6llu %6llu %7s %6llu  %s\n",
-                  c.slot, c.pid, state.c_str(), Fixed(r.items_per_s, 1).c_str(),
-                  Fixed(r.records_per_s, 0).c_str(), Fixed(r.mb_per_s, 1).c_str(),
-                  static_cast<unsigned long long>(c.items_acked),
-                  static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
-                  static_cast<unsigned long long>(c.splits), note.c_str());
+    if (samples) {
+      std::snprintf(line, sizeof(line), "%5u %8d %-8s %-6s %9s %10s %6llu %6llu %7s %6llu  %s\n",
+                    c.slot, c.pid, state.c_str(), role, Fixed(r.items_per_s, 1).c_str(),
+                    Fixed(r.mb_per_s * 1e6, 0).c_str(),
+                    static_cast<unsigned long long>(c.items_acked),
+                    static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
+                    static_cast<unsigned long long>(c.splits), note.c_str());
+    } else {
+      std::snprintf(line, sizeof(line), "%5u %8d %-8s %-6s %9s %9s %8s %6llu %6llu %7s %6llu  %s\n",
+                    c.slot, c.pid, state.c_str(), role, Fixed(r.items_per_s, 1).c_str(),
+                    Fixed(r.records_per_s, 0).c_str(), Fixed(r.mb_per_s, 1).c_str(),
+                    static_cast<unsigned long long>(c.items_acked),
+                    static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
+                    static_cast<unsigned long long>(c.splits), note.c_str());
+    }
     out += line;
+    nlohmann::json row = {{"pid", c.pid},
+                          {"alive", c.alive},
+                          {"role", role},
+                          {"items_per_s", r.items_per_s},
+                          {"items_acked", c.items_acked},
+                          {"open_items", c.open_items},
+                          {"idle_share", r.idle_pct / 100},
+                          {"straggler", &c == straggler}};
+    if (samples) {
+      row["samples_per_s"] = r.mb_per_s * 1e6;
+    } else {
+      row["records_per_s"] = r.records_per_s;
+      row["mb_per_s"] = r.mb_per_s;
+    }
+    q["clients"].push_back(std::move(row));
   }
   if (gone_clean > 0)
     out += "(" + std::to_string(gone_clean) + " more gone: closed the queue with nothing open)\n";
@@ -139,6 +202,9 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
 constexpr double kStarvingWaitShare = 0.5;
 // ...or has been waiting for one this long now.
 constexpr double kStarvingWaitSeconds = 1.0;
+// The job is input-bound when its ranks, on average, waited this share of
+// the window for their batches.
+constexpr double kInputBoundShare = 0.1;
 
 struct RingSample {
   uint64_t batches = 0, wait_ns = 0, at_ns = 0, joined_ns = 0;
@@ -146,8 +212,25 @@ struct RingSample {
 
 // The ring's part of a frame. `previous` holds the last sample per client
 // slot (rates and wait shares are the change since then); it is updated.
-std::string RingFrame(const tailcut::BatchRingStats& s, std::map<uint32_t, RingSample>* previous) {
+std::string RingFrame(const tailcut::BatchRingStats& s, std::map<uint32_t, RingSample>* previous,
+                      nlohmann::json* json) {
   std::string out;
+  nlohmann::json& r = (*json)["ring"];
+  r = {{"name", s.name},
+       {"num_slots", s.num_slots},
+       {"ready", s.ready},
+       {"filling", s.filling},
+       {"free", s.free},
+       {"published", s.published},
+       {"popped", s.popped},
+       {"released", s.released},
+       {"state", RingStateText(s)},
+       {"clients", nlohmann::json::array()}};
+  // The verdict: how much of the window the ranks waited for batches, and
+  // the loader that published least.
+  double rank_wait = 0, window = 0, slowest_rate = -1;
+  int ranks = 0;
+  int32_t slowest_pid = 0;
   out += "ring " + s.name + "   " + std::to_string(s.num_slots) + " slots x " +
          Fixed(static_cast<double>(s.slot_bytes) / (1 << 20), 1) + " MiB   fill " +
          Bar(s.ready, s.num_slots, 20) + " " + std::to_string(s.ready) + "/" +
@@ -189,8 +272,38 @@ std::string RingFrame(const tailcut::BatchRingStats& s, std::map<uint32_t, RingS
                   static_cast<unsigned long long>(now.batches), Fixed(100 * share, 0).c_str(),
                   Fixed(waited_s, 2).c_str(), note.c_str());
     out += line;
+    r["clients"].push_back({{"pid", c.pid},
+                            {"role", loader ? "loader" : "trainer"},
+                            {"alive", c.alive},
+                            {"batches", now.batches},
+                            {"batches_per_s", rate},
+                            {"wait_share", share},
+                            {"wait_seconds", waited_s}});
+    if (!c.alive) continue;
+    if (loader) {
+      if (slowest_rate < 0 || rate < slowest_rate) slowest_rate = rate, slowest_pid = c.pid;
+    } else {
+      rank_wait += share;
+      window = std::max(window, secs);
+      ++ranks;
+    }
   }
   if (s.clients.empty()) out += "(no loaders or trainers)\n";
+  if (ranks > 0) {
+    rank_wait /= ranks;
+    const bool bound = rank_wait >= kInputBoundShare;
+    out += std::string(bound ? "input-bound" : "not input-bound") + ": the ranks waited " +
+           Fixed(100 * rank_wait, 0) + "% of the last " + Fixed(window, 1) + " s for batches";
+    if (bound && slowest_pid != 0)
+      out += "; slowest loader: pid " + std::to_string(slowest_pid) + " (" +
+             Fixed(slowest_rate, 1) + " batches/s)";
+    out += "\n";
+    r["verdict"] = {{"input_bound", bound},
+                    {"rank_wait_share", rank_wait},
+                    {"window_seconds", window},
+                    {"slowest_loader_pid",
+                     slowest_pid != 0 ? nlohmann::json(slowest_pid) : nlohmann::json(nullptr)}};
+  }
   return out;
 }
 
@@ -199,7 +312,8 @@ std::string RingFrame(const tailcut::BatchRingStats& s, std::map<uint32_t, RingS
 // top looks for a queue's default ring and there is none.
 // Throws kNotFound when a named ring does not exist at the first frame.
 std::string RingPart(const std::string& ring, bool named, bool first,
-                     std::map<uint32_t, RingSample>* previous, bool* gone) {
+                     std::map<uint32_t, RingSample>* previous, bool* gone,
+                     std::set<int32_t>* loaders, nlohmann::json* json) {
   *gone = false;
   tailcut::BatchRingStats stats;
   try {
@@ -214,7 +328,9 @@ std::string RingPart(const std::string& ring, bool named, bool first,
     }
     return "ring " + ring + ": unreadable: " + e.what() + "\n";
   }
-  return RingFrame(stats, previous) + PoolStatusPart(ring);
+  for (const tailcut::RingClientStats& c : stats.clients)
+    if (c.role == tailcut::RingRole::kLoader) loaders->insert(c.pid);
+  return RingFrame(stats, previous, json) + PoolStatusPart(ring);
 }
 
 }  // namespace
@@ -242,6 +358,12 @@ int RunTop(const TopOptions& options) {
   bool first = true;
   while (!g_stop) {
     std::string frame;
+    nlohmann::json json = nlohmann::json::object();
+    // The ring first: it says which of the queue's processes are loaders.
+    bool ring_gone = false;
+    std::set<int32_t> loaders;
+    std::string ring_part =
+        RingPart(ring, named_ring, first, &previous_ring, &ring_gone, &loaders, &json);
     if (!name.empty()) {
       tailcut::QueueStats stats;
       try {
@@ -252,18 +374,23 @@ int RunTop(const TopOptions& options) {
                     name.c_str());
         return 0;
       }
-      frame = Frame(stats, &previous);
+      frame = Frame(stats, &previous, loaders, &json);
     }
-    bool ring_gone = false;
-    std::string ring_part = RingPart(ring, named_ring, first, &previous_ring, &ring_gone);
     if (name.empty() && ring_gone) {
       std::fputs(ring_part.c_str(), stdout);
       return 0;
     }
     if (!ring_part.empty()) frame += (frame.empty() ? "" : "\n") + ring_part;
-    if (tty && !options.once) std::fputs("\x1b[H\x1b[2J", stdout);
-    std::fputs(frame.c_str(), stdout);
-    if (!tty && !options.once) std::fputs("\n", stdout);
+    if (options.json) {
+      // One object per frame, one line each: a script reads them as they come.
+      std::fputs(
+          (json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n").c_str(),
+          stdout);
+    } else {
+      if (tty && !options.once) std::fputs("\x1b[H\x1b[2J", stdout);
+      std::fputs(frame.c_str(), stdout);
+      if (!tty && !options.once) std::fputs("\n", stdout);
+    }
     std::fflush(stdout);
     first = false;
     if (options.once) return 0;

@@ -20,6 +20,9 @@ struct TopOptions {
   // One frame (rates over each client's lifetime), then return.
   bool once = false;
   double interval_s = 1.0;
+  // Each frame as one line of JSON (the numbers of the text frame: queue,
+  // clients with their role and rates, ring, verdict) instead of text.
+  bool json = false;
 };
 
 // Refreshes every interval_s seconds until Ctrl-C or until what it shows is

@@ -10,7 +10,8 @@ from conftest import SMALL_READER, write_lines
 
 # Written out here, not derived from the field list, so that a field dropped
 # from the list and from the dicts alike is still caught.
-QUEUE_FIELDS = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
+QUEUE_FIELDS = {"name", "segment_path", "num_items", "num_epochs", "num_samples", "total", "done",
+                "in_flight",
                 "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
                 "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
 CLIENT_FIELDS = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",

@@ -67,6 +67,7 @@ class _QueueStats(TypedDict):
     segment_path: str
     num_items: int
     num_epochs: int
+    num_samples: int
     total: int
     done: int
     in_flight: int

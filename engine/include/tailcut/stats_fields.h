@@ -60,6 +60,7 @@ enum class StatsSeries {
   X(std::string, segment_path, kNone, "its shared-memory object")                    \
   X(uint64_t, num_items, kNone, "items per epoch")                                   \
   X(uint64_t, num_epochs, kNone, "epochs")                                           \
+  X(uint64_t, num_samples, kNone, "samples of an index work (0: file slices)")       \
   X(uint64_t, total, kValue, "num_items * num_epochs")                               \
   X(uint64_t, done, kValue, "acked tickets")                                         \
   X(uint64_t, in_flight, kValue, "open leases (taken, not acked)")                   \

@@ -271,11 +271,12 @@ struct QueueStats {
   std::string segment_path;  // e.g. /dev/shm/tailcut.1000.work_queue
   uint64_t num_items = 0;
   uint64_t num_epochs = 0;
-  uint64_t total = 0;       // num_items * num_epochs
-  uint64_t done = 0;        // acked tickets
-  uint64_t in_flight = 0;   // open leases (taken, not acked)
-  uint64_t handed_out = 0;  // tickets the cursor has passed
-  uint64_t epoch = 0;       // epoch of the next ticket (num_epochs at the end)
+  uint64_t num_samples = 0;  // an index work's samples (0: file slices)
+  uint64_t total = 0;        // num_items * num_epochs
+  uint64_t done = 0;         // acked tickets
+  uint64_t in_flight = 0;    // open leases (taken, not acked)
+  uint64_t handed_out = 0;   // tickets the cursor has passed
+  uint64_t epoch = 0;        // epoch of the next ticket (num_epochs at the end)
   uint64_t seed = 0;
   bool shuffle = false;
   uint32_t num_clients = 0;      // expected
