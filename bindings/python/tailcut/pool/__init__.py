@@ -24,6 +24,10 @@ module of tailcut.pool imports this face, tests/tools/package_layers_test.py):
   _loader.py         the loader loop (unit of recovery, epochs) and its processes
   _description.py    the pool's description, for loaders that join from elsewhere
   _pooled_loader.py  PooledLoader, what a rank iterates
+  _dataloader_args.py  DataLoader's arguments, honoured or refused by name
+  _slots.py          the ring's default size
+  _hand_off.py       batches the caller owns (copied, pinned with pin_memory)
+  _in_process.py     num_workers=0: a rank loading in its own process
   _autoscale.py      Autoscale, how many loaders a PooledLoader keeps
   _balance.py        per-rank shares of the global batch that follow compute speed
   _cli.py            python3 -m tailcut.pool (__main__.py)
