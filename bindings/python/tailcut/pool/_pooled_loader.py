@@ -13,6 +13,7 @@ from tailcut import _args, _core, _job, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
 from tailcut.pool import _autoscale, _balance, _description, _lifecycle, _status
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
+from tailcut.pool._metrics import StepClock
 from tailcut.pool._recipe import recipe_for
 
 
@@ -182,6 +183,7 @@ class PooledLoader:
                                     cuda_register=_cuda_initialized()))
         self.epoch = _pool_state.restored_epoch(dataset)  # a resumed queue's, else 0
         self.reports = []
+        self._clock = StepClock()  # each step's wait for its batch: metrics()
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave
         self._started = False
@@ -399,7 +401,16 @@ class PooledLoader:
         return self._steps
 
     def __iter__(self):
-        return self._epoch_steps()
+        return self._clock.timed(self._epoch_steps())
+
+    def metrics(self, window=None):
+        """The input pipeline's numbers as a flat dict of floats, over the steps since the
+        last call (window=None) or the last `window` seconds: this rank's data wait (mean,
+        p99, max, share of the window), batches and samples per second, live loaders, ring
+        fill, the loaders' wait for free slots, weight, this epoch's leftovers
+        (tailcut/pool/_metrics.py lists the keys). Cheap enough to call every step."""
+        return self._clock.report(self, _args.seconds("window", window, allow_zero=False,
+                                                      allow_none=True))
 
     def _epoch_steps(self):
         self._release_current()  # the last batch of a loop left early (below)
