@@ -1,6 +1,6 @@
-"""Runs every ```python block of docs/python.md, docs/pytorch.md and docs/pooled.md as a
-program in an empty directory, and checks that every test the docs name as a promise's
-evidence exists."""
+"""Runs every ```python block of docs/python.md, docs/pytorch.md, docs/pooled.md and
+docs/metrics.md as a program in an empty directory, and checks that every test the docs name
+as a promise's evidence exists."""
 
 import importlib.util
 import os
@@ -14,7 +14,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # doc -> (fewest examples it must have, module the examples need)
-PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch"), "pooled.md": (3, "torch")}
+PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch"), "pooled.md": (3, "torch"),
+         "metrics.md": (1, "torch")}
 
 
 def python_blocks(page):
