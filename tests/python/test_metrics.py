@@ -74,3 +74,35 @@ def test_metrics_window_must_be_positive(rname, tmp_path, monkeypatch):
     finally:
         loader.close()
         ds.close()
+
+
+def test_the_plot_draws_a_jobs_data_wait_and_loaders_over_time(rname, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    path = write_ids(tmp_path / "ids.bin", 2000)
+    ds, loader = one_rank(path, rname, monkeypatch, Slow(0.01))
+    out = tmp_path / "wait.png"
+    plot = None
+    try:
+        for step, batch in enumerate(loader):
+            if step == 3:
+                plot = subprocess.Popen([sys.executable, "-m", "tailcut.plot", loader.name,
+                                         str(out), "--seconds", "2", "--interval", "0.1"],
+                                        stderr=subprocess.PIPE, text=True)
+            time.sleep(0.01)
+        _, err = plot.communicate(timeout=60)
+    finally:
+        loader.close()
+        ds.close()
+    assert plot.returncode == 0, err
+    assert f"{out}:" in err and "readings over" in err, err
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10000
+
+
+def test_the_plot_names_a_ring_that_does_not_exist(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "tailcut.plot", "no-such-ring-here",
+                        str(tmp_path / "x.png")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no-such-ring-here" in r.stderr, r.stderr

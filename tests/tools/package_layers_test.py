@@ -5,7 +5,7 @@
 Each module of bindings/python/tailcut sits in a layer:
   0  tailcut (the WorkQueue face over _core) and tailcut._core
   1  the private helpers at the root: tailcut._args, tailcut._steps, ...; and
-     tailcut.prometheus, the exporter over the face
+     tailcut.prometheus and tailcut.plot, tools over the face
   2  tailcut.torch and its modules (the face re-exports only)
   3  tailcut.pool and its modules
 as PyTorch's torch/utils/data keeps _utils/ from importing dataloader.py.
@@ -31,7 +31,7 @@ ALLOWED_UP = {("tailcut.torch", "tailcut.pool", "__getattr__"):
 def layer(module):
     if module in ("tailcut", "tailcut._core"):
         return 0
-    if module == "tailcut.prometheus":  # a tool over the face, beside the helpers
+    if module in ("tailcut.prometheus", "tailcut.plot"):  # tools over the face
         return 1
     for prefix, number in (("tailcut.torch", 2), ("tailcut.pool", 3)):
         if module == prefix or module.startswith(prefix + "."):
