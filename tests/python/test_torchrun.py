@@ -129,13 +129,13 @@ def test_torchrun_job_equal_steps_every_record_prompt_exit(data, tmp_path):
     process_exit = max(exits.values()) - last_step
     print(f"from the last step: {python_exit:.2f} s to the end of Python's exit steps, "
           f"{process_exit:.2f} s to the exit of the last rank")
-    # Under 2 s from the last step to the exit of every rank's process. Measured
-    # on a 2-core VM: 0.08-0.15 s to the end of Python's exit steps (the
-    # DataLoader workers' shutdown, the queue's close) and 0.57-0.74 s to the
-    # process's exit (the interpreter's teardown of torch is CPU-bound), 1.0 s
-    # with two busy loops competing for the cores.
+    # Python's exit steps (the DataLoader workers' shutdown, the queue's close)
+    # under 2 s of the last step: 0.08-0.15 s on a quiet 2-core VM, 0.21-0.33 s
+    # at load 6-16. The process's exit adds the interpreter's teardown of torch,
+    # which is CPU-bound: 0.57-0.74 s quiet, but 4.9-6.0 s at load 6-16, so its
+    # bound guards a rank that lingers (a wait for a timeout), not speed.
     assert python_exit < 2.0, f"{python_exit:.1f} s from the last step to the end of exit"
-    assert process_exit < 2.0, f"{process_exit:.1f} s from the last step to the rank's exit"
+    assert process_exit < 20.0, f"{process_exit:.1f} s from the last step to the rank's exit"
     assert shm_segments(out) == []
 
 
