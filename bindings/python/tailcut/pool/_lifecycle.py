@@ -41,6 +41,7 @@ import contextlib
 import glob
 import json
 import logging
+import math
 import os
 import pickle
 import signal
@@ -298,8 +299,9 @@ def pop(ring, ring_name, epoch, timeout, own_loaders, started):
     looking every POLL s for a failed loader (raise_if_failed) and for loaders
     at all: when the pool has its own loaders (`own_loaders`) and none is
     alive, it raises once that lasted 1 s, or at once when this process
-    started loaders (`started`, multiprocessing.Process) and all exited."""
-    deadline = time.monotonic() + timeout
+    started loaders (`started`, multiprocessing.Process) and all exited.
+    timeout=None waits for ever."""
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     alone_since = None
     while True:
         raise_if_failed(ring_name)

@@ -11,7 +11,9 @@ import weakref
 import tailcut
 from tailcut import _args, _core, _job, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
-from tailcut.pool import _autoscale, _balance, _description, _lifecycle, _status
+from tailcut.pool import (_autoscale, _balance, _dataloader_args, _description, _lifecycle,
+                          _slots, _status)
+from tailcut.pool._in_process import InProcessLoader
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._metrics import StepClock
 from tailcut.pool._recipe import recipe_for
@@ -45,60 +47,80 @@ _Held = _pool_state.Held  # a leftover batch carried into the next epoch
 
 
 def _map_source(dataset, batch_size, options):
-    """The MapSource of a map-style dataset (given with its options: shuffle,
-    seed, drop_last, num_epochs, queue_name, ...), else None."""
-    if hasattr(dataset, "_queue_args") and not options:  # a QueueDataset
-        return None
+    """The MapSource of a map-style dataset (given with PooledLoader's options
+    of its queue: shuffle, seed, drop_last, name, ...), else None."""
     from tailcut.pool._map_source import wrap  # imports torch
     return wrap(dataset, batch_size, options)
+
+
+class _DataLoaderDefault(int):
+    """batch_size's default, 1 as in DataLoader, told apart from a 1 given: a
+    QueueDataset that batches itself keeps its own batch_size then."""
+
+    def __repr__(self):
+        return "1"
+
+
+_DEFAULT_BATCH_SIZE = _DataLoaderDefault(1)
 
 
 class PooledLoader:
     """Batches from a host-wide pool of loader processes, equal steps per rank.
 
-    PooledLoader(dataset, num_workers=2, batch_size=None, collate_fn=None,
-                 transform=None, slot_bytes=4 << 20, num_slots=16, rank=None,
-                 world_size=None, local_rank=None, name=None, timeout=1800.0,
-                 carry_over=True, on_leftover=None, group=None, balance=False)
+    PooledLoader(dataset, batch_size=1, shuffle=None, sampler=None,
+                 batch_sampler=None, num_workers=0, collate_fn=None,
+                 pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None,
+                 generator=None, *, prefetch_factor=None,
+                 persistent_workers=False, pin_memory_device='',
+                 ...tailcut's keywords)
 
-    num_workers=(min, max) starts min loaders and adds or removes some while
-    the job runs, from how long the ranks wait for batches and the loaders
-    for free slots (tailcut.pool.Autoscale, which also takes the knobs;
-    docs/pooled.md, "Autoscaling"); loader.autoscale is that policy, else None.
+    DataLoader's signature: each of its arguments means what it means there,
+    or is refused with a line naming PooledLoader and the argument
+    (_dataloader_args.py; the table in docs/pooled.md, "DataLoader's
+    arguments"). num_workers is per rank: local rank 0 ($LOCAL_RANK, else
+    local_rank, else rank, else 0) starts num_workers x $LOCAL_WORLD_SIZE
+    loader processes (run_loader) for the whole host on the first iteration,
+    or loaders_per_host= of them (an int, (min, max) or a
+    tailcut.pool.Autoscale: autoscaled, see docs/pooled.md, "Autoscaling";
+    loader.autoscale is that policy, else None; 0: loaders come from
+    elsewhere). num_workers=0 loads in each rank's own process
+    (_in_process.py). add_loaders(n) and remove_loaders(n) change their
+    number at any time, and `python3 -m tailcut.pool --ring NAME` adds one
+    from any shell. Every rank pops the next ready batch of the host's ring.
+    A DistributedSampler given as sampler= is read for its shuffle, seed,
+    drop_last and the epoch its set_epoch() sets.
 
     `dataset` is a tailcut.torch.QueueDataset, or any map-style dataset
-    (dataset[i], len(dataset)), which the loaders read by index with the
-    keywords shuffle=True, seed=None, drop_last=False, num_epochs=100,
-    queue_name (see tailcut.pool._map_source and docs/pytorch.md). Local rank 0 ($LOCAL_RANK,
-    else local_rank, else rank, else 0) starts num_workers loader processes
-    (run_loader) for the whole host on the first iteration; add_loaders(n)
-    and remove_loaders(n) change their number at any time, and
-    `python3 -m tailcut.pool --ring NAME` adds one from any shell. Every rank
-    pops the next ready batch of the host's ring.
-
-    batch_size, collate_fn and transform default to the dataset's: its
-    batch_size (else 32), and its transform, which then runs in the loaders
-    as it would have in DataLoader workers (on each batch, as torch tensors,
-    if the dataset batches; else on each record, before collate_fn or torch's
-    default_collate). So DataLoader(ds, ..., num_workers=2) per rank becomes
-    PooledLoader(ds, ..., num_workers=8) per host.
+    (dataset[i], len(dataset)), which the loaders read by index through the
+    job's queue (name, seed, num_epochs=100, num_slices, restore_state,
+    resume: see tailcut.pool._map_source and docs/pytorch.md). batch_size,
+    collate_fn and transform default to a QueueDataset's own: its batch_size,
+    and its transform, which then runs in the loaders as it would have in
+    DataLoader workers (on each batch, as torch tensors, if the dataset
+    batches; else on each record, before collate_fn or torch's
+    default_collate).
 
     Iterating runs one epoch (set_epoch(e), else 0, 1, ...) and yields each
-    batch as torch tensors over the ring's shared memory (no copy), READ-ONLY
-    AND VALID UNTIL THE NEXT BATCH IS REQUESTED: the previous batch is
-    released then. Every rank gets the same number of batches per epoch
-    (tailcut._steps: WorkQueue.agree_step over the $LOCAL_WORLD_SIZE ranks of
-    the host, else world_size, combined over the torch.distributed default
-    group, or `group`, when it has more ranks than the host: every rank of
-    every host ends the epoch at the same step). A rank whose next batch
-    raises tells the others, which raise too rather than wait for it. The
-    batches left when one rank has none are counted in `reports` and,
-    with carry_over=True (the default: every record once per epoch), yielded
-    first in the next epoch (copied); otherwise, and after the queue's last
-    epoch, each is passed to on_leftover(batch) and released, and a warning
-    says how many records were dropped, as EqualSteps does. len() is this
-    rank's steps per epoch, an estimate (records per epoch / batch_size /
-    local ranks). Failures, restarts, what is left: tailcut.pool._lifecycle.
+    batch as tensors the caller owns (copied out of the ring, into pinned
+    memory with pin_memory); zero_copy=True yields the ring's memory itself,
+    READ-ONLY AND VALID UNTIL THE NEXT BATCH IS REQUESTED. The ring has
+    num_slots slots (None: sized for the ranks' shares and prefetch_factor
+    batches per loader, _slots.py) of slot_bytes each. timeout=0 waits for
+    ever for a batch. Every rank gets the same number of batches per epoch
+    (tailcut._steps: WorkQueue.agree_step over the local_world_size ranks of
+    the host, combined over the torch.distributed default group, or `group`,
+    when it has more ranks than the host: every rank of every host ends the
+    epoch at the same step). A rank whose next batch raises tells the others,
+    which raise too rather than wait for it. The batches left when one rank
+    has none are counted in `reports` and, with carry_over=True (the default:
+    every record once per epoch), yielded first in the next epoch (copied);
+    otherwise, and after the queue's last epoch, each is passed to
+    on_leftover(batch) and released, and a warning says how many records were
+    dropped, as EqualSteps does. len() is this rank's steps per epoch, an
+    estimate (records per epoch / batch_size / local ranks). Failures,
+    restarts, what is left: tailcut.pool._lifecycle. A loop that ran its
+    epochs to their end closes without a notice.
 
     Several hosts: a pool per host, named after the host's queue; with a
     coordinator (TAILCUT_COORDINATOR, TAILCUT_HOST_ID) that queue is fed its
@@ -115,13 +137,67 @@ class PooledLoader:
     takes batch_size records per step, weight stays 1.0.
     """
 
-    def __init__(self, dataset, num_workers=2, batch_size=None, collate_fn=None, transform=None,
-                 slot_bytes=4 << 20, num_slots=16, rank=None, world_size=None, local_rank=None,
-                 name=None, timeout=1800.0, carry_over=True, on_leftover=None, group=None,
-                 balance=False, **map_options):
+    def __init__(self, dataset, batch_size=_DEFAULT_BATCH_SIZE, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="",
+                 loaders_per_host=None, zero_copy=False, name=None, seed=None, num_epochs=None,
+                 num_slices=None, restore_state=None, resume=None, transform=None,
+                 num_slots=None, slot_bytes=4 << 20, balance=False, carry_over=True,
+                 on_leftover=None, rank=None, world_size=None, local_rank=None,
+                 local_world_size=None, group=None):
+        arguments = dict(locals())
+        del arguments["self"]
+        try:
+            self._init(**arguments)
+        except (TypeError, ValueError) as e:
+            # An argument's check names the argument; the error names the class too.
+            if str(e).startswith("PooledLoader"):
+                raise
+            raise type(e)(f"PooledLoader: {e}") from None
+
+    def _init(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+              collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+              multiprocessing_context, generator, prefetch_factor, persistent_workers,
+              pin_memory_device, loaders_per_host, zero_copy, name, seed, num_epochs, num_slices,
+              restore_state, resume, transform, num_slots, slot_bytes, balance, carry_over,
+              on_leftover, rank, world_size, local_rank, local_world_size, group):
+        rank = _args.count("rank", rank, allow_none=True)
+        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
+        local_rank = _args.count("local_rank", local_rank, allow_none=True)
+        local_world_size = _args.count("local_world_size", local_world_size, minimum=1,
+                                       allow_none=True)
+        self.rank = _job.env_int("RANK", 0) if rank is None else rank
+        self.world_size = _job.env_int("WORLD_SIZE", 1) if world_size is None else world_size
+        self.local_rank = _job.env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
+        self.local_world_size = (_job.env_int("LOCAL_WORLD_SIZE", self.world_size)
+                                 if local_world_size is None else local_world_size)
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise ValueError(f"PooledLoader: local_rank {self.local_rank} is not in "
+                             f"[0, local_world_size={self.local_world_size})")
+        # DataLoader's arguments, each honoured or refused by name (_dataloader_args.py).
+        _dataloader_args.context(multiprocessing_context)
+        shuffle, seed, drop_last = _dataloader_args.order(
+            dataset, sampler, batch_sampler, shuffle, seed, generator, drop_last,
+            self.world_size, self.rank)
+        self._sampler = sampler
+        self._sampler_epoch = getattr(sampler, "epoch", None)  # a change is a set_epoch()
+        self.pin_memory = _dataloader_args.pinning(pin_memory, pin_memory_device)
+        self.zero_copy = _args.flag("zero_copy", zero_copy)
+        if self.zero_copy and pin_memory:
+            raise tailcut.InvalidArgumentError(
+                "PooledLoader: zero_copy=True hands out views of the ring, pin_memory=True "
+                "pinned copies: give one of them")
+        self.prefetch_factor = _dataloader_args.prefetch(prefetch_factor, persistent_workers)
+        self.persistent_workers = persistent_workers
+        self.worker_init_fn = _args.callable_or_none("worker_init_fn", worker_init_fn)
+        _args.count("batch_size", batch_size, minimum=1, allow_none=True)
         # A map-style dataset is read through an index queue (_map_source.py).
-        self._map_source = _map_source(dataset, batch_size, map_options)
+        self._map_source = _map_source(dataset, batch_size, dict(
+            shuffle=shuffle, seed=seed, drop_last=drop_last, name=name, num_epochs=num_epochs,
+            num_slices=num_slices, restore_state=restore_state, resume=resume))
         dataset = self._map_source or dataset
+        self.dataset = dataset
         resumed = getattr(dataset, "_resumed", None)
         if resumed is not None:
             # Loaders ack what they publish: the dead run's batches that no rank used are
@@ -132,33 +208,34 @@ class PooledLoader:
                 f"(up to num_slots): resume from a checkpoint (PooledLoader.state_dict(), then "
                 f"restore_state= and load_state_dict(); docs/pooled.md), or start over "
                 f"(resume=False, the default)")
-        self.dataset = dataset
         self.queue = dataset.queue
-        # An int: a fixed pool; (min, max): min loaders to start, then autoscaled.
-        self.num_workers, self.autoscale = _autoscale.workers(num_workers, RING_MAX_CLIENTS - 1)
-        _args.count("batch_size", batch_size, minimum=1, allow_none=True)
+        loaders, self._in_process = _dataloader_args.workers(num_workers, loaders_per_host,
+                                                             self.local_world_size)
+        self.num_workers = num_workers
+        # An int: a fixed pool; (min, max) or an Autoscale: min loaders to start, then
+        # autoscaled. In process (num_workers=0): one loader thread per rank.
+        self.loaders_per_host, self.autoscale = _autoscale.workers(loaders,
+                                                                   RING_MAX_CLIENTS - 1)
         for key, fn in (("collate_fn", collate_fn), ("transform", transform),
                         ("on_leftover", on_leftover)):
             _args.callable_or_none(key, fn)
+        if batch_size is _DEFAULT_BATCH_SIZE and getattr(dataset, "batch_size", None):
+            batch_size = None  # a QueueDataset's own (a MapSource's is batch_size)
         self._recipe = recipe_for(dataset, batch_size, collate_fn, transform)
         self.batch_size = self._recipe.batch_size
+        self.drop_last = drop_last
         self.collate_fn, self.transform = collate_fn, transform
         self.slot_bytes = _args.count("slot_bytes", slot_bytes, minimum=1)
-        self.num_slots = _args.count("num_slots", num_slots, minimum=1)
         balance = _balance.settings(balance)
-        rank = _args.count("rank", rank, allow_none=True)
-        world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
-        local_rank = _args.count("local_rank", local_rank, allow_none=True)
-        self.rank = _job.env_int("RANK", 0) if rank is None else rank
-        self.world_size = _job.env_int("WORLD_SIZE", 1) if world_size is None else world_size
-        self.local_rank = _job.env_int("LOCAL_RANK", self.rank) if local_rank is None else local_rank
-        self.local_world_size = _job.env_int("LOCAL_WORLD_SIZE", self.world_size)
-        if not 0 <= self.local_rank < self.local_world_size:
-            raise ValueError(f"local rank {self.local_rank} is not in "
-                             f"[0, {self.local_world_size})")
+        self.num_slots = _slots.num_slots(
+            _args.count("num_slots", num_slots, minimum=1, allow_none=True),
+            self.autoscale.maximum if self.autoscale else self.loaders_per_host,
+            self.prefetch_factor, self.local_world_size, self.slot_bytes,
+            _balance.held_units(balance, self.batch_size, self.world_size,
+                                self.local_world_size) if balance is not None else None)
         # Named after the host's queue: '<name>.<host id>' where a coordinator feeds it, so
         # that the pools of hosts sharing a machine (or a test's simulated hosts) never meet.
-        self.name = name or f"{self.queue.summary()['name']}.pool"
+        self.name = f"{self.queue.summary()['name']}.pool"
         self._shares = None  # _balance.Shares: this rank's share of the global batch
         if balance is not None:  # the loaders publish units of a batch
             self._shares = _balance.Shares(balance, self.batch_size, self.world_size,
@@ -169,7 +246,7 @@ class PooledLoader:
         self._status = None
         if self.local_rank == 0 and (self.autoscale is not None or self._shares is not None):
             self._status = _status.PoolStatus(self.name, self.autoscale, self._shares)
-        self.timeout = _args.seconds("timeout", timeout, allow_zero=False, allow_none=True)
+        self.timeout = _dataloader_args.timeout(timeout)  # None: wait for ever
         self.carry_over = _args.flag("carry_over", carry_over)
         self.on_leftover = on_leftover
         # Pinned for CUDA only where this process already chose its device
@@ -187,6 +264,7 @@ class PooledLoader:
         self.loaders = []  # the loader processes this process started
         self._leaving = set()  # pids of those asked to leave
         self._started = False
+        self._own_loader = None  # num_workers=0: this rank's InProcessLoader
         self._spec_holder = [None]  # removes the description written here
         # close()'s end, also at GC or exit (DataLoader users never close()); registered
         # after multiprocessing's exit handler, so it runs before that one.
@@ -265,7 +343,8 @@ class PooledLoader:
         if not self._started:
             self._started = True
             self._publish_spec()
-            self.loaders += start_loaders(self.dataset, self.name, self.num_workers,
+            self.loaders += start_loaders(self.dataset, self.name, self.loaders_per_host,
+                                          worker_init_fn=self.worker_init_fn,
                                           **self._loader_kwargs())
             if self._status is not None:
                 self._status.started(len(self.live_loaders()))
@@ -278,7 +357,8 @@ class PooledLoader:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be an int >= 0, got {n!r}")
         self._publish_spec()
-        procs = start_loaders(self.dataset, self.name, n, **self._loader_kwargs())
+        procs = start_loaders(self.dataset, self.name, n, worker_init_fn=self.worker_init_fn,
+                              first_id=len(self.loaders), **self._loader_kwargs())
         self.loaders += procs
         return procs
 
@@ -317,7 +397,8 @@ class PooledLoader:
                 batch, self._stash = self._stash, None
             else:
                 batch = _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
-                                       self.num_workers > 0, self.loaders)
+                                       self.loaders_per_host > 0 or self._in_process,
+                                       self.loaders)
                 if batch is None:
                     return None
             if (self._map_source is not None and self._map_source.drop_last
@@ -364,6 +445,17 @@ class PooledLoader:
         if isinstance(arrays, tuple):
             return tuple(from_numpy(a) for a in arrays)
         return from_numpy(arrays)
+
+    def _owned(self, batch, copied=False):
+        """The batch handed to the caller: its own copy (pinned with
+        pin_memory), or with zero_copy the ring's view, valid until the next
+        batch. `copied`: the batch owns its memory already."""
+        if self.zero_copy:
+            return batch
+        from tailcut.pool import _hand_off  # imports torch, as iterating does anyway
+        if copied:
+            return _hand_off.pinned(batch) if self.pin_memory else batch
+        return _hand_off.owned(batch, self.pin_memory)
 
     def _shower(self, batch):
         """show(on_leftover) of a dropped batch: passes its tensors to
@@ -417,6 +509,14 @@ class PooledLoader:
         if self.local_rank == 0:
             self.start_loaders()
         steps = self._agreement()
+        if self._in_process and self._own_loader is None:
+            # num_workers=0: this rank loads in its own process (_in_process.py).
+            self._own_loader = InProcessLoader(self.dataset, self.name, self._loader_kwargs())
+            self._own_loader.start()
+        sampler_epoch = getattr(self._sampler, "epoch", None)
+        if sampler_epoch != self._sampler_epoch:  # the DistributedSampler's set_epoch()
+            self._sampler_epoch = sampler_epoch
+            self.set_epoch(sampler_epoch)
         epoch = self.epoch
         if epoch >= _steps.MAX_EPOCH:
             raise ValueError("PooledLoader: epoch must be below 2**30")
@@ -425,6 +525,8 @@ class PooledLoader:
         carried, self._carried = self._carried, []
         self._carried_now = carried
         self._position = (epoch, 0)
+        if self._map_source is not None:
+            self._map_source.notices.finished = False  # until this epoch's loop ends
         report = _steps.new_report(epoch, len(carried))
         self.reports.append(report)
         self._leftovers = _steps.Leftovers(self.carry_over, self.on_leftover, "tailcut.pool")
@@ -466,13 +568,13 @@ class PooledLoader:
                     report["steps"] = step
                     self._position = (epoch, step)
                     if shares is not None:
-                        yield self._balanced(parts)
+                        yield self._owned(self._balanced(parts), copied=True)
                         shares.step_done()
                     elif isinstance(parts[0], _Held):
-                        yield parts[0].tensors
+                        yield self._owned(parts[0].tensors, copied=True)
                     else:
                         self._current = parts
-                        yield self._tensors(parts[0])
+                        yield self._owned(self._tensors(parts[0]))
                     continue
                 # The group ended the epoch: the rest is left over.
                 for batch in parts:
@@ -492,6 +594,8 @@ class PooledLoader:
             if not left_early:
                 self._release_current()
         self._leftovers.end_epoch(report, self.rank)
+        if self._map_source is not None:  # the loop ran its epoch to the end: quiet close
+            self._map_source.notices.finished = True
 
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
@@ -509,7 +613,11 @@ class PooledLoader:
             self.ring.release(self._stash)
             self._stash = None
         self._carried = self._carried_now = []
+        if self._own_loader is not None:
+            self._own_loader.stop()  # it publishes and acks what it holds, then leaves
         self._end()
+        if self._own_loader is not None:
+            self._own_loader.join()  # the ring is ended: a wait for a free slot ends too
         if self._map_source is not None:
             self._map_source.close()  # leaves its index queue
 
