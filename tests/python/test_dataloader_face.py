@@ -83,7 +83,7 @@ def test_the_signature_is_dataloaders_then_tailcuts_own_keywords():
 
 
 def test_no_public_signature_takes_arbitrary_keywords():
-    for api in (PooledLoader, tt.EqualSteps, tt.IndexDataset):
+    for api in (PooledLoader, tt.EqualSteps, tt.IndexDataset, tt.QueueDataset):
         kinds = {p.kind for p in inspect.signature(api).parameters.values()}
         assert inspect.Parameter.VAR_KEYWORD not in kinds, api
     with pytest.raises(TypeError, match="unexpected keyword argument 'queue_name'"):

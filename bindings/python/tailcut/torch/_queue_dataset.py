@@ -194,11 +194,13 @@ class QueueDataset(IterableDataset):
 
     QueueDataset(works, batch_size=None, *, transform=None, copy=False,
                  drop_last=False, shuffle_buffer=2048, interleave=2,
-                 reader_options=None, resume=None, **queue_options)
+                 reader_options=None, resume=None, name=None, num_epochs=None,
+                 shuffle=None, seed=None, ...the other tailcut.WorkQueue options)
 
-    `works` and `queue_options` are tailcut.WorkQueue's arguments (num_epochs,
-    shuffle, seed, num_slices, name, format, record_bytes, ...); every process
-    of the job must pass the same ones. num_clients defaults to
+    `works` and the keywords from name on are tailcut.WorkQueue's arguments
+    (num_epochs, shuffle, seed, num_slices, name, format, record_bytes, ...;
+    None keeps WorkQueue's default); every process of the job must pass the
+    same ones. num_clients defaults to
     $LOCAL_WORLD_SIZE (torchrun), else 1. The queue is opened (created or
     joined) in this process right away -- a bad option fails here -- and again
     in each DataLoader worker process, which pulls from it on its own.
@@ -255,8 +257,24 @@ class QueueDataset(IterableDataset):
 
     def __init__(self, works, batch_size=None, *, transform=None, copy=False, drop_last=False,
                  shuffle_buffer=SHUFFLE_BUFFER, interleave=INTERLEAVE, reader_options=None,
-                 resume=None, **queue_options):
+                 resume=None, name=None, num_epochs=None, shuffle=None, seed=None, prefix=None,
+                 num_slices=None, num_clients=None, format=None, record_bytes=None,
+                 restore_state=None, max_clients=None, leases_per_client=None,
+                 attach_timeout=None, lease_timeout=None, stop_timeout=None, on_notice=None,
+                 auto_ack=None, keep_unfinished=None, coordinator=None, host_id=None,
+                 global_ttl=None, global_block_size=None):
         super().__init__()
+        # The queue's tailcut.WorkQueue options, listed (no **kwargs: an unknown keyword is
+        # Python's TypeError naming QueueDataset); those not given keep WorkQueue's default.
+        queue_options = {k: v for k, v in dict(
+            name=name, num_epochs=num_epochs, shuffle=shuffle, seed=seed, prefix=prefix,
+            num_slices=num_slices, num_clients=num_clients, format=format,
+            record_bytes=record_bytes, restore_state=restore_state, max_clients=max_clients,
+            leases_per_client=leases_per_client, attach_timeout=attach_timeout,
+            lease_timeout=lease_timeout, stop_timeout=stop_timeout, on_notice=on_notice,
+            auto_ack=auto_ack, keep_unfinished=keep_unfinished, coordinator=coordinator,
+            host_id=host_id, global_ttl=global_ttl, global_block_size=global_block_size,
+        ).items() if v is not None}
         if isinstance(works, (str, bytes, os.PathLike)):
             works = [works]
         queue_options.setdefault("num_clients", env_int("LOCAL_WORLD_SIZE", 1))
