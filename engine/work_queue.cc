@@ -202,7 +202,9 @@ void WorkQueue::Impl::Open() {
       throw mismatch("seed " + std::to_string(restore_.seed) + " there, " +
                      std::to_string(config_.seed) + " here");
     if (restore_.fingerprint != DataFingerprint(config_))
-      throw mismatch("works, file sizes, num_slices, shuffle or format differ");
+      throw mismatch(
+          "works, file sizes, num_slices, shuffle, the shuffle order's version (a checkpoint of a "
+          "tailcut older than this one's order) or format differ");
   }
   uint64_t path_bytes = 0;
   for (const auto& p : config_.paths) path_bytes += p.size();

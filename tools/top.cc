@@ -139,21 +139,25 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
       }
   }
   char line[256];
+  const char* role_head = loaders.empty() ? "" : "role   ";
   // An index work's bytes are positions: samples, and no records to count.
   if (samples) {
-    std::snprintf(line, sizeof(line), "%5s %8s %-8s %-6s %9s %10s %6s %6s %7s %6s  %s\n", "slot",
-                  "pid", "state", "role", "items/s", "samples/s", "acked", "open", "idle%",
+    std::snprintf(line, sizeof(line), "%5s %8s %-8s %s%9s %10s %6s %6s %7s %6s  %s\n", "slot",
+                  "pid", "state", role_head, "items/s", "samples/s", "acked", "open", "idle%",
                   "splits", "");
   } else {
-    std::snprintf(line, sizeof(line), "%5s %8s %-8s %-6s %9s %9s %8s %6s %6s %7s %6s  %s\n", "slot",
-                  "pid", "state", "role", "items/s", "recs/s", "MB/s", "acked", "open", "idle%",
+    std::snprintf(line, sizeof(line), "%5s %8s %-8s %s%9s %9s %8s %6s %6s %7s %6s  %s\n", "slot",
+                  "pid", "state", role_head, "items/s", "recs/s", "MB/s", "acked", "open", "idle%",
                   "splits", "");
   }
   out += line;
   for (const Row& r : rows) {
     const tailcut::ClientStats& c = *r.c;
     std::string state = c.alive ? "alive" : "gone";
-    const char* role = loaders.empty() ? "-" : loaders.count(c.pid) ? "loader" : "rank";
+    const char* role = loaders.empty() ? "" : loaders.count(c.pid) ? "loader" : "rank";
+    // The role column is shown with a pool only.
+    const std::string role_cell =
+        loaders.empty() ? "" : (std::string(role) + "      ").substr(0, 7);
     std::string note;
     if (&c == straggler) note = "<- straggler";
     // A pool's ranks take no items: idle is a loader's or a reader's word.
@@ -161,29 +165,30 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
       note = "idle";
     if (!c.alive && c.items_taken > c.items_acked + c.items_given_back) note = "items recovered";
     if (samples) {
-      std::snprintf(line, sizeof(line), "%5u %8d %-8s %-6s %9s %10s %6llu %6llu %7s %6llu  %s\n",
-                    c.slot, c.pid, state.c_str(), role, Fixed(r.items_per_s, 1).c_str(),
-                    Fixed(r.mb_per_s * 1e6, 0).c_str(),
+      std::snprintf(line, sizeof(line), "%5u %8d %-8s %s%9s %10s %6llu %6llu %7s %6llu  %s\n",
+                    c.slot, c.pid, state.c_str(), role_cell.c_str(),
+                    Fixed(r.items_per_s, 1).c_str(), Fixed(r.mb_per_s * 1e6, 0).c_str(),
                     static_cast<unsigned long long>(c.items_acked),
                     static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
                     static_cast<unsigned long long>(c.splits), note.c_str());
     } else {
-      std::snprintf(line, sizeof(line), "%5u %8d %-8s %-6s %9s %9s %8s %6llu %6llu %7s %6llu  %s\n",
-                    c.slot, c.pid, state.c_str(), role, Fixed(r.items_per_s, 1).c_str(),
-                    Fixed(r.records_per_s, 0).c_str(), Fixed(r.mb_per_s, 1).c_str(),
-                    static_cast<unsigned long long>(c.items_acked),
+      std::snprintf(line, sizeof(line), "%5u %8d %-8s %s%9s %9s %8s %6llu %6llu %7s %6llu  %s\n",
+                    c.slot, c.pid, state.c_str(), role_cell.c_str(),
+                    Fixed(r.items_per_s, 1).c_str(), Fixed(r.records_per_s, 0).c_str(),
+                    Fixed(r.mb_per_s, 1).c_str(), static_cast<unsigned long long>(c.items_acked),
                     static_cast<unsigned long long>(c.open_items), Fixed(r.idle_pct, 0).c_str(),
                     static_cast<unsigned long long>(c.splits), note.c_str());
     }
     out += line;
-    nlohmann::json row = {{"pid", c.pid},
-                          {"alive", c.alive},
-                          {"role", role},
-                          {"items_per_s", r.items_per_s},
-                          {"items_acked", c.items_acked},
-                          {"open_items", c.open_items},
-                          {"idle_share", r.idle_pct / 100},
-                          {"straggler", &c == straggler}};
+    nlohmann::json row = {
+        {"pid", c.pid},
+        {"alive", c.alive},
+        {"role", loaders.empty() ? nlohmann::json(nullptr) : nlohmann::json(role)},
+        {"items_per_s", r.items_per_s},
+        {"items_acked", c.items_acked},
+        {"open_items", c.open_items},
+        {"idle_share", r.idle_pct / 100},
+        {"straggler", &c == straggler}};
     if (samples) {
       row["samples_per_s"] = r.mb_per_s * 1e6;
     } else {

@@ -225,7 +225,8 @@ if check_rc 0 "stat --json"; then
 import json, sys
 path, name, pid1, pid2 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 stats = json.load(open(path))
-queue_keys = {"name", "segment_path", "num_items", "num_epochs", "total", "done", "in_flight",
+queue_keys = {"name", "segment_path", "num_items", "num_epochs", "num_samples", "total", "done",
+              "in_flight",
               "handed_out", "epoch", "seed", "shuffle", "num_clients", "clients_joined",
               "recovered_items", "stale_acks", "splits", "now_ns", "clients"}
 client_keys = {"slot", "pid", "alive", "items_taken", "items_acked", "items_given_back",
