@@ -20,10 +20,8 @@ namespace detail {
 namespace {
 
 constexpr std::pair<std::string_view, RecordFormatKind> kFormatNames[] = {
-    {"fixed", RecordFormatKind::kFixed},
-    {"lines", RecordFormatKind::kLines},
-    {"tfrecord", RecordFormatKind::kTfrecord},
-    {"file", RecordFormatKind::kFile},
+    {"fixed", RecordFormatKind::kFixed},       {"lines", RecordFormatKind::kLines},
+    {"tfrecord", RecordFormatKind::kTfrecord}, {"file", RecordFormatKind::kFile},
     {"tar", RecordFormatKind::kTar},
 };
 

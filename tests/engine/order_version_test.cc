@@ -29,9 +29,9 @@ TEST_F(WorkQueueTest, ASegmentMadeWithAnotherShuffleOrderIsRefused) {
     ASSERT_TRUE(segment);
     segment->header().fingerprint ^= 0x5a5a;
   }
-  EXPECT_TRUE(FailsWith([&] { WorkQueue::Open(o); }, ErrorKind::kConfigMismatch,
-                        {"the shuffle order differs",
-                         "not version " + std::to_string(kPermutationVersion)}));
+  EXPECT_TRUE(FailsWith(
+      [&] { WorkQueue::Open(o); }, ErrorKind::kConfigMismatch,
+      {"the shuffle order differs", "not version " + std::to_string(kPermutationVersion)}));
 }
 
 TEST_F(WorkQueueTest, ASegmentOfTheSameOrderStillAttaches) {
