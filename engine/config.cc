@@ -55,25 +55,25 @@ uint64_t ItemCountBound(const std::vector<uint64_t>& sizes, uint64_t num_slices)
 void CheckItemCount(const WorkQueueOptions& options, uint64_t num_slices, uint64_t items) {
   if (items <= kMaxItems) return;
   const std::string queue = "queue '" + options.name + "': ";
-  const std::string limit = "; the limit is " + std::to_string(kMaxItems) +
-                            " items (each takes memory and /dev/shm): ";
+  const std::string limit =
+      "; the limit is " + std::to_string(kMaxItems) + " items (each takes memory and /dev/shm): ";
   if (options.num_samples != 0) {
     const uint64_t per_item = (options.num_samples + kMaxItems - 1) / kMaxItems;
     throw Error(ErrorKind::kInvalidArgument,
                 queue + "num_samples=" + std::to_string(options.num_samples) + " makes " +
                     std::to_string(items) + " items" +
-                    (!options.num_slices
-                         ? " of " + std::to_string(kSamplesPerItem) + " samples"
-                         : " (num_slices=" + std::to_string(num_slices) + ")") +
+                    (!options.num_slices ? " of " + std::to_string(kSamplesPerItem) + " samples"
+                                         : " (num_slices=" + std::to_string(num_slices) + ")") +
                     limit + "pass num_slices=" + std::to_string(kMaxItems) +
                     " or fewer (items of " + std::to_string(per_item) + " samples or more)");
   }
   const bool per_file = num_slices <= options.works.size();
-  throw Error(ErrorKind::kInvalidArgument,
-              queue + std::to_string(options.works.size()) + " works make " +
-                  std::to_string(items) + " items" +
-                  (per_file ? " (one per file)" : " (num_slices=" + std::to_string(num_slices) + ")") +
-                  limit + (per_file ? "use fewer, larger files" : "pass a smaller num_slices"));
+  throw Error(
+      ErrorKind::kInvalidArgument,
+      queue + std::to_string(options.works.size()) + " works make " + std::to_string(items) +
+          " items" +
+          (per_file ? " (one per file)" : " (num_slices=" + std::to_string(num_slices) + ")") +
+          limit + (per_file ? "use fewer, larger files" : "pass a smaller num_slices"));
 }
 
 std::string Quote(const std::string& s) { return "'" + Printable(s) + "'"; }
