@@ -261,6 +261,26 @@ def test_balance_on_four_ranks_runs_with_the_default_ring(one_rank):
     assert loader.num_slots >= held + 4 * 8  # the shares, and each loader's prefetch
 
 
+class Big(Dataset):
+    """Sample i: a 1 MiB uint8 image and its id, so that a batch of 3 is 3 MiB."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.full((1 << 20,), i % 251, dtype=torch.uint8), i
+
+
+@pytest.mark.parametrize("feature", ["map-style", "autoscale", "big samples", "in process"])
+def test_each_feature_runs_with_no_sizing_argument(one_rank, feature):
+    kw = {"map-style": dict(num_workers=2), "autoscale": dict(loaders_per_host=(1, 3)),
+          "big samples": dict(num_workers=1), "in process": dict(num_workers=0)}[feature]
+    ds = Big() if feature == "big samples" else Samples(90)
+    loader = one_rank(ds, batch_size=3, shuffle=True, num_epochs=2, **kw)
+    for _ in range(2):
+        assert sorted(epoch_ids(loader)) == list(range(len(ds)))
+
+
 def test_the_documented_index_dataset_loop_runs_every_epoch(qname, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.IndexDataset(Samples(50), seed=0, name=qname, num_epochs=3)
