@@ -21,7 +21,8 @@
 // One file per concept: errors, conversions, queue (the handle, WorkQueue),
 // stats, items (WorkItem, take, agree_step), producer (input_dataset,
 // input_producer), reader_state and readers (records, batches), batch_ring
-// (BatchRing), slice_records (the records of one item). This file only
+// (BatchRing), slice_records (the records of one item), tar_sample (a tar
+// record's members). This file only
 // registers them.
 #include "module.h"
 
@@ -29,6 +30,7 @@
 
 #include "batch_ring.h"
 #include "slice_records.h"
+#include "tar_sample.h"
 
 namespace py = pybind11;
 namespace tp = tailcut::python;
@@ -54,4 +56,5 @@ PYBIND11_MODULE(_core, m) {
   tp::DefineQueueFunctions(m);
   tp::DefineBatchRing(m);
   tp::DefineSliceRecords(m);
+  tp::DefineTarSample(m);
 }

@@ -49,6 +49,7 @@ from tailcut._core import (
     remove_queue,
     segment_path,
     slice_records,
+    tar_members,
 )
 from tailcut._core import _close_all
 
@@ -79,6 +80,7 @@ __all__ = [
     "masked_crc32c",
     "encode_tfrecord",
     "slice_records",
+    "tar_members",
     "__version__",
 ]
 

@@ -231,7 +231,7 @@ class BatchIterator(Iterator[_Batch]):
     @property
     def files(self) -> Optional[npt.NDArray[np.uint32]]: ...
 
-_Format = Literal["lines", "tfrecord", "fixed", "file"]
+_Format = Literal["lines", "tfrecord", "fixed", "file", "tar"]
 _Backend = Optional[Literal["uring", "io_uring", "pread", "default"]]
 
 class _SummaryWriter:
@@ -453,3 +453,4 @@ def slice_records(path: _Path, begin: int, end: int, format: str,
                   record_bytes: Optional[int] = None, max_record_bytes: int = ...,
                   *, with_ends: Literal[True],
                   item: Optional[WorkItem] = None) -> tuple[list[bytes], list[int]]: ...
+def tar_members(record: _Bytes) -> dict[str, Union[str, bytes]]: ...

@@ -12,8 +12,8 @@ DEFAULT_BATCH_SIZE = 32
 
 def item_records(path, begin, end, fmt, with_ends=False, item=None):
     """The records that start in [begin, end) of `path`, as bytes, for a
-    queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord' or
-    'file'. Parsed as the queue's reader parses them (tailcut.slice_records):
+    queue format tag: 'fixed:<n>', 'lines' (also None or ''), 'tfrecord',
+    'file' or 'tar' (each a WebDataset sample's dict, tailcut.tar_members). Parsed as the queue's reader parses them (tailcut.slice_records):
     lines lose their '\\n' and one trailing '\\r'; TFRecord CRCs are checked.
     with_ends=True: (records, ends), ends[i] the file offset just past record i.
     item: the WorkItem of the slice, to check the file is still the queue's.
@@ -22,6 +22,11 @@ def item_records(path, begin, end, fmt, with_ends=False, item=None):
     name, _, size = (fmt or "lines").partition(":")
     got = _core.slice_records(path, begin, end, name, int(size) if size else None,
                               with_ends=with_ends, item=item)
+    if name == "tar":
+        # A WebDataset sample, as WebDataset hands it out: {"__key__": ..., "jpg": bytes, ...}.
+        records, ends = got if with_ends else (got, None)
+        records = [_core.tar_members(r) for r in records]
+        return (records, ends) if with_ends else records
     if name != "file":
         return got
     # A whole file: its bytes with its path and index in works (FileRecord).

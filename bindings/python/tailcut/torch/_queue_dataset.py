@@ -435,11 +435,15 @@ class QueueDataset(IterableDataset):
         try:
             if self.batch_size is None:
                 paths = self._file_paths()
+                # A tar record is a WebDataset sample: handed out as WebDataset does.
+                samples = self._queue_args.get("format") == "tar"
                 while (got := source.read(_RECORD_GROUP)) is not None:
                     piece, self.batch_epoch = got
                     if self.batch_epoch < epoch:
                         self.late_records += _count(piece)
                     for record in _records(piece, source.files, paths):
+                        if samples:
+                            record = tailcut.tar_members(record)
                         yield record if transform is None else transform(record)
             else:
                 for piece, self.batch_epoch in _full_batches(source, self.batch_size,
