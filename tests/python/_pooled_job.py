@@ -11,7 +11,7 @@ OUT_DIR/ids-R-A (flushed, so a killed attempt's steps are known; A is
 "$TEST_RUN.<torchrun restart count>"), writes its pid to OUT_DIR/pid-R-A, the
 queue's and ring's names to OUT_DIR/names-R-A, local rank 0 the pids of its
 loaders to OUT_DIR/loaders-A, and at the end OUT_DIR/done-R-A.json (with
-the number of loader processes the rank started). An
+the number of loader processes the rank started and its metrics() of the run). An
 exception is written to OUT_DIR/raised-R-A.json (time, type, text), then
 raised. --fail-after N: each loader's transform raises ValueError after its
 N-th batch (writing the time to OUT_DIR/failed-PID first). --slow: seconds
@@ -131,7 +131,7 @@ def main():
         raise
     with open(os.path.join(out_dir, f"done-{tag}.json"), "w") as f:
         json.dump(dict(reports=loader.reports, queue=ds.queue.name, ring=loader.name,
-                       loaders=len(loader.loaders)), f)
+                       loaders=len(loader.loaders), metrics=loader.metrics(window=3600.0)), f)
     if "--no-close" not in args:
         loader.close()
         ds.close()

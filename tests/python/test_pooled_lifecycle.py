@@ -255,6 +255,11 @@ def test_an_autoscaled_pool_under_torchrun_adds_loaders_and_trains_every_record(
     started = {path.name: json.loads(path.read_text())["loaders"]
                for path in out.glob("done-*-0.0.json")}
     assert started["done-1-0.0.json"] == 0 and 1 < started["done-0-0.0.json"] <= 3, started
+    # Every rank of the starved job sees its data wait in metrics().
+    for path in out.glob("done-*-0.0.json"):
+        m = json.loads(path.read_text())["metrics"]
+        assert m["steps"] > 0 and m["samples_per_s"] > 0, (path.name, m)
+        assert m["data_wait_p99_s"] >= m["data_wait_mean_s"] > 0, (path.name, m)
     job.check_gone()
 
 
