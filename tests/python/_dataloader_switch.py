@@ -4,7 +4,10 @@ the loader class: "DataLoader" or "PooledLoader". Nothing else differs
 between the two runs. Each rank writes, per epoch, the sample ids it trained
 and its steps to OUT/rank-R.json.
 
-    _dataloader_switch.py CLASS OUT SAMPLES EPOCHS
+    _dataloader_switch.py CLASS OUT SAMPLES EPOCHS [NUM_WORKERS]
+
+NUM_WORKERS (default 2) is the script's own setting, the same for both
+classes: 0 is the usual debugging run, loading in each rank's process.
 """
 
 import json
@@ -37,13 +40,14 @@ class Samples(Dataset):
 def main():
     loader_class = LOADERS[sys.argv[1]]
     out, samples, epochs = pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     dataset = Samples(samples)
     sampler = DistributedSampler(dataset, shuffle=True, seed=3, drop_last=False)
-    loader = loader_class(dataset, batch_size=8, sampler=sampler, num_workers=2,
-                          pin_memory=True, persistent_workers=True, prefetch_factor=2,
-                          drop_last=False)
+    more = dict(persistent_workers=True, prefetch_factor=2) if workers else {}
+    loader = loader_class(dataset, batch_size=8, sampler=sampler, num_workers=workers,
+                          pin_memory=True, drop_last=False, **more)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     log = {"len": len(loader), "epochs": []}

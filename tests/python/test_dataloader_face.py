@@ -329,7 +329,7 @@ def test_a_finished_loop_closes_quietly_and_one_left_early_says_what_it_left(qna
 # ---- A DDP script switched by its class name ---------------------------------------------------
 
 
-def torchrun(loader_class, out, samples, epochs, port):
+def torchrun(loader_class, out, samples, epochs, port, workers=2):
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -337,21 +337,25 @@ def torchrun(loader_class, out, samples, epochs, port):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_backend=c10d",
            "--redirects", "1", "--tee", "2",
-           str(HERE / "_dataloader_switch.py"), loader_class, str(out), str(samples), str(epochs)]
+           str(HERE / "_dataloader_switch.py"), loader_class, str(out), str(samples), str(epochs),
+           str(workers)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
 
 
-def test_a_ddp_script_for_dataloader_switches_by_its_class_name(tmp_path):
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_ddp_script_for_dataloader_switches_by_its_class_name(tmp_path, workers):
     # 400 samples: items of 256 and 144, whole batches of 8 each, so the epoch has no
-    # leftover to carry and each one trains every sample (25 steps a rank).
+    # leftover to carry and each one trains every sample (25 steps a rank). workers=0: the
+    # debugging run, each rank loading in its own process.
     samples, epochs = 400, 2
     runs = {}
     for i, name in enumerate(("DataLoader", "PooledLoader")):
         out = tmp_path / name
         out.mkdir()
-        runs[name] = torchrun(name, out, samples, epochs, 29650 + (os.getpid() % 300) * 2 + i)
+        port = 29650 + (os.getpid() % 150) * 4 + 2 * (workers > 0) + i
+        runs[name] = torchrun(name, out, samples, epochs, port, workers)
     for name, ranks in runs.items():
         assert ranks[0]["len"] == ranks[1]["len"] == 25, name
         for epoch in range(epochs):

@@ -614,10 +614,8 @@ class PooledLoader:
             self._stash = None
         self._carried = self._carried_now = []
         if self._own_loader is not None:
-            self._own_loader.stop()  # it publishes and acks what it holds, then leaves
+            self._own_loader.stop_and_join()  # what it has not published goes back
         self._end()
-        if self._own_loader is not None:
-            self._own_loader.join()  # the ring is ended: a wait for a free slot ends too
         if self._map_source is not None:
             self._map_source.close()  # leaves its index queue
 
