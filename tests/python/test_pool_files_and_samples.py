@@ -247,6 +247,7 @@ SAMPLES = """
             d["point"] = Point(torch.tensor([i]), i)
             d["raw"] = bytes([i, 255])
             d["np"] = __import__("numpy").full((2,), i, dtype="float32")
+            d["ordered"] = collections.OrderedDict(b=torch.tensor([i]), a=i * 2)
             return d
 
     from torch.utils.data import default_collate
@@ -275,6 +276,7 @@ SAMPLES = """
         for k, batch in enumerate(loader):
             same(batch, default_collate([ds[i] for i in range(6 * k, 6 * k + 6)]), "batch")
             assert isinstance(batch["point"], Point)
+            assert isinstance(batch["ordered"], collections.OrderedDict)
             batches += 1
         print("batches", batches)
     finally:
@@ -310,12 +312,38 @@ UNCARRIED = """
 """
 
 
+TOO_LARGE = """
+    class Large:
+        def __len__(self):
+            return 16
+        def __getitem__(self, i):
+            return {{"small": torch.zeros(4), "image": torch.zeros(1024)}}
+
+    loader = tt.PooledLoader(Large(), batch_size=4, num_workers=1, rank=0, world_size=1,
+                             local_rank=0, timeout=30, name={queue!r},
+                             num_epochs=1, shuffle=False, slot_bytes=1 << 12, num_slots=4)
+    try:
+        for batch in loader:
+            pass
+    except (ValueError, RuntimeError) as e:
+        print("refused", e)
+    finally:
+        loader.close()
+"""
+
+
 def test_a_sample_the_ring_cannot_carry_is_refused_naming_the_samples_and_the_field(ring,
                                                                                    qname):
     out = run_job(UNCARRIED.format(ring=ring, queue=qname))
     assert out.startswith("refused batch['q'] is a quantized tensor (torch.quint8), which a "
                           "pooled batch cannot carry: dequantize it in collate_fn or transform"), out
     assert "in the batch of dataset[0] .. dataset[3] (4 samples)" in out, out
+    # Samples that collate into a batch larger than a slot: the field and the samples are
+    # named (it said "a batch of N bytes does not fit a slot").
+    out = run_job(TOO_LARGE.format(ring=ring, queue=qname))
+    assert "does not fit a slot of 4096 bytes at field batch['image'] of the batch of " \
+        "dataset[0] .. dataset[3] (4 samples) (dtype float32, shape (4, 1024)): pass a larger " \
+        "slot_bytes" in out, out
 
 
 FULL = """

@@ -57,7 +57,8 @@ def _as_numpy(x, i):
 def encode_batch(batch, data, header, ranges=()):
     """Writes `batch` (an array, or a tuple/list of arrays) and the (ticket,
     begin, end) ranges of its records into the writable memoryviews `data`
-    and `header` of a slot; returns the bytes used."""
+    and `header` of a slot; returns the bytes used. A batch with what(i)
+    (a map-style batch's leaves) has array i named so in errors."""
     arrays = [_as_numpy(a, i)
               for i, a in enumerate(batch if isinstance(batch, (tuple, list)) else (batch,))]
     table = bytearray()
@@ -70,9 +71,10 @@ def encode_batch(batch, data, header, ranges=()):
                             f"{[str(d) for d in _DTYPES]} and at most {_MAX_NDIM} dimensions")
         offset = -(-offset // _ALIGN) * _ALIGN
         if offset + a.nbytes > len(out):
-            raise ValueError(f"a batch of {offset + a.nbytes} bytes or more (array {i} of "
-                             f"{len(arrays)}: dtype {a.dtype}, shape {a.shape}) does not fit a "
-                             f"slot of {len(out)} bytes: pass a larger slot_bytes")
+            what = batch.what(i) if hasattr(batch, "what") else f"array {i} of {len(arrays)}"
+            raise ValueError(f"a batch of {offset + a.nbytes} bytes or more does not fit a slot "
+                             f"of {len(out)} bytes at {what} (dtype {a.dtype}, shape "
+                             f"{a.shape}): pass a larger slot_bytes")
         table += _ENTRY.pack(_CODE[a.dtype], a.ndim, offset)
         table += struct.pack(f"<{a.ndim}Q", *a.shape)
         out[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)

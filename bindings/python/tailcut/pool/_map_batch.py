@@ -57,22 +57,37 @@ class Collate:
             raise
         if self.transform is not None:
             batch = self.transform(batch)
-        leaves = []
+        leaves, paths = [], []
+        samples = (f"the batch of dataset[{indices[0]}] .. dataset[{indices[-1]}] "
+                   f"({len(indices)} samples)")
         try:
-            tree = _flatten(batch, leaves, "batch")
+            tree = _flatten(batch, leaves, "batch", paths)
         except TypeError as e:
-            _map_style.add_note(e, f"tailcut: in the batch of dataset[{indices[0]}] .. "
-                                   f"dataset[{indices[-1]}] ({len(indices)} samples)")
+            _map_style.add_note(e, f"tailcut: in {samples}")
             raise
         leaves.append(np.frombuffer(json.dumps(tree).encode("utf-8"), dtype=np.uint8))
-        return tuple(leaves)
+        return Leaves(leaves, [f"field {p} of {samples}" for p in paths] +
+                      [f"the structure of {samples}"])
+
+
+class Leaves(tuple):
+    """The arrays of a collated batch; what(i) names array i's field and
+    samples (tailcut._batch_layout names it when the batch does not fit)."""
+
+    def __new__(cls, leaves, names):
+        self = super().__new__(cls, leaves)
+        self.names = names
+        return self
+
+    def what(self, i):
+        return self.names[i]
 
 
 # torch dtypes numpy has not, and the dtype of the same size whose bits carry them.
 _CARRIED = {"bfloat16": "int16", "complex32": "int32"}
 
 
-def _flatten(x, leaves, path):
+def _flatten(x, leaves, path, paths):
     numpy = getattr(x, "numpy", None)
     if isinstance(x, np.ndarray) or numpy is not None:
         node = {"a": len(leaves)}
@@ -85,19 +100,24 @@ def _flatten(x, leaves, path):
             raise TypeError(f"{path} is a quantized tensor ({x.dtype}), which a pooled batch "
                             f"cannot carry: dequantize it in collate_fn or transform")
         leaves.append(x)
+        paths.append(path)
         return node
     if isinstance(x, dict):
         for k in x:
             if not isinstance(k, str):
                 raise TypeError(f"a pooled batch's dict keys are str; {path} has {k!r}")
-        return {"d": [[k, _flatten(v, leaves, f"{path}[{k!r}]")] for k, v in x.items()]}
+        node = {"d": [[k, _flatten(v, leaves, f"{path}[{k!r}]", paths)] for k, v in x.items()]}
+        if type(x) is not dict:  # an OrderedDict, say: default_collate keeps the type
+            node["k"] = [type(x).__module__, type(x).__qualname__]
+        return node
     if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a namedtuple, as collated
         kind = type(x)
         return {"n": [kind.__module__, kind.__qualname__, list(kind._fields)],
-                "t": [_flatten(v, leaves, f"{path}.{f}") for f, v in zip(kind._fields, x)]}
+                "t": [_flatten(v, leaves, f"{path}.{f}", paths)
+                      for f, v in zip(kind._fields, x)]}
     if isinstance(x, (tuple, list)):
         kind = "l" if isinstance(x, list) else "t"
-        return {kind: [_flatten(v, leaves, f"{path}[{i}]") for i, v in enumerate(x)]}
+        return {kind: [_flatten(v, leaves, f"{path}[{i}]", paths) for i, v in enumerate(x)]}
     if isinstance(x, bytes):
         return {"b": base64.b64encode(x).decode("ascii")}
     if x is None or isinstance(x, (str, int, float, bool)):
@@ -107,20 +127,27 @@ def _flatten(x, leaves, path):
                     f"{type(x).__name__}: convert it in collate_fn")
 
 
-def _namedtuple(module, qualname, fields):
-    """The namedtuple class a loader collated (imported as the loader had
-    it), else one of the same name and fields."""
+def _collated_type(module, qualname, base, fields=None):
+    """The class a loader collated into (imported as the loader had it) when
+    it is a `base` (of these namedtuple `fields`), else None."""
     try:
         kind = importlib.import_module(module)
         for part in qualname.split("."):
             kind = getattr(kind, part)
-        if isinstance(kind, type) and issubclass(kind, tuple) and \
-                list(getattr(kind, "_fields", ())) == fields:
-            return kind
     except Exception:
-        pass
+        return None
+    if not isinstance(kind, type) or not issubclass(kind, base):
+        return None
+    if fields is not None and list(getattr(kind, "_fields", ())) != fields:
+        return None
+    return kind
+
+
+def _namedtuple(module, qualname, fields):
+    """The namedtuple class a loader collated, else one of the same name and fields."""
     import collections
-    return collections.namedtuple(qualname.rsplit(".", 1)[-1], fields)
+    return (_collated_type(module, qualname, tuple, fields)
+            or collections.namedtuple(qualname.rsplit(".", 1)[-1], fields))
 
 
 def unflatten(tree, leaves):
@@ -131,7 +158,14 @@ def unflatten(tree, leaves):
             leaf = leaf.view(getattr(torch, tree["t"]))
         return leaf
     if "d" in tree:
-        return {k: unflatten(v, leaves) for k, v in tree["d"]}
+        items = {k: unflatten(v, leaves) for k, v in tree["d"]}
+        kind = _collated_type(*tree["k"], dict) if "k" in tree else None
+        if kind is not None:
+            try:
+                return kind(items)
+            except TypeError:  # as default_collate: a type it cannot make is a dict
+                pass
+        return items
     if "n" in tree:
         return _namedtuple(*tree["n"])(*(unflatten(v, leaves) for v in tree["t"]))
     if "l" in tree:
