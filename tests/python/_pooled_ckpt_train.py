@@ -11,7 +11,9 @@ OUT/ckpt.pt, atomically. Each rank
 appends one line per step to OUT/rank-R.jsonl: {'run', 'epoch', 'step',
 'ids'} (written with one unbuffered write, so a SIGKILL leaves whole lines),
 {'ckpt', 'epoch', 'step'} after each checkpoint, and {'dropped', 'epoch',
-'ids'} for each leftover batch. --resume CKPT restores from it.
+'ids'} for each leftover batch. --resume CKPT restores from it: with
+--one-call by loader.load_state_dict(state) alone, else also through the
+dataset's restore_state=. --map reads DATA as a map-style dataset instead.
 """
 
 import argparse
@@ -32,6 +34,19 @@ def ids_of(batch):
     return np.ascontiguousarray(batch[:, :8].numpy()).view(np.uint64).ravel().tolist()
 
 
+class Records(torch.utils.data.Dataset):
+    """A map-style dataset over DATA: dataset[i] is record i as a uint8 tensor."""
+
+    def __init__(self, path):
+        self.data = np.fromfile(path, np.uint8).reshape(-1, 16)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.data[i].copy())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("data")
@@ -41,6 +56,11 @@ def main():
     p.add_argument("--every", type=int, default=0)
     p.add_argument("--resume")
     p.add_argument("--step-ms", type=float, default=2.0)
+    # Restore with loader.load_state_dict(state) alone, the dataset built as in the first run
+    # (else the dataset also gets restore_state=state['queue']).
+    p.add_argument("--one-call", action="store_true")
+    # A map-style dataset over DATA's records (dataset[i] = record i) instead of a QueueDataset.
+    p.add_argument("--map", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -52,14 +72,21 @@ def main():
         os.write(log, (json.dumps(dict(line, run=run)) + "\n").encode())
 
     state = torch.load(args.resume)["loader"] if args.resume else None
-    ds = tailcut.torch.QueueDataset(
-        args.data, BATCH, name=args.name, format="fixed", record_bytes=16,
-        num_epochs=args.epochs, num_slices=60, seed=11, shuffle_buffer=0, interleave=1,
-        restore_state=state["queue"] if state else None)
-    loader = tailcut.torch.PooledLoader(
-        ds, num_workers=2, num_slots=8, slot_bytes=1 << 16, timeout=60,
-        # Leftovers reported, not carried: the check counts each record in its own epoch.
-        carry_over=False, on_leftover=lambda b: write(dropped=True, epoch=current[0], ids=ids_of(b)))
+    restore_state = state["queue"] if state and not args.one_call else None
+    # Leftovers reported, not carried: the check counts each record in its own epoch.
+    options = dict(num_slots=8, slot_bytes=1 << 16, timeout=60, carry_over=False,
+                   on_leftover=lambda b: write(dropped=True, epoch=current[0], ids=ids_of(b)))
+    if args.map:
+        ds = Records(args.data)
+        loader = tailcut.torch.PooledLoader(
+            ds, BATCH, loaders_per_host=1, name=args.name, num_epochs=args.epochs, num_slices=60,
+            seed=11, restore_state=restore_state, **options)
+    else:
+        ds = tailcut.torch.QueueDataset(
+            args.data, BATCH, name=args.name, format="fixed", record_bytes=16,
+            num_epochs=args.epochs, num_slices=60, seed=11, shuffle_buffer=0, interleave=1,
+            restore_state=restore_state)
+        loader = tailcut.torch.PooledLoader(ds, loaders_per_host=2, **options)
     first = 0
     if state is not None:
         loader.load_state_dict(state)
@@ -90,7 +117,8 @@ def main():
         write(report=loader.reports[-1], epoch=epoch)
         checkpoint(epoch + 1, 0)
     loader.close()
-    ds.close()
+    if not args.map:
+        ds.close()
     dist.destroy_process_group()
     os.close(log)
 

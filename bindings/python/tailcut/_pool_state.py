@@ -50,6 +50,7 @@ pieces inside their items) when it restores.
 
 import os
 import sys
+import time
 import uuid
 
 import tailcut
@@ -108,10 +109,25 @@ def restored_epoch(dataset):
 # ---- Gathering the pool's state -----------------------------------------------------------
 
 
+def _fed_args(queue_args):
+    """True when a coordinator feeds the queue of these WorkQueue arguments
+    (its coordinator= option, else $TAILCUT_COORDINATOR, as the engine
+    resolves it)."""
+    return bool(queue_args.get("coordinator") or os.environ.get("TAILCUT_COORDINATOR"))
+
+
 def _fed(queue):
-    """True when a coordinator feeds `queue` (its coordinator= option, else
-    $TAILCUT_COORDINATOR, as the engine resolves it)."""
-    return bool(queue.open_args.get("coordinator") or os.environ.get("TAILCUT_COORDINATOR"))
+    return _fed_args(queue.open_args)
+
+
+def host_queue_name(queue_args):
+    """The name of this host's queue, from the dataset's WorkQueue arguments
+    and without opening it: '<name>.<host id>' where a coordinator feeds it,
+    else its name (what WorkQueue.summary()['name'] says once open)."""
+    name = queue_args["name"]
+    if _fed_args(queue_args):
+        return f"{name}.{_core._host_id(name, queue_args.get('host_id') or '')}"
+    return name
 
 
 def _group(loader):
@@ -204,11 +220,108 @@ def _exchange(dist, group, mine):
     return every
 
 
+# ---- Every rank calls state_dict() at the same step ---------------------------------------
+# Before the collectives of state_dict() the ranks meet in torch.distributed's
+# store (no collective: a rank that went on to its next step instead is not in
+# one), each under its position: the n-th call of rank r sets
+# 'tailcut/state_dict/<job>/<n>/<r>' to 'epoch step' and counts itself in
+# '.../<n>/arrived'. A rank waiting for its next step (StepAgreement.watch)
+# that finds its n-th call begun elsewhere says so in '.../<n>/mismatch' and
+# raises; the callers, polling, raise with it: every rank within a second or so.
+
+_POLL = 0.01
+
+
+def _store(dist):
+    return dist.distributed_c10d._get_default_store()
+
+
+def _group_ranks(dist, group):
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return sorted(dist.distributed_c10d._pg_group_ranks[group])
+
+
+def _call_key(loader, n):
+    return f"tailcut/state_dict/{loader.dataset._queue_args['name']}/{n}"
+
+
+def _has(store, key):
+    """Whether `key` was set with _put() (torch 1.13's PrefixStore has no check())."""
+    return store.add(f"{key}#", 0) > 0
+
+
+def _put(store, key, text):
+    store.set(key, text)
+    store.add(f"{key}#", 1)
+
+
+def _positions(store, prefix, ranks):
+    got = {}
+    for r in ranks:
+        if _has(store, f"{prefix}/{r}"):
+            epoch, step = store.get(f"{prefix}/{r}").decode().split()
+            got[r] = (int(epoch), int(step))
+    return got
+
+
+def _meet(loader, dist, group):
+    """Waits until every rank of the group called state_dict() (this call),
+    then checks that all did at the same position; raises on a mismatch, the
+    same on every rank, naming the ranks and their steps."""
+    store, ranks, me = _store(dist), _group_ranks(dist, group), dist.get_rank()
+    prefix = _call_key(loader, loader._state_calls)
+    loader._state_calls += 1
+    epoch, step = loader._position
+    _put(store, f"{prefix}/{me}", f"{epoch} {step}")
+    store.add(f"{prefix}/arrived", 1)
+    deadline = None if loader.timeout is None else time.monotonic() + loader.timeout
+    while store.add(f"{prefix}/arrived", 0) < len(ranks):
+        if _has(store, f"{prefix}/mismatch"):
+            raise tailcut.InvalidArgumentError(store.get(f"{prefix}/mismatch").decode())
+        if deadline is not None and time.monotonic() > deadline:
+            missing = sorted(set(ranks) - set(_positions(store, prefix, ranks)))
+            raise tailcut.TimeoutError(
+                f"PooledLoader.state_dict(): rank {me} waited {loader.timeout} s (timeout) for "
+                f"rank(s) {missing} to call it too, after {step} steps of epoch {epoch}: call "
+                f"state_dict() on every rank at the same step")
+        time.sleep(_POLL)
+    positions = _positions(store, prefix, ranks)
+    if len(set(positions.values())) > 1:
+        said = "; ".join(f"rank {r} after {s} steps of epoch {e}"
+                         for r, (e, s) in sorted(positions.items()))
+        raise tailcut.InvalidArgumentError(
+            f"PooledLoader.state_dict(): the ranks called it at different steps ({said}): call "
+            f"it on every rank at the same step")
+
+
+def watch_calls(loader, epoch, step):
+    """StepAgreement.watch of a PooledLoader: raises, and tells the ranks in
+    state_dict() why, when another rank called state_dict() while this one
+    asked for its next batch (step `step` of `epoch`) instead."""
+    dist = sys.modules.get("torch.distributed")
+    if loader.world_size == 1 or dist is None or not dist.is_initialized():
+        return
+    store = _store(dist)
+    prefix = _call_key(loader, loader._state_calls)
+    if store.add(f"{prefix}/arrived", 0) == 0:
+        return
+    ranks = _group_ranks(dist, loader._group)
+    said = ", ".join(f"rank {r} after {s} steps of epoch {e}"
+                     for r, (e, s) in sorted(_positions(store, prefix, ranks).items()))
+    message = (f"PooledLoader.state_dict(): the ranks did not call it at the same step: {said} "
+               f"called it; rank {dist.get_rank()} went on to step {step + 1} of epoch {epoch} "
+               f"without calling it: call state_dict() on every rank at the same step")
+    _put(store, f"{prefix}/mismatch", message)
+    raise tailcut.InvalidArgumentError(message)
+
+
 def state_dict(loader):
     """See PooledLoader.state_dict()."""
     exchange = _group(loader)
     if exchange is not None:
         dist, group = exchange
+        _meet(loader, dist, group)  # every rank calls it at the same step, or all raise
         dist.barrier(group=group)  # every rank is here: nobody pops until the exchange below
     fed = _fed(loader.queue)
     # A fed queue is '<name>.<host id>' on its host, and every host's shares `name`.
@@ -245,12 +358,13 @@ def state_dict(loader):
                     hosts=hosts, **totals)
     if len(hosts) == 1:  # laid out as in version 1
         (host,) = hosts.values()
-        return dict(host, version=STATE_VERSION, epoch=epoch, step=step)
+        return dict(host, version=STATE_VERSION, epoch=epoch, step=step,
+                    num_samples=loader.queue.num_samples)
     # Every host's queue state under its queue's name: QueueDataset(restore_state=
     # state["queue"]) opens each host's queue with its own (host_queue_state()).
     return dict(version=STATE_VERSION, epoch=epoch, step=step,
                 queue=dict(hosts={name: h.pop("queue") for name, h in hosts.items()}),
-                hosts=hosts, **totals)
+                hosts=hosts, num_samples=loader.queue.num_samples, **totals)
 
 
 def _restore_token():
@@ -300,28 +414,135 @@ def host_queue_state(restore_state, name, host_id=None):
     return hosts[name]
 
 
-def load_state_dict(loader, state):
-    """See PooledLoader.load_state_dict()."""
-    if not isinstance(state, dict) or state.get("version") not in READABLE_VERSIONS:
+# ---- Checking a state before it is used ----------------------------------------------------
+
+
+def _refuse(field, problem, fix="pass the state_dict() this job saved, unchanged"):
+    raise tailcut.InvalidArgumentError(
+        f"PooledLoader.load_state_dict(): state[{field}] {problem}: {fix}")
+
+
+def _int_field(where, field, value, low, high=None):
+    if isinstance(value, bool) or not isinstance(value, int):
+        _refuse(field, f"is {type(value).__name__} {value!r} in {where}, not an int")
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        _refuse(field, f"is {value} in {where}, not in {bound}")
+
+
+def _queue_part(field, part):
+    """Checks one queue's entry of a state: {'state': bytes, 'name': str, ...}."""
+    if not isinstance(part, dict):
+        _refuse(field, f"is a {type(part).__name__}, not a queue's state (a dict)")
+    if not isinstance(part.get("state"), (bytes, bytearray)) or not part["state"]:
+        _refuse(f"{field}]['state'", f"is {type(part.get('state')).__name__}, not the "
+                f"queue's checkpoint bytes")
+    if "name" in part and not isinstance(part["name"], str):
+        _refuse(f"{field}]['name'", f"is {type(part['name']).__name__}, not a queue name")
+    for key in ("num_epochs", "num_items"):
+        if key in part:
+            _int_field("the queue's state", f"{field}][{key!r}", part[key], 1)
+
+
+def check_state(state, loader):
+    """Refuses, naming the field, a state that is not a PooledLoader state
+    this job can resume from: each field's type and range, the version, the
+    number of hosts, the dataset's length and the queue's epochs. Reads the
+    dataset's queue arguments, never opens the queue. The queue checkpoint's
+    bytes are checked by the engine when the queue opens (checksum, works)."""
+    if not isinstance(state, dict):
         raise tailcut.InvalidArgumentError(
-            f"PooledLoader.load_state_dict(): not a PooledLoader state of version "
-            f"{' or '.join(map(str, READABLE_VERSIONS))} (got {type(state).__name__} with version "
-            f"{state.get('version') if isinstance(state, dict) else None!r})")
+            f"PooledLoader.load_state_dict(): the state is a {type(state).__name__}, not the "
+            f"dict PooledLoader.state_dict() returns")
+    for key in ("version", "epoch", "step", "queue"):
+        if key not in state:
+            _refuse(repr(key), "is missing (a PooledLoader state has version, epoch, step, "
+                    "queue)")
+    if state["version"] not in READABLE_VERSIONS or isinstance(state["version"], bool):
+        _refuse("'version'", f"is {state['version']!r}, a state this tailcut cannot read "
+                f"(versions {', '.join(map(str, READABLE_VERSIONS))})",
+                "resume with the tailcut that saved it")
+    args = getattr(loader.dataset, "_queue_args", {})
+    num_epochs = args.get("num_epochs", 1)
+    _int_field("the state", "'epoch'", state["epoch"], 0)
+    _int_field("the state", "'step'", state["step"], 0)
+    for key in ("unused_batches", "unused_records", "reopened_ranges"):
+        if key in state:
+            _int_field("the state", repr(key), state[key], 0)
     queue = state["queue"]
-    saved = sorted(queue["hosts"]) if "hosts" in queue else [queue["name"]]
+    if not isinstance(queue, dict):
+        _refuse("'queue'", f"is a {type(queue).__name__}, not a queue's state (a dict)")
+    if "hosts" in queue:
+        if not isinstance(queue["hosts"], dict) or not queue["hosts"]:
+            _refuse("'queue']['hosts'", "is not a dict of the hosts' queue states")
+        for name, part in queue["hosts"].items():
+            _queue_part(f"'queue']['hosts'][{name!r}", part)
+        parts = list(queue["hosts"].values())
+        saved = sorted(queue["hosts"])
+    else:
+        _queue_part("'queue'", queue)
+        parts = [queue]
+        saved = [queue.get("name", "?")]
     hosts_now = loader.world_size // loader.local_world_size
     if len(saved) != hosts_now:
+        _refuse("'queue'", f"covers {len(saved)} host(s) (queues {', '.join(saved)}), this job "
+                f"runs on {hosts_now} ({loader.world_size} ranks, {loader.local_world_size} per "
+                f"host)", f"restart it on {len(saved)} host(s)")
+    saved_epochs = parts[0].get("num_epochs")
+    if saved_epochs is not None and "num_epochs" in args and saved_epochs != num_epochs:
+        _refuse("'queue']['num_epochs'", f"is {saved_epochs}, this job's queue has "
+                f"num_epochs={num_epochs}", f"build the dataset with num_epochs={saved_epochs}, "
+                f"as in the run that saved it")
+    if saved_epochs is not None:
+        num_epochs = saved_epochs
+    if state["epoch"] > num_epochs:
+        _refuse("'epoch'", f"is {state['epoch']}, past the queue's {num_epochs} epochs (a "
+                f"resumed loop would train nothing)")
+    if "tier" not in queue and "hosts" not in queue:
+        # Where the queue's own state starts (its first item not done): a state whose epoch
+        # is behind it would skip done records, ahead of it would skip epochs.
+        first = _core._state_epoch(bytes(queue["state"]), str(queue.get("name", "")))
+        if not first - 1 <= state["epoch"] <= first + 1:
+            _refuse("'epoch'", f"is {state['epoch']}, but its queue state starts in epoch "
+                    f"{first} (the two come from different checkpoints)")
+    saved_samples = state.get("num_samples")
+    now_samples = args.get("num_samples")
+    if saved_samples is not None and now_samples is not None and saved_samples != now_samples:
+        _refuse("'num_samples'", f"is {saved_samples}, but len(dataset) is {now_samples}",
+                "resume with the dataset the checkpoint was taken of (same samples, same "
+                "order), or start a new run without the checkpoint")
+
+
+def host_barrier(local_world_size, group, who):
+    """A barrier of the ranks for a one-call restore (QueueDataset.restore):
+    torch.distributed's, over `group` or the default group; none for one
+    rank per host."""
+    if local_world_size == 1:
+        return lambda: None
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
         raise tailcut.InvalidArgumentError(
-            f"PooledLoader.load_state_dict(): the state covers {len(saved)} host(s) (queues "
-            f"{', '.join(saved)}), this job runs on {hosts_now} ({loader.world_size} ranks, "
-            f"{loader.local_world_size} per host): restart it on {len(saved)} host(s)")
-    if "tier" in queue:
+            f"{who}.load_state_dict(): the host's {local_world_size} ranks reopen their queue "
+            f"from the checkpoint together, through torch.distributed: call "
+            f"init_process_group() first (or open the dataset with restore_state=state['queue'])")
+    return lambda: dist.barrier(group=group)
+
+
+def load_state_dict(loader, state):
+    """See PooledLoader.load_state_dict()."""
+    check_state(state, loader)
+    queue = state["queue"]
+    restore = getattr(loader.dataset, "restore", None)
+    if restore is not None and restore(queue, host_barrier(loader.local_world_size, loader._group,
+                                                           "PooledLoader"), "PooledLoader"):
+        pass  # the dataset's queue reopened from the checkpoint
+    elif "tier" in queue:
         opened = getattr(loader.dataset, "_queue_args", {}).get("restore_state")
         if not (isinstance(opened, dict) and opened.get("tier") == queue["tier"]):
             raise tailcut.InvalidArgumentError(
-                f"queue '{loader.queue.name}': an open WorkQueue cannot jump to a checkpoint; "
-                f"open the restarted job's queue with it: QueueDataset(..., "
-                f"restore_state=state['queue']) on every rank, then load_state_dict(state)")
+                f"PooledLoader.load_state_dict(): queue '{loader.queue.name}' is open already "
+                f"and cannot jump to a checkpoint: call load_state_dict(state) before the first "
+                f"iteration (or open the dataset with restore_state=state['queue'])")
     else:
         # Raises, saying how, unless the queue was opened from this state.
         loader.queue.load_state_dict(host_queue_state(queue, loader.queue.name))

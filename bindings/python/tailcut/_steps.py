@@ -25,11 +25,15 @@ steps below 2**32; agree() refuses others (ValueError).
 
 import logging
 import sys
+import time
 
 import tailcut
 
 MAX_EPOCH = 1 << 30
 MAX_STEP = 1 << 32
+# With a watch (StepAgreement.watch), a rank waits for the others in slices
+# this long, and between two it looks for what the watch looks for.
+WATCH_SLICE = 0.25
 
 
 class RankFailed(tailcut.Error):
@@ -56,6 +60,10 @@ class StepAgreement:
         self.queue, self.local_rank, self.local_world_size = queue, local_rank, local_world_size
         self.timeout, self.who, self.failures = timeout, who, failures
         self.group = group
+        # watch(epoch, step), or None: called while this rank waits at a step
+        # for the host's other ranks, every WATCH_SLICE s; it raises to stop
+        # waiting (PooledLoader: a rank that called state_dict() instead).
+        self.watch = None
         dist = _dist()
         if group is None and dist is not None and dist.get_world_size() > local_world_size:
             self.group = dist.group.WORLD
@@ -74,8 +82,7 @@ class StepAgreement:
         the host recorded (failures), or RankFailed when a rank elsewhere
         raised at this step."""
         key = self._key(epoch, step)
-        status = self.queue.agree_step(self.local_rank, self.local_world_size, key, has_batch,
-                                       timeout=self.timeout)
+        status = self._wait(epoch, step, key, has_batch)
         if status == "timeout":
             raise tailcut.TimeoutError(
                 f"{self.who}: local rank {self.local_rank} of {self.local_world_size} waited "
@@ -93,6 +100,21 @@ class StepAgreement:
         if vote == 0:
             self._raise_recorded()
         return vote == 1
+
+    def _wait(self, epoch, step, key, has_batch):
+        """agree_step within `timeout`; with a watch, in slices (publishing the
+        same step again is allowed), the watch called between two."""
+        if self.watch is None:
+            return self.queue.agree_step(self.local_rank, self.local_world_size, key, has_batch,
+                                         timeout=self.timeout)
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            left = WATCH_SLICE if deadline is None else deadline - time.monotonic()
+            status = self.queue.agree_step(self.local_rank, self.local_world_size, key,
+                                           has_batch, timeout=max(0.0, min(WATCH_SLICE, left)))
+            if status != "timeout" or left <= WATCH_SLICE:
+                return status
+            self.watch(epoch, step)
 
     def leave(self, epoch, step, exc):
         """This rank's next batch for `step` raised `exc` (which the caller

@@ -198,17 +198,7 @@ class PooledLoader:
             num_slices=num_slices, restore_state=restore_state, resume=resume))
         dataset = self._map_source or dataset
         self.dataset = dataset
-        resumed = getattr(dataset, "_resumed", None)
-        if resumed is not None:
-            # Loaders ack what they publish: the dead run's batches that no rank used are
-            # done in the queue's state, and with its ring gone nothing says which they were.
-            raise tailcut.InvalidArgumentError(
-                f"PooledLoader: {resumed} was resumed without a checkpoint (resume=True), "
-                f"which would lose the batches its loaders had published and no rank had used "
-                f"(up to num_slots): resume from a checkpoint (PooledLoader.state_dict(), then "
-                f"restore_state= and load_state_dict(); docs/pooled.md), or start over "
-                f"(resume=False, the default)")
-        self.queue = dataset.queue
+        self._check_resumed()  # a dataset whose queue is open already
         loaders, self._in_process = _dataloader_args.workers(num_workers, loaders_per_host,
                                                              self.local_world_size)
         self.num_workers = num_workers
@@ -235,7 +225,7 @@ class PooledLoader:
                                 self.local_world_size) if balance is not None else None)
         # Named after the host's queue: '<name>.<host id>' where a coordinator feeds it, so
         # that the pools of hosts sharing a machine (or a test's simulated hosts) never meet.
-        self.name = f"{self.queue.summary()['name']}.pool"
+        self.name = f"{_pool_state.host_queue_name(dataset._queue_args)}.pool"
         self._shares = None  # _balance.Shares: this rank's share of the global batch
         if balance is not None:  # the loaders publish units of a batch
             self._shares = _balance.Shares(balance, self.batch_size, self.world_size,
@@ -280,6 +270,26 @@ class PooledLoader:
         self._carried = []  # _Held leftovers for the next epoch
         self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
+        self._state_calls = 0  # state_dict() calls so far (they meet by number)
+
+    @property
+    def queue(self):
+        """The dataset's queue (this process's)."""
+        queue = self.dataset.queue
+        self._check_resumed()
+        return queue
+
+    def _check_resumed(self):
+        resumed = getattr(self.dataset, "_resumed", None)
+        if resumed is not None:
+            # Loaders ack what they publish: the dead run's batches that no rank used are
+            # done in the queue's state, and with its ring gone nothing says which they were.
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader: {resumed} was resumed without a checkpoint (resume=True), "
+                f"which would lose the batches its loaders had published and no rank had used "
+                f"(up to num_slots): resume from a checkpoint (PooledLoader.state_dict(), then "
+                f"load_state_dict(state) before the first iteration; docs/pooled.md), or start "
+                f"over (resume=False, the default)")
 
     @property
     def shares(self):
@@ -490,6 +500,10 @@ class PooledLoader:
             self._steps = _steps.StepAgreement(
                 self.queue, self.local_rank, self.local_world_size, timeout=self.timeout,
                 group=self._group, who="PooledLoader", failures=_RankFailures(self.name))
+            # A rank that called state_dict() while this one waits for the next step.
+            # (Through a weak reference: the loader holds its agreement.)
+            me = weakref.ref(self)
+            self._steps.watch = lambda epoch, step: _pool_state.watch_calls(me(), epoch, step)
         return self._steps
 
     def __iter__(self):

@@ -3,12 +3,13 @@
 import multiprocessing
 import multiprocessing.util
 import os
+import sys
 
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
-from tailcut import _args, _attempts, _pool_state
+from tailcut import _args, _attempts, _core, _pool_state
 from tailcut._file_record import FileRecord
 from tailcut._job import default_name as _default_name, env_int
 from tailcut.torch._tensors import from_numpy
@@ -189,6 +190,24 @@ def _count_head(head, fmt):
 # ---- The dataset --------------------------------------------------------------------------------
 
 
+class _Notices:
+    """The queue's notices, to the user's on_notice or printed as the engine
+    prints them; none while `quiet` (a one-call restore closes the fresh
+    queue it replaces: restore())."""
+
+    def __init__(self, on_notice):
+        self.on_notice, self.quiet = on_notice, False
+
+    def __call__(self, line):
+        if self.quiet:
+            return
+        if self.on_notice is not None:
+            self.on_notice(line)
+        else:
+            sys.stderr.write(f"tailcut: {_core._python_wording(line)}\n")
+            sys.stderr.flush()
+
+
 class QueueDataset(IterableDataset):
     """An IterableDataset that reads a tailcut work queue.
 
@@ -336,7 +355,9 @@ class QueueDataset(IterableDataset):
                     f"QueueDataset of queue '{self._queue.name}' is closed")
             return self._queue
         # In a forked worker self._queue is the parent's: never use or close it.
-        q = tailcut.WorkQueue(**self._queue_args)
+        notices = self.__dict__.setdefault("_notices",
+                                           _Notices(self._queue_args.get("on_notice")))
+        q = tailcut.WorkQueue(**dict(self._queue_args, on_notice=notices))
         if multiprocessing.parent_process() is not None:
             # A multiprocessing child (a DataLoader worker, say) leaves through
             # os._exit, which skips atexit: close the queue at its exit instead,
@@ -344,6 +365,40 @@ class QueueDataset(IterableDataset):
             multiprocessing.util.Finalize(None, q.close, exitpriority=100)
         self._queue, self._queue_pid, self._closed = q, os.getpid(), False
         return q
+
+    def restore(self, queue_state, barrier, who):
+        """Reopens this process's queue from a checkpoint's queue part
+        (state['queue'] of a PooledLoader or EqualSteps state), as
+        restore_state= would have opened it: the one-call restore of `who`'s
+        load_state_dict(), before anything was taken from the queue. Every
+        rank of the host calls it: barrier() waits for them all (twice: all
+        stop using the fresh queue, all closed it, so that it is gone and the
+        checkpoint's replaces it). Returns False, reopening nothing, when the
+        queue was opened with restore_state= already: the caller checks it is
+        this checkpoint's."""
+        name = self._queue_args["name"]
+        if self._queue_args.get("restore_state") is not None:
+            return False
+        q = self.queue
+        if self._last_epoch or q.summary()["handed_out"]:
+            raise tailcut.InvalidArgumentError(
+                f"{who}.load_state_dict(): queue '{name}' has handed out items already (an "
+                f"iteration ran), and a queue in use cannot jump to a checkpoint: build the "
+                f"dataset and the loader as in the first run and call load_state_dict(state) "
+                f"on every rank before the first iteration")
+        restore_state = _pool_state.host_queue_state(queue_state, name,
+                                                     self._queue_args.get("host_id"))
+        barrier()  # every rank of the host opened the fresh queue and uses it no more
+        self._notices.quiet = True  # the fresh queue, removed by its last close, is not news
+        try:
+            q.close()
+        finally:
+            self._notices.quiet = False
+        self._queue = self._queue_pid = None
+        barrier()  # every rank closed it: it is gone
+        self._queue_args["restore_state"] = restore_state
+        self.queue  # opens it from the checkpoint (the options are checked here)
+        return True
 
     def records_per_epoch(self):
         """(records, exact): the records of one epoch of the queue. Exact for

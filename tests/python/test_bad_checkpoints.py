@@ -1,0 +1,119 @@
+"""Mangled or foreign PooledLoader checkpoints are refused by
+load_state_dict() in one line naming the field (never a bare KeyError, never
+a resume that trains nothing), before the queue is touched."""
+
+import copy
+import os
+
+import pytest
+
+import tailcut
+
+torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
+
+import tailcut.torch  # noqa: E402
+
+N = 200
+
+
+class Squares(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([i, i * i])
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A map-style loader's state after 3 steps, and a factory of fresh loaders
+    built as the one that saved it (len(dataset) given)."""
+    name = f"pytest-badckpt-{os.getpid()}"
+    made = []
+
+    def build(n=N, num_epochs=5):
+        loader = tailcut.torch.PooledLoader(Squares(n), 10, name=name, num_epochs=num_epochs,
+                                            loaders_per_host=1, rank=0, world_size=1,
+                                            local_rank=0)
+        made.append(loader)
+        return loader
+
+    first = build()
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = first.state_dict()
+    del it
+    first.close()
+    yield state, build
+    for loader in made:
+        loader.close()
+    for remove, what in ((tailcut.remove_queue, name), (tailcut.remove_batch_ring, name + ".pool")):
+        try:
+            remove(what)
+        except tailcut.NotFoundError:
+            pass
+
+
+def mangled(state, change):
+    state = copy.deepcopy(state)
+    change(state)
+    return state
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda s: s.pop("queue"), r"state\['queue'\] is missing"),
+    (lambda s: s.pop("epoch"), r"state\['epoch'\] is missing"),
+    (lambda s: s.pop("version"), r"state\['version'\] is missing"),
+    (lambda s: s.update(version=99), r"state\['version'\] is 99"),
+    (lambda s: s.update(epoch="0"), r"state\['epoch'\] is str"),
+    (lambda s: s.update(epoch=-1), r"state\['epoch'\] is -1"),
+    (lambda s: s.update(epoch=9), r"state\['epoch'\] is 9, past the queue's 5 epochs"),
+    (lambda s: s.update(epoch=4), r"state\['epoch'\] is 4, but its queue state starts in "
+                                  r"epoch [01]"),
+    (lambda s: s.update(step=True), r"state\['step'\] is bool"),
+    (lambda s: s.update(unused_records=-3), r"state\['unused_records'\] is -3"),
+    (lambda s: s.update(queue=[1, 2]), r"state\['queue'\] is a list"),
+    (lambda s: s["queue"].update(state="abc"), r"state\['queue'\]\['state'\] is str"),
+    (lambda s: s["queue"].update(num_epochs=7), r"state\['queue'\]\['num_epochs'\] is 7, this "
+                                                r"job's queue has num_epochs=5"),
+])
+def test_a_mangled_field_is_refused_by_name(saved, change, field):
+    state, build = saved
+    loader = build()
+    with pytest.raises(tailcut.InvalidArgumentError, match=field):
+        loader.load_state_dict(mangled(state, change))
+    # Nothing was touched: the same loader still restores from the real state.
+    loader.load_state_dict(state)
+    assert loader.epoch == state["epoch"]
+
+
+def test_not_a_dict_is_refused(saved):
+    _, build = saved
+    with pytest.raises(tailcut.InvalidArgumentError, match="the state is a list, not the dict"):
+        build().load_state_dict([1])
+
+
+def test_a_dataset_of_another_length_is_refused_naming_len_dataset(saved):
+    state, build = saved
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=rf"state\['num_samples'\] is {N}, but len\(dataset\) is {N + 1}"):
+        build(n=N + 1).load_state_dict(state)
+
+
+def test_one_load_state_dict_resumes_where_the_state_was_taken(saved):
+    """The unmangled state restores with one call on a loader built as the
+    first: the rest of epoch 0 and then epoch 1, each sample once per epoch
+    but for the 3 batches the first loader used."""
+    state, build = saved
+    loader = build()
+    loader.load_state_dict(state)
+    seen = []
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        seen.append([int(i) for batch in loader for i in batch[:, 0]])
+    assert len(seen[0]) == N - 30 and len(set(seen[0])) == N - 30
+    assert sorted(seen[1]) == list(range(N))
