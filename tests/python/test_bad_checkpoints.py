@@ -117,3 +117,40 @@ def test_one_load_state_dict_resumes_where_the_state_was_taken(saved):
         seen.append([int(i) for batch in loader for i in batch[:, 0]])
     assert len(seen[0]) == N - 30 and len(set(seen[0])) == N - 30
     assert sorted(seen[1]) == list(range(N))
+
+
+def test_ranks_calling_state_dict_at_different_steps_all_raise_within_seconds(tmp_path):
+    """Rank 0 calls state_dict() after step 3, rank 1 goes on to step 4: both
+    raise within seconds (the loader's timeout is 120 s), naming the rank that
+    called and its step, and the rank that went on."""
+    import json
+    import subprocess
+    import sys
+
+    from _pool_helpers import write_ids
+    from test_pooled_checkpoint import HERE, finish, free_port, remove_dead_run
+
+    name = f"pytest-sdmis-{os.getpid()}"
+    data = write_ids(tmp_path / "ids.bin", 2400)
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv_backend=c10d",
+           f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={name}",
+           "--nproc_per_node=2", "--redirects", "1", "--tee", "2",
+           str(HERE / "_state_dict_mismatch.py"), str(data), str(tmp_path), name]
+    try:
+        finish(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True), timeout=100)
+    finally:
+        remove_dead_run(name)
+        try:
+            tailcut.remove_queue(name, force=True)
+        except tailcut.NotFoundError:
+            pass
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank-{rank}.txt").read_text())
+        assert got["raised"] is not None, f"rank {rank} did not raise"
+        assert got["raised"].startswith("InvalidArgumentError: PooledLoader.state_dict(): "), got
+        assert "rank 0 after 3 steps of epoch 0" in got["raised"], got
+        assert got["seconds"] < 10, got
+    assert "rank 1 went on to step 4 of epoch 0" in json.loads(
+        (tmp_path / "rank-1.txt").read_text())["raised"]
