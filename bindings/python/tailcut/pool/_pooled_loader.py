@@ -271,6 +271,9 @@ class PooledLoader:
         self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
         self._state_calls = 0  # state_dict() calls so far (they meet by number)
+        # Leftovers still carried at exit are settled (counted, warned about) before the
+        # pool ends: DataLoader users never close(). A weak reference: the loader may go first.
+        atexit.register(lambda me=weakref.ref(self): me() is not None and me()._settle_carried())
 
     @property
     def queue(self):
@@ -611,6 +614,31 @@ class PooledLoader:
         if self._map_source is not None:  # the loop ran its epoch to the end: quiet close
             self._map_source.notices.finished = True
 
+    def _settle_carried(self):
+        """Leftovers carried into an epoch that never ran (the job ended its
+        loop before the queue's last epoch: close(), or exit), or not yet
+        yielded in an epoch left early: dropped, each shown to on_leftover,
+        counted in the last report's dropped_* and, without on_leftover,
+        warned about with the count: never lost silently."""
+        carried = list(self._carried_now) + list(self._carried)
+        self._carried = self._carried_now = []
+        if not carried or not self.reports:
+            return
+        report = self.reports[-1]
+        leftovers = _steps.Leftovers(False, self.on_leftover, "tailcut.pool")
+        records = 0
+        for held in carried:
+            leftovers.drop(report, held.records, self._shower(held))
+            records += held.records
+        if self.on_leftover is None:
+            leftovers.log.warning(
+                "tailcut.pool: rank %d dropped %d leftover records (%d batches) of epoch %d "
+                "carried into an epoch that never ran (the loop ended before the queue's "
+                "num_epochs=%d; counted in reports[-1]['dropped_records']): run that epoch, or "
+                "pass on_leftover= to use them, or carry_over=False to have them reported in "
+                "their own epoch", self.rank, records, len(carried), carried[0].epoch,
+                self.dataset._queue_args.get("num_epochs", 1))
+
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
         ends the ring (every epoch; loaders still running leave, giving their
@@ -626,7 +654,7 @@ class PooledLoader:
         if self._stash is not None:
             self.ring.release(self._stash)
             self._stash = None
-        self._carried = self._carried_now = []
+        self._settle_carried()
         if self._own_loader is not None:
             self._own_loader.stop_and_join()  # what it has not published goes back
         self._end()

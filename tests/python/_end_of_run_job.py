@@ -1,0 +1,47 @@
+"""A torchrun job (2 ranks, gloo) that runs one epoch of a map-style
+PooledLoader whose queue has more (num_epochs defaults to 100), for
+test_epoch_accounting.py: 200 samples in one item, one loader, batches of 16
+make 13 batches, so one is left when the ranks end the epoch at 6 steps each
+and is carried into an epoch that never runs. Each rank writes the sample
+ids it trained and its last report after close() to OUT/rank-R.json.
+
+    _end_of_run_job.py OUT NAME
+"""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import tailcut.torch
+
+N = 200
+
+
+class Ids(torch.utils.data.Dataset):
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+def main():
+    out, name = sys.argv[1:3]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    loader = tailcut.torch.PooledLoader(Ids(), 16, loaders_per_host=1, name=name, num_slices=1,
+                                        timeout=60)
+    trained = []
+    loader.set_epoch(0)
+    for batch in loader:
+        trained += batch.tolist()
+    loader.close()
+    with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
+        json.dump(dict(trained=trained, report=loader.reports[-1]), f)
+
+
+if __name__ == "__main__":
+    main()
