@@ -70,3 +70,44 @@ def test_one_load_state_dict_resumes_a_killed_job_on_fewer_ranks(job):
 
 def test_one_load_state_dict_resumes_a_map_style_job(job):
     killed_then_restored(job, 2, "--map")
+
+
+def test_equal_steps_restores_with_one_load_state_dict(tmp_path):
+    """EqualSteps over a QueueDataset: the state taken after epoch 0, loaded
+    with one call into a dataset and EqualSteps built as the first (without
+    restore_state=), resumes at epoch 1, which reads every record once."""
+    import numpy as np
+
+    import tailcut
+    import tailcut.torch
+    from _pool_helpers import write_ids
+
+    path = write_ids(tmp_path / "ids.bin", 320)
+    name = f"pytest-onecall-eq-{os.getpid()}"
+
+    def build():
+        ds = tailcut.torch.QueueDataset(path, 16, name=name, format="fixed", record_bytes=16,
+                                        num_epochs=2, shuffle_buffer=0, interleave=1,
+                                        keep_unfinished=True)
+        return ds, tailcut.torch.EqualSteps(ds)
+
+    def ids(batch):
+        return np.ascontiguousarray(batch[:, :8].numpy()).view(np.uint64).ravel().tolist()
+
+    ds, steps = build()
+    first = [i for batch in steps for i in ids(batch)]
+    assert sorted(first) == list(range(320))
+    state = steps.state_dict()
+    ds.close()  # the job ends; its queue is kept (keep_unfinished) as a crash would leave it
+    ds, steps = build()
+    try:
+        steps.load_state_dict(state)
+        assert steps.epoch == 1
+        second = [i for batch in steps for i in ids(batch)]
+        assert sorted(second) == list(range(320))
+    finally:
+        ds.close()
+        try:
+            tailcut.remove_queue(name, force=True)
+        except tailcut.NotFoundError:
+            pass

@@ -180,6 +180,14 @@ class EqualSteps:
                     f"each rank saves and loads its own state_dict() (or initialize the process "
                     f"group before the first epoch ends, which gathers them all)")
             mine = list(carried[rank])
+        dataset = getattr(self.loader, "dataset", self.loader)
+        restore = getattr(dataset, "restore", None)
+        if state.get("queue") is not None and restore is not None:
+            # One call: the dataset's queue, untouched yet, reopened from the epoch-end state
+            # on every rank of the host (DataLoader workers open it from the same state).
+            barrier = _pool_state.host_barrier(self.local_world_size, self._group, "EqualSteps")
+            if restore(state["queue"], barrier, "EqualSteps"):
+                self.queue = dataset.queue
         self.set_epoch(int(state["epoch"]))
         self._epoch_end_state = state.get("queue")
         self._epoch_end_carried = carried
