@@ -5,7 +5,10 @@ make 13 batches, so one is left when the ranks end the epoch at 6 steps each
 and is carried into an epoch that never runs. Each rank writes the sample
 ids it trained and its last report after close() to OUT/rank-R.json.
 
-    _end_of_run_job.py OUT NAME
+    _end_of_run_job.py OUT NAME EPOCHS
+
+With EPOCHS=2 the batch carried out of epoch 0 is trained first in epoch 1
+(14 batches there: none left), its loader.batch_epoch 0.
 """
 
 import json
@@ -29,15 +32,16 @@ class Ids(torch.utils.data.Dataset):
 
 
 def main():
-    out, name = sys.argv[1:3]
+    out, name, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     loader = tailcut.torch.PooledLoader(Ids(), 16, loaders_per_host=1, name=name, num_slices=1,
                                         timeout=60)
-    trained = []
-    loader.set_epoch(0)
-    for batch in loader:
-        trained += batch.tolist()
+    trained = []  # (the epoch its samples belong to, ids) per batch
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            trained.append((loader.batch_epoch, batch.tolist()))
     loader.close()
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
         json.dump(dict(trained=trained, report=loader.reports[-1]), f)

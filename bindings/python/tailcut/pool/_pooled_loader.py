@@ -232,6 +232,9 @@ class PooledLoader:
                                            self.local_world_size, self.num_slots)
             self._recipe = recipe_for(dataset, self._shares.unit, collate_fn, transform)
         self.weight = 1.0  # the loss factor of the last batch (balance)
+        # The epoch the samples of the last batch belong to: the iteration's, or an
+        # earlier one for a batch carried over (or late), so a per-epoch count adds up.
+        self.batch_epoch = None
         # What `tailcut top` shows of autoscaling and shares, written by local rank 0.
         self._status = None
         if self.local_rank == 0 and (self.autoscale is not None or self._shares is not None):
@@ -584,6 +587,8 @@ class PooledLoader:
                     step += 1
                     report["steps"] = step
                     self._position = (epoch, step)
+                    # A carried or late batch holds an earlier epoch's samples.
+                    self.batch_epoch = min(p.epoch for p in parts)
                     if shares is not None:
                         yield self._owned(self._balanced(parts), copied=True)
                         shares.step_done()
