@@ -107,8 +107,12 @@ def main():
     if args.map:
         ds = None
         ids = torch.from_numpy(np.concatenate([np.fromfile(f, np.int64) for f in files]))
+        # The index queue's other WorkQueue options go in queue_options (the pool prints
+        # the queue's notices itself).
+        more = {k: v for k, v in opts.items() if k not in ("name", "on_notice")}
         loader = tailcut.torch.PooledLoader(Ids(ids), slot_bytes=1 << 14, num_epochs=epochs,
-                                            num_slices=40, **restore, **opts, **pool)
+                                            num_slices=40, name=opts["name"],
+                                            queue_options=more or None, **restore, **pool)
     else:
         ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8,
                                         num_epochs=epochs, num_slices=40, shuffle_buffer=0,

@@ -131,6 +131,17 @@ def test_what_cannot_be_honoured_is_refused_naming_pooledloader_and_the_argument
     assert "WorkQueue" not in str(e.value)
 
 
+def test_queue_options_take_the_index_queues_other_options_and_refuse_the_rest(one_rank, qname):
+    loader = one_rank(Samples(16), batch_size=4, num_epochs=1,
+                      queue_options=dict(lease_timeout=30.0))
+    assert loader.dataset._queue_args["lease_timeout"] == 30.0
+    with pytest.raises(tailcut.InvalidArgumentError, match="pass seed= to PooledLoader"):
+        one_rank(Samples(16), name=qname + "s", queue_options=dict(seed=1))
+    with pytest.raises(tailcut.InvalidArgumentError, match="'record_bytes': ...} is not an "
+                                                           "option of the index queue"):
+        one_rank(Samples(16), name=qname + "r", queue_options=dict(record_bytes=8))
+
+
 def test_a_distributed_sampler_of_other_ranks_or_with_shuffle_is_refused(one_rank):
     ds = Samples(16)
     with pytest.raises(tailcut.InvalidArgumentError, match="mutually exclusive|with sampler="):

@@ -16,6 +16,7 @@ The loaders are forked from the job, so a dataset that cannot be pickled
 description, and one that cannot be pickled or imported there is named in
 the error."""
 
+import inspect
 import json
 import sys
 
@@ -67,12 +68,18 @@ class QuietWhenFinished:
         sys.stderr.flush()
 
 
-def wrap(dataset, batch_size, options):
+def wrap(dataset, batch_size, options, queue_options=None):
     """The MapSource of a map-style dataset, or None for a QueueDataset (an
     IndexDataset too), which takes its queue's options itself. options:
     PooledLoader's shuffle, seed, drop_last, name (the job's: its queue's),
-    num_epochs, num_slices, restore_state and resume, None where not given."""
+    num_epochs, num_slices, restore_state and resume, None where not given;
+    queue_options, a dict of the index queue's other tailcut.WorkQueue
+    options (those IndexDataset lists: coordinator, global_block_size,
+    lease_timeout, ...)."""
     given = {k: v for k, v in options.items() if v is not None}
+    more = _queue_options(queue_options, given)
+    if more:
+        given["queue_options"] = True  # for the QueueDataset refusal below
     if isinstance(dataset, QueueDataset):
         # shuffle=False and drop_last=False are DataLoader's defaults: nothing given.
         given = sorted(k for k, v in given.items() if v is not False)
@@ -90,4 +97,29 @@ def wrap(dataset, batch_size, options):
     if given.get("name") is not None:
         _args.text("name", given["name"])
     drop_last = given.pop("drop_last", False)
-    return MapSource(dataset, batch_size, drop_last=drop_last, **given)
+    given.pop("queue_options", None)
+    return MapSource(dataset, batch_size, drop_last=drop_last, **given, **more)
+
+
+def _queue_options(queue_options, given):
+    """PooledLoader's queue_options, checked: a dict of IndexDataset's
+    keywords other than those PooledLoader takes itself."""
+    if queue_options is None:
+        return {}
+    if not isinstance(queue_options, dict):
+        raise TypeError(f"PooledLoader: queue_options must be a dict or None, got "
+                        f"{queue_options!r} ({type(queue_options).__name__})")
+    allowed = set(inspect.signature(IndexDataset).parameters) - {"dataset"}
+    for key in queue_options:
+        if key in ("shuffle", "seed", "name", "num_epochs", "num_slices", "restore_state",
+                   "resume", "on_notice"):
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader: queue_options={{{key!r}: ...}}: pass {key}= to PooledLoader"
+                if key != "on_notice" else
+                "PooledLoader: queue_options={'on_notice': ...}: the pool prints the queue's "
+                "notices itself")
+        if key not in allowed:
+            raise tailcut.InvalidArgumentError(
+                f"PooledLoader: queue_options={{{key!r}: ...}} is not an option of the index "
+                f"queue; those it takes: {', '.join(sorted(allowed))}")
+    return dict(queue_options)

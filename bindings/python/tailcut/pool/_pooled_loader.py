@@ -46,11 +46,12 @@ class _RankFailures:
 _Held = _pool_state.Held  # a leftover batch carried into the next epoch
 
 
-def _map_source(dataset, batch_size, options):
+def _map_source(dataset, batch_size, options, queue_options):
     """The MapSource of a map-style dataset (given with PooledLoader's options
-    of its queue: shuffle, seed, drop_last, name, ...), else None."""
+    of its queue: shuffle, seed, drop_last, name, ..., and queue_options),
+    else None."""
     from tailcut.pool._map_source import wrap  # imports torch
-    return wrap(dataset, batch_size, options)
+    return wrap(dataset, batch_size, options, queue_options)
 
 
 class _DataLoaderDefault(int):
@@ -142,7 +143,8 @@ class PooledLoader:
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="",
                  loaders_per_host=None, zero_copy=False, name=None, seed=None, num_epochs=None,
-                 num_slices=None, restore_state=None, resume=None, transform=None,
+                 num_slices=None, restore_state=None, resume=None, queue_options=None,
+                 transform=None,
                  num_slots=None, slot_bytes=4 << 20, balance=False, carry_over=True,
                  on_leftover=None, rank=None, world_size=None, local_rank=None,
                  local_world_size=None, group=None):
@@ -160,7 +162,8 @@ class PooledLoader:
               collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
               multiprocessing_context, generator, prefetch_factor, persistent_workers,
               pin_memory_device, loaders_per_host, zero_copy, name, seed, num_epochs, num_slices,
-              restore_state, resume, transform, num_slots, slot_bytes, balance, carry_over,
+              restore_state, resume, queue_options, transform, num_slots, slot_bytes, balance,
+              carry_over,
               on_leftover, rank, world_size, local_rank, local_world_size, group):
         rank = _args.count("rank", rank, allow_none=True)
         world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
@@ -195,7 +198,8 @@ class PooledLoader:
         # A map-style dataset is read through an index queue (_map_source.py).
         self._map_source = _map_source(dataset, batch_size, dict(
             shuffle=shuffle, seed=seed, drop_last=drop_last, name=name, num_epochs=num_epochs,
-            num_slices=num_slices, restore_state=restore_state, resume=resume))
+            num_slices=num_slices, restore_state=restore_state, resume=resume),
+            queue_options)
         dataset = self._map_source or dataset
         self.dataset = dataset
         self._check_resumed()  # a dataset whose queue is open already
