@@ -224,7 +224,7 @@ _NUL_CASES = [
      "queue '{u}': prefix '/tmp/\\x00' contains a NUL byte; no path has one"),
     ("WorkQueue format", lambda d, u: tailcut.WorkQueue([d], format="lines\0", name=u),
      tailcut.InvalidArgumentError,
-     "unknown record format 'lines\\x00' (expected fixed, lines, tfrecord or file)"),
+     "unknown record format 'lines\\x00' (expected fixed, lines, tfrecord, file or tar)"),
     ("WorkQueue coordinator",
      lambda d, u: tailcut.WorkQueue([d], coordinator="redis://127.0.0.1\0.evil:6379/0", name=u),
      tailcut.InvalidArgumentError,

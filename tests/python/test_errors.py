@@ -100,7 +100,7 @@ def test_out_of_range_queue_options_are_invalid_argument_errors(files, qname):
         (dict(restore_state={"seed": 1}),
          "restore_state: a dict must be what state_dict() returned (no 'state' key)"),
         (dict(format="csv"),
-         "unknown record format 'csv' (expected fixed, lines, tfrecord or file)"),
+         "unknown record format 'csv' (expected fixed, lines, tfrecord, file or tar)"),
         (dict(format="fixed"),
          "record format 'fixed' needs record_bytes > 0 (the size of one record)"),
         (dict(format="lines", record_bytes=4),
