@@ -1,6 +1,5 @@
-"""Runs every ```python block of docs/python.md, docs/pytorch.md, docs/pooled.md and
-docs/metrics.md as a program in an empty directory, and checks that every test the docs name
-as a promise's evidence exists."""
+"""Runs every ```python block of the README and of the docs pages below as a program in an
+empty directory, and checks that every test the docs name as a promise's evidence exists."""
 
 import importlib.util
 import os
@@ -13,13 +12,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-# doc -> (fewest examples it must have, module the examples need)
-PAGES = {"python.md": (8, None), "pytorch.md": (4, "torch"), "pooled.md": (3, "torch"),
-         "metrics.md": (1, "torch")}
+# page, from the repository's root -> (fewest examples it must have, module the examples need)
+PAGES = {"README.md": (2, "torch"), "docs/python.md": (8, None), "docs/pytorch.md": (4, "torch"),
+         "docs/queue_dataset.md": (6, "torch"), "docs/pooled.md": (3, "torch"),
+         "docs/metrics.md": (1, "torch")}
 
 
 def python_blocks(page):
-    text = (DOCS / page).read_text()
+    text = (ROOT / page).read_text()
     return [(text.count("\n", 0, m.start()) + 1, m.group(1))
             for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
 
@@ -28,7 +28,7 @@ def examples():
     for page, (_, needs) in PAGES.items():
         marks = []
         if needs and importlib.util.find_spec(needs) is None:
-            marks.append(pytest.mark.skip(reason=f"docs/{page} needs {needs}"))
+            marks.append(pytest.mark.skip(reason=f"{page} needs {needs}"))
         for line, code in python_blocks(page):
             yield pytest.param(code, id=f"{page}:line{line}", marks=marks)
 
