@@ -242,8 +242,19 @@ def _group_ranks(dist, group):
     return sorted(dist.distributed_c10d._pg_group_ranks[group])
 
 
+_loaders_made = [0]  # PooledLoaders made in this process: their index names their calls
+
+
+def call_index():
+    """The next PooledLoader's index in this process: every rank makes its
+    loaders in the same order, so the same index names the same loader on
+    every rank of every host (whose queues have names of their own)."""
+    _loaders_made[0] += 1
+    return _loaders_made[0] - 1
+
+
 def _call_key(loader, n):
-    return f"tailcut/state_dict/{loader.dataset._queue_args['name']}/{n}"
+    return f"tailcut/state_dict/{loader._call_index}/{n}"
 
 
 def _has(store, key):
@@ -358,13 +369,14 @@ def state_dict(loader):
                     hosts=hosts, **totals)
     if len(hosts) == 1:  # laid out as in version 1
         (host,) = hosts.values()
+        # len(dataset) of a map-style one (None for files): one host's, so a one-host state's.
         return dict(host, version=STATE_VERSION, epoch=epoch, step=step,
                     num_samples=loader.queue.num_samples)
     # Every host's queue state under its queue's name: QueueDataset(restore_state=
     # state["queue"]) opens each host's queue with its own (host_queue_state()).
     return dict(version=STATE_VERSION, epoch=epoch, step=step,
                 queue=dict(hosts={name: h.pop("queue") for name, h in hosts.items()}),
-                hosts=hosts, num_samples=loader.queue.num_samples, **totals)
+                hosts=hosts, **totals)
 
 
 def _restore_token():
@@ -517,15 +529,18 @@ def host_barrier(local_world_size, group, who):
     """A barrier of the ranks for a one-call restore (QueueDataset.restore):
     torch.distributed's, over `group` or the default group; none for one
     rank per host."""
-    if local_world_size == 1:
-        return lambda: None
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_initialized():
-        raise tailcut.InvalidArgumentError(
-            f"{who}.load_state_dict(): the host's {local_world_size} ranks reopen their queue "
-            f"from the checkpoint together, through torch.distributed: call "
-            f"init_process_group() first (or open the dataset with restore_state=state['queue'])")
-    return lambda: dist.barrier(group=group)
+    def barrier():
+        if local_world_size == 1:
+            return
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_initialized():
+            raise tailcut.InvalidArgumentError(
+                f"{who}.load_state_dict(): the host's {local_world_size} ranks reopen their "
+                f"queue from the checkpoint together, through torch.distributed: call "
+                f"init_process_group() first (or open the dataset with "
+                f"restore_state=state['queue'])")
+        dist.barrier(group=group)
+    return barrier
 
 
 def load_state_dict(loader, state):

@@ -278,6 +278,7 @@ class PooledLoader:
         self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
         self._state_calls = 0  # state_dict() calls so far (they meet by number)
+        self._call_index = _pool_state.call_index()  # names them across ranks
         # Leftovers still carried at exit are settled (counted, warned about) before the
         # pool ends: DataLoader users never close(). A weak reference: the loader may go first.
         atexit.register(lambda me=weakref.ref(self): me() is not None and me()._settle_carried())
