@@ -54,6 +54,7 @@ import traceback
 import tailcut
 from tailcut import _private_files
 from tailcut.pool._description import NO_SPACE_FIX, pool_spec_path
+from tailcut.pool._stall import timeout_error
 from tailcut.pool._status import status_path
 
 log = logging.getLogger("tailcut.pool")
@@ -294,13 +295,15 @@ def print_failure(exc):
     sys.stderr.flush()
 
 
-def pop(ring, ring_name, epoch, timeout, own_loaders, started):
+def pop(ring, ring_name, epoch, timeout, own_loaders, started, queue=None):
     """A rank's ring.pop(through_epoch=epoch) waiting up to `timeout` s,
     looking every POLL s for a failed loader (raise_if_failed) and for loaders
     at all: when the pool has its own loaders (`own_loaders`) and none is
     alive, it raises once that lasted 1 s, or at once when this process
     started loaders (`started`, multiprocessing.Process) and all exited.
-    timeout=None waits for ever."""
+    timeout=None waits for ever; past it, a tailcut.TimeoutError says what
+    each loader is doing (_stall; `queue`, the rank's, adds the items each
+    holds)."""
     deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     alone_since = None
     while True:
@@ -310,7 +313,7 @@ def pop(ring, ring_name, epoch, timeout, own_loaders, started):
                              timeout=min(POLL, max(deadline - time.monotonic(), 0.0)))
         except tailcut.Empty:
             if time.monotonic() >= deadline:
-                raise
+                raise timeout_error(ring, ring_name, epoch, timeout, queue) from None
             if own_loaders:
                 # A loader that failed records why before it exits: look again before
                 # saying that no loader is left.

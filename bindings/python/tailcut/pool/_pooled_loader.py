@@ -419,7 +419,7 @@ class PooledLoader:
             else:
                 batch = _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
                                        self.loaders_per_host > 0 or self._in_process,
-                                       self.loaders)
+                                       self.loaders, self.queue)
                 if batch is None:
                     return None
             if (self._map_source is not None and self._map_source.drop_last
