@@ -15,6 +15,7 @@ DOCS = ROOT / "docs"
 # page, from the repository's root -> (fewest examples it must have, module the examples need)
 PAGES = {"README.md": (2, "torch"), "docs/python.md": (8, None), "docs/pytorch.md": (4, "torch"),
          "docs/queue_dataset.md": (6, "torch"), "docs/pooled.md": (3, "torch"),
+         "docs/checkpoints.md": (1, "torch"), "docs/balance.md": (1, "torch"),
          "docs/metrics.md": (1, "torch")}
 
 
