@@ -62,8 +62,11 @@ std::string Frame(const tailcut::QueueStats& s, std::map<uint32_t, Sample>* prev
     live += c.alive;
     live_loaders += c.alive && loaders.count(c.pid) > 0;
   }
+  // A map-style dataset's queue counts epochs up to a cap (100 by default),
+  // not the job's: its loop decides how many run.
   out += "queue " + s.name + "   epoch " + std::to_string(std::min(s.epoch + 1, s.num_epochs)) +
-         "/" + std::to_string(s.num_epochs) + "   ";
+         (samples ? " (of at most " + std::to_string(s.num_epochs) + ")   "
+                  : "/" + std::to_string(s.num_epochs) + "   ");
   if (!loaders.empty()) {
     // A pool: its loaders take the items, its ranks agree on steps.
     out += "processes " + std::to_string(live - live_loaders) + " ranks, " +
