@@ -67,3 +67,14 @@ def wait_ok(pid, timeout=60):
     os.waitpid(pid, 0)
     import pytest
     pytest.fail(f"process {pid} did not finish in {timeout} s")
+
+
+def tailcut_cli():
+    """The tailcut command built beside the package under test (<build>/bin/tailcut, found from
+    $PYTHONPATH); the test is skipped where it is not built."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        cli = os.path.join(os.path.dirname(os.path.abspath(entry)), "bin", "tailcut")
+        if os.path.exists(cli):
+            return cli
+    import pytest
+    pytest.skip("the tailcut command is not built beside the package")

@@ -16,6 +16,8 @@ import pytest
 
 import tailcut
 
+from _pool_helpers import tailcut_cli
+
 REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 
@@ -214,15 +216,6 @@ def test_notices_of_the_tier_say_tailcut_once(redis_url, data, qname):
     assert "tailcut: tailcut:" not in run.stderr
 
 
-def _cli():
-    """The tailcut command built beside this package (build/bin/tailcut)."""
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        cli = os.path.join(os.path.dirname(os.path.abspath(entry)), "bin", "tailcut")
-        if os.path.exists(cli):
-            return cli
-    pytest.skip("the tailcut command is not built beside the package")
-
-
 def test_top_with_a_coordinator_shows_the_job_across_hosts(redis_url, data, qname):
     paths, n = data
     with tailcut.WorkQueue(paths, name=qname, num_slices=40, coordinator=redis_url,
@@ -232,7 +225,7 @@ def test_top_with_a_coordinator_shows_the_job_across_hosts(redis_url, data, qnam
             with q.take():
                 pass
         time.sleep(0.5)  # the host's feeder acks finished items every 20 ms
-        out = subprocess.run([_cli(), "top", "--coordinator", redis_url, qname, "--once"],
+        out = subprocess.run([tailcut_cli(), "top", "--coordinator", redis_url, qname, "--once"],
                              capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert f"job {qname} on {redis_url}" in out.stdout
@@ -240,7 +233,7 @@ def test_top_with_a_coordinator_shows_the_job_across_hosts(redis_url, data, qnam
     row = next(line for line in out.stdout.splitlines() if line.startswith("trainer-7"))
     claims, reowned, acked = row.split()[1:4]
     assert int(claims) >= 2 and reowned == "0" and acked == "5"
-    missing = subprocess.run([_cli(), "top", "--coordinator", redis_url, qname + "-none",
+    missing = subprocess.run([tailcut_cli(), "top", "--coordinator", redis_url, qname + "-none",
                               "--once"], capture_output=True, text=True, timeout=30)
     assert missing.returncode != 0
     assert missing.stderr.startswith(f"tailcut: no job '{qname}-none' on {redis_url}")

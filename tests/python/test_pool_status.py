@@ -24,18 +24,9 @@ from tailcut.pool._status import status_path
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import RECORD, Slow, write_ids  # noqa: E402
+from _pool_helpers import RECORD, Slow, tailcut_cli, write_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-def _cli():
-    """The tailcut command built beside this package (build/bin/tailcut)."""
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        cli = os.path.join(os.path.dirname(os.path.abspath(entry)), "bin", "tailcut")
-        if os.path.exists(cli):
-            return cli
-    pytest.skip("the tailcut command is not built beside the package")
 
 
 def left_in_shm(name):
@@ -43,7 +34,7 @@ def left_in_shm(name):
 
 
 def top_once(name):
-    run = subprocess.run([_cli(), "top", name, "--once"], stdout=subprocess.PIPE,
+    run = subprocess.run([tailcut_cli(), "top", name, "--once"], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=30)
     assert run.returncode == 0, run.stdout
     return run.stdout
@@ -153,7 +144,7 @@ def test_loaders_whose_rank_was_killed_remove_the_status_with_the_pool(rname, tm
 def test_tailcut_clean_removes_the_status_a_killed_job_left(rname, tmp_path):
     ring = start_killed_job(tmp_path, rname)
     assert os.path.exists(status_path(ring))
-    run = subprocess.run([_cli(), "clean", rname], stdout=subprocess.PIPE,
+    run = subprocess.run([tailcut_cli(), "clean", rname], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=30)
     assert run.returncode == 0, run.stdout
     assert f"removed pool status {status_path(ring)} (its ring is gone)" in run.stdout
@@ -188,7 +179,7 @@ def test_a_balanced_job_shows_its_ranks_shares_and_speeds_in_top(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--rdzv_backend=c10d",
            f"--rdzv_endpoint=127.0.0.1:{free_port()}", f"--rdzv_id={name}",
            "--nproc_per_node=2", "--redirects", "1", "--tee", "2",
-           str(HERE / "_status_job.py"), data, str(tmp_path), name, _cli(), "2"]
+           str(HERE / "_status_job.py"), data, str(tmp_path), name, tailcut_cli(), "2"]
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-6000:]

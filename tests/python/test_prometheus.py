@@ -18,7 +18,7 @@ parser = pytest.importorskip("prometheus_client.parser")
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 
-from _pool_helpers import RECORD, Slow, ids_of, write_ids  # noqa: E402
+from _pool_helpers import RECORD, Slow, ids_of, tailcut_cli, write_ids  # noqa: E402
 
 
 def free_port():
@@ -48,17 +48,8 @@ def scrape(port):
     return samples
 
 
-def cli():
-    """The tailcut command built beside this package (build/bin/tailcut)."""
-    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        path = os.path.join(os.path.dirname(os.path.abspath(entry)), "bin", "tailcut")
-        if os.path.exists(path):
-            return path
-    pytest.skip("the tailcut command is not built beside the package")
-
-
 def top_json(queue, ring):
-    r = subprocess.run([cli(), "top", queue, "--ring", ring, "--once", "--json"],
+    r = subprocess.run([tailcut_cli(), "top", queue, "--ring", ring, "--once", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
