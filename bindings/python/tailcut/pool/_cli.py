@@ -13,7 +13,7 @@ import sys
 
 import tailcut
 from tailcut import _core
-from tailcut.pool import _lifecycle
+import tailcut.pool._lifecycle as _lifecycle
 from tailcut.pool._description import pool_spec_path, read_pool_spec
 from tailcut.pool._loader import load
 from tailcut.pool._recipe import Recipe

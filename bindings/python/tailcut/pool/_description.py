@@ -13,7 +13,7 @@ import time
 
 import tailcut
 from tailcut import _private_files
-from tailcut.pool import _spec
+import tailcut.pool._spec as _spec
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 

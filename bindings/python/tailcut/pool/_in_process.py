@@ -16,7 +16,7 @@ import os
 import threading
 
 from tailcut import _core
-from tailcut.pool import _lifecycle
+import tailcut.pool._lifecycle as _lifecycle
 from tailcut.pool._loader import load
 from tailcut.pool._recipe import recipe_for
 

@@ -35,7 +35,7 @@ import time
 
 import tailcut
 from tailcut import _args, _core, _pool_state
-from tailcut.pool import _lifecycle
+import tailcut.pool._lifecycle as _lifecycle
 from tailcut._batch_layout import encode_batch
 from tailcut.pool._recipe import item_records, recipe_for
 

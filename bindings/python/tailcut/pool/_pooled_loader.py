@@ -11,8 +11,13 @@ import weakref
 import tailcut
 from tailcut import _args, _core, _job, _pool_state, _steps
 from tailcut._batch_layout import decode_batch
-from tailcut.pool import (_autoscale, _balance, _dataloader_args, _description, _lifecycle,
-                          _slots, _status)
+import tailcut.pool._autoscale as _autoscale
+import tailcut.pool._balance as _balance
+import tailcut.pool._dataloader_args as _dataloader_args
+import tailcut.pool._description as _description
+import tailcut.pool._lifecycle as _lifecycle
+import tailcut.pool._slots as _slots
+import tailcut.pool._status as _status
 from tailcut.pool._in_process import InProcessLoader
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._metrics import StepClock
@@ -473,7 +478,7 @@ class PooledLoader:
         batch. `copied`: the batch owns its memory already."""
         if self.zero_copy:
             return batch
-        from tailcut.pool import _hand_off  # imports torch, as iterating does anyway
+        import tailcut.pool._hand_off as _hand_off  # imports torch, as iterating does anyway
         if copied:
             return _hand_off.pinned(batch) if self.pin_memory else batch
         return _hand_off.owned(batch, self.pin_memory)
