@@ -7,14 +7,13 @@ seeded order: every sample once per epoch across all of them, fast workers
 taking more. The DataLoader batches and collates as usual."""
 
 import multiprocessing
-import os
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 import tailcut
 from tailcut import _args, _attempts, _map_style, _pool_state
 from tailcut._job import default_name as _default_name, env_int
-from tailcut.torch._queue_dataset import QueueDataset, current_epoch
+from tailcut.torch._queue_dataset import QueueDataset
 
 
 class IndexDataset(QueueDataset):
@@ -99,12 +98,7 @@ class IndexDataset(QueueDataset):
 
     def __iter__(self):
         q = self.queue
-        pid = os.getpid()
-        epoch, last = self._epoch, self._last_epoch.get(pid)
-        if epoch is None or (last is not None and epoch <= last):
-            epoch = current_epoch(q)
-        self._last_epoch[pid] = epoch
-        return self._samples(q, epoch)
+        return self._samples(q, self._next_epoch(q))
 
     def _samples(self, q, epoch):
         while True:

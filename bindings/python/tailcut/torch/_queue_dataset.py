@@ -450,13 +450,19 @@ class QueueDataset(IterableDataset):
         """The epoch this process iterates (or last iterated); None before the first."""
         return self._last_epoch.get(os.getpid())
 
-    def __iter__(self):
-        q = self.queue
+    def _next_epoch(self, q):
+        """The epoch this process iterates now: set_epoch()'s, unless this
+        process already ran it (or a later one), then the queue's current one."""
         pid = os.getpid()
         epoch, last = self._epoch, self._last_epoch.get(pid)
         if epoch is None or (last is not None and epoch <= last):
             epoch = current_epoch(q)
         self._last_epoch[pid] = epoch
+        return epoch
+
+    def __iter__(self):
+        q = self.queue
+        epoch = self._next_epoch(q)
         worker = get_worker_info()
         in_worker = worker is not None
         shuffle = {}
