@@ -583,6 +583,20 @@ void DefineQueueFunctions(py::module_& m) {
       "(tailcut::FedRestoreState): the coordinator's state with every host's, this host's own, "
       "and the token the hosts restoring together share.");
   m.def(
+      "_merge_states",
+      [](const py::iterable& states, const py::object& queue_name) {
+        std::vector<std::string> parts;
+        for (const py::handle& state : states)
+          parts.push_back(
+              ToBytes(py::reinterpret_borrow<py::object>(state), "_merge_states: a state"));
+        return py::bytes(tc::detail::MergeStates(ToQueueName(queue_name), parts));
+      },
+      py::arg("states"), py::arg("queue"),
+      "One queue checkpoint holding what every host state in `states` holds "
+      "(engine/checkpoint.h MergeStates): the states of several hosts of a fed job for one host "
+      "that resumes them all. `queue` names the queue in errors. Raises InvalidArgumentError "
+      "(no state, or states of different jobs) and CorruptError.");
+  m.def(
       "_states_epoch",
       [](const py::iterable& states, const py::object& queue_name) {
         const std::string name = ToQueueName(queue_name);

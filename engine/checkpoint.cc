@@ -141,6 +141,64 @@ Reopened ReopenRanges(const std::string& name, const std::string& bytes,
   return out;
 }
 
+std::string MergeStates(const std::string& name, const std::vector<std::string>& states) {
+  if (states.empty())
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + name + "': no checkpoint to merge: pass the host states to join");
+  if (states.size() == 1) {
+    DeserializeState(name, states[0]);  // refused as any restore_state would be
+    return states[0];
+  }
+  std::vector<SavedState> saved;
+  for (const std::string& bytes : states) saved.push_back(DeserializeState(name, bytes));
+  SavedState out = saved[0];
+  out.cursor = 0;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const SavedState& s = saved[i];
+    if (s.fingerprint != out.fingerprint || s.num_items != out.num_items ||
+        s.num_epochs != out.num_epochs || s.seed != out.seed)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "queue '" + name + "': checkpoint " + std::to_string(i) +
+                      " of the host states to merge is of another job than checkpoint 0 (data, "
+                      "items, epochs or seed differ): merge only the host states of one job");
+    out.cursor = std::max(out.cursor, s.cursor);
+  }
+  std::vector<uint64_t> bits((out.cursor + 63) / 64);
+  auto set = [&](uint64_t t) { bits[t / 64] |= uint64_t{1} << (t % 64); };
+  std::vector<Piece> pieces;
+  for (const SavedState& s : saved) {
+    for (uint64_t i = 0; i < s.low / 64; ++i) bits[i] = ~uint64_t{0};
+    for (uint64_t t = s.low / 64 * 64; t < s.low; ++t) set(t);
+    for (uint64_t i = 0; i < s.words.size(); ++i) {
+      uint64_t w = s.words[i];
+      // Bits past a state's cursor mean nothing (ApplyRestore drops them too).
+      if (i + 1 == s.words.size() && s.cursor % 64 != 0) w &= (uint64_t{1} << (s.cursor % 64)) - 1;
+      bits[s.low / 64 + i] |= w;
+    }
+    // Pieces at or past a state's cursor mean nothing there (ApplyRestore).
+    for (const Piece& p : s.pieces) {
+      if (p.ticket >= s.cursor) continue;
+      set(p.ticket);
+      if (p.begin < p.end) pieces.push_back(p);  // an empty one only marks its ticket done
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return std::tie(a.ticket, a.begin, a.end) < std::tie(b.ticket, b.begin, b.end);
+  });
+  out.pieces.clear();
+  for (const Piece& p : pieces) {
+    Piece* last = out.pieces.empty() ? nullptr : &out.pieces.back();
+    if (last != nullptr && last->ticket == p.ticket && p.begin <= last->end)
+      last->end = std::max(last->end, p.end);
+    else
+      out.pieces.push_back(p);
+  }
+  out.low = 0;
+  while (out.low < out.cursor && ((bits[out.low / 64] >> (out.low % 64)) & 1)) ++out.low;
+  out.words.assign(bits.begin() + static_cast<long>(out.low / 64), bits.end());
+  return SerializeState(out);
+}
+
 namespace {
 
 constexpr std::string_view kFedMagic = "tailcut-fed-restore 1";

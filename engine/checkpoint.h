@@ -9,7 +9,7 @@
 //
 // ReopenRanges edits a checkpoint's pieces so that records handed out but
 // not used (a pooled loader's batches in flight) are read again after a
-// restore.
+// restore; MergeStates joins the states of several hosts' queues into one.
 //
 // Errors: DeserializeState throws tailcut::Error (kCorrupt) naming the queue
 // and what is wrong (truncated, bad magic, version, checksum, counts);
@@ -56,6 +56,20 @@ struct Reopened {
 // queue's, for the messages.
 TAILCUT_EXPORT Reopened ReopenRanges(const std::string& name, const std::string& bytes,
                                      const std::vector<Piece>& ranges);
+
+// One checkpoint holding what every checkpoint in `states` holds: the host
+// states (WorkQueue::SaveHostState) of several hosts of one job fed by a
+// coordinator, for one host that resumes them all (a restore on fewer hosts
+// than the checkpoint's). A ticket is done where any state has it done (below
+// a state's low, every ticket is); the open pieces are those of every state,
+// pieces of one ticket that overlap joined into one (two hosts held the same
+// ticket only when one was fenced: read once more, never lost); the cursor is
+// the highest. One state comes back as it is. Throws kInvalidArgument naming
+// the queue `name` when `states` is empty or its states are of different
+// jobs (data fingerprint, items, epochs or seed), kCorrupt as
+// DeserializeState.
+TAILCUT_EXPORT std::string MergeStates(const std::string& name,
+                                       const std::vector<std::string>& states);
 
 // A fed queue's restore_state from an exact checkpoint of a job across hosts
 // (FedRestoreState, work_queue.h): the restore's token, the tier's state

@@ -265,6 +265,70 @@ TEST(ReopenRangesTest, BadInputIsRefusedNamingWhat) {
                 tail);
 }
 
+// Two hosts of one fed job (200 tickets): host a finished 0..69 and 72, holds
+// ticket 75 from offset 40 and (a piece past its cursor, meaningless) 150;
+// host b finished 70, 71 and 130, holds 131 from 10 and 75 from 60 (fenced:
+// both held it).
+std::string HostA() {
+  return SerializeState({.fingerprint = 9, .num_items = 100, .num_epochs = 2, .seed = 3,
+                         .low = 70, .cursor = 80, .words = {1ull << (72 - 64) | 1ull << (75 - 64)},
+                         .pieces = {{75, 40, 90}, {150, 0, 5}}});
+}
+
+std::string HostB() {
+  SavedState s{.fingerprint = 9, .num_items = 100, .num_epochs = 2, .seed = 3, .low = 0,
+               .cursor = 140, .words = {0, 0, 0}};
+  for (uint64_t t : {70, 71, 75, 130, 131}) s.words[t / 64] |= uint64_t{1} << (t % 64);
+  s.pieces = {{131, 10, 50}, {75, 60, 120}, {130, 7, 7}};
+  return SerializeState(s);
+}
+
+TEST(MergeStatesTest, DoneWhereAnyHostHasItDoneAndEveryHostsPiecesOnce) {
+  const SavedState m = DeserializeState("q", MergeStates("q", {HostA(), HostB()}));
+  EXPECT_EQ(m.fingerprint, 9u);
+  EXPECT_EQ(m.seed, 3u);
+  EXPECT_EQ(m.cursor, 140u);
+  EXPECT_EQ(m.low, 73u) << "0..69 from a, 70 and 71 from b, 72 from a";
+  auto done = [&](uint64_t t) {
+    return t < m.low || ((m.words[t / 64 - m.low / 64] >> (t % 64)) & 1) != 0;
+  };
+  std::vector<uint64_t> done_above;
+  for (uint64_t t = m.low; t < m.cursor; ++t)
+    if (done(t)) done_above.push_back(t);
+  EXPECT_EQ(done_above, (std::vector<uint64_t>{75, 130, 131}));
+  Ranges pieces;
+  for (const Piece& p : m.pieces) pieces.emplace_back(p.ticket, p.begin, p.end);
+  EXPECT_EQ(pieces, (Ranges{{75, 40, 120}, {131, 10, 50}}))
+      << "overlapping pieces of one ticket joined; none past a cursor; an empty one only done";
+  EXPECT_EQ(MergeStates("q", {HostB(), HostA()}), MergeStates("q", {HostA(), HostB()}));
+}
+
+TEST(MergeStatesTest, OneStateComesBackAsItIsAndOtherJobsAreRefused) {
+  EXPECT_EQ(MergeStates("q", {HostA()}), HostA());
+  auto refusal = [](const std::vector<std::string>& states) -> std::string {
+    try {
+      MergeStates("q.n0", states);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(refusal({}), "queue 'q.n0': no checkpoint to merge: pass the host states to join");
+  SavedState other = DeserializeState("q", HostB());
+  other.seed = 4;
+  EXPECT_EQ(refusal({HostA(), SerializeState(other)}),
+            "queue 'q.n0': checkpoint 1 of the host states to merge is of another job than "
+            "checkpoint 0 (data, items, epochs or seed differ): merge only the host states of "
+            "one job");
+  try {
+    MergeStates("q", {HostA(), HostB().substr(8)});
+    ADD_FAILURE() << "truncated bytes were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+  }
+}
+
 std::string WithWord(std::string bytes, size_t index, uint64_t value) {
   std::memcpy(bytes.data() + 8 * index, &value, 8);
   const uint64_t hash = HashBytes(bytes.data(), bytes.size() - 8);  // as SerializeState
