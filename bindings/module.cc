@@ -22,13 +22,14 @@
 // stats, items (WorkItem, take, agree_step), producer (input_dataset,
 // input_producer), reader_state and readers (records, batches), batch_ring
 // (BatchRing), slice_records (the records of one item), tar_sample (a tar
-// record's members). This file only
+// record's members), record_files (record indexes and reads in any order). This file only
 // registers them.
 #include "module.h"
 
 #include <pybind11/pybind11.h>
 
 #include "batch_ring.h"
+#include "record_files.h"
 #include "slice_records.h"
 #include "tar_sample.h"
 
@@ -57,4 +58,5 @@ PYBIND11_MODULE(_core, m) {
   tp::DefineBatchRing(m);
   tp::DefineSliceRecords(m);
   tp::DefineTarSample(m);
+  tp::DefineRecordFiles(m);
 }

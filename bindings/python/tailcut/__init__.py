@@ -35,6 +35,7 @@ from tailcut._core import (
     NotFoundError,
     PermissionDeniedError,
     RecordBuffer,
+    RecordFiles,
     RecordIterator,
     StaleItemError,
     TimeoutError,
@@ -81,6 +82,7 @@ __all__ = [
     "encode_tfrecord",
     "slice_records",
     "tar_members",
+    "RecordFiles",
     "__version__",
 ]
 

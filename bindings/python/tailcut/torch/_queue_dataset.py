@@ -1,5 +1,6 @@
 """QueueDataset: an IterableDataset over a tailcut work queue (docs/pytorch.md)."""
 
+import functools
 import multiprocessing
 import multiprocessing.util
 import os
@@ -12,6 +13,8 @@ import tailcut
 from tailcut import _args, _attempts, _core, _pool_state
 from tailcut._file_record import FileRecord
 from tailcut._job import default_name as _default_name, env_int
+from tailcut._record_files import RecordFiles
+from tailcut.torch import _global_shuffle
 from tailcut.torch._tensors import from_numpy
 
 # Records per read in per-record mode (batch_size=None).
@@ -272,7 +275,20 @@ class QueueDataset(IterableDataset):
 
     reader_options: keywords of WorkQueue.batches() (chunk_bytes,
     buffer_budget_bytes, prefetch_items, backend, ...).
+
+    shuffle="global" (docs/shuffle.md): every record of all the files in one
+    seeded permutation, as a map-style dataset's samples (a batch of
+    label-sorted files holds every label). The files are indexed once (where
+    each record starts; kept in index_dir, default $TAILCUT_INDEX_DIR else
+    ~/.cache/tailcut/index, and indexed again when a file changed) and the
+    queue is an index work over the records' numbers: exactly once,
+    checkpoints, the pool and several hosts as for IndexDataset. Records are
+    read a group at a time (a batch, or 64) in one call, sorted and
+    coalesced; batches are owned tensors. shuffle_buffer, interleave and
+    reader_options are not used.
     """
+
+    _records = None  # shuffle="global": the RecordFiles read by number
 
     def __init__(self, works, batch_size=None, *, transform=None, copy=False, drop_last=False,
                  shuffle_buffer=SHUFFLE_BUFFER, interleave=INTERLEAVE, reader_options=None,
@@ -281,7 +297,7 @@ class QueueDataset(IterableDataset):
                  restore_state=None, max_clients=None, leases_per_client=None,
                  attach_timeout=None, lease_timeout=None, stop_timeout=None, on_notice=None,
                  auto_ack=None, keep_unfinished=None, coordinator=None, host_id=None,
-                 global_ttl=None, global_block_size=None):
+                 global_ttl=None, global_block_size=None, index_dir=None):
         super().__init__()
         # The queue's tailcut.WorkQueue options, listed (no **kwargs: an unknown keyword is
         # Python's TypeError naming QueueDataset); those not given keep WorkQueue's default.
@@ -298,7 +314,27 @@ class QueueDataset(IterableDataset):
             works = [works]
         queue_options.setdefault("num_clients", env_int("LOCAL_WORLD_SIZE", 1))
         queue_options.setdefault("name", _default_name())
-        if (shuffle_buffer or interleave != 1) and "max_clients" not in queue_options:
+        self._notices = _Notices(on_notice)
+        # shuffle="global": the records of all files in one seeded permutation,
+        # read by number from record indexes (tailcut.torch._global_shuffle).
+        self._records = None
+        if isinstance(shuffle, str):
+            if shuffle != "global":
+                raise tailcut.InvalidArgumentError(
+                    f"shuffle={shuffle!r}: give True (items in a seeded order, records mixed "
+                    f"in a buffer), False (file order) or 'global' (every record in one "
+                    f"seeded permutation; docs/shuffle.md)")
+            self._records = _global_records(works, queue_options, index_dir, self._notices)
+            queue_options = {k: v for k, v in queue_options.items()
+                             if k not in ("format", "record_bytes", "prefix")}
+            queue_options["shuffle"] = True
+        elif index_dir is not None:
+            raise tailcut.InvalidArgumentError(
+                "index_dir= is for shuffle='global' (where record indexes are kept)")
+        if self._records is not None:
+            works = None
+            queue_options["num_samples"] = len(self._records)
+        elif (shuffle_buffer or interleave != 1) and "max_clients" not in queue_options:
             # An item stays the process's until its last record leaves the
             # shuffle buffer, and with random eviction that takes about
             # buffer x ln(records per item) records: many items at once. With
@@ -306,7 +342,7 @@ class QueueDataset(IterableDataset):
             # processes take unequal shares and EqualSteps ends epochs early
             # (docs/pytorch.md, "Record-level shuffle").
             queue_options.setdefault("leases_per_client", SHUFFLE_LEASES)
-        self._queue_args = dict(works=list(works), **queue_options)
+        self._queue_args = dict(works=None if works is None else list(works), **queue_options)
         if queue_options.get("restore_state") is not None:
             # A PooledLoader checkpoint of several hosts: this host's queue's entry.
             self._queue_args["restore_state"] = _pool_state.host_queue_state(
@@ -405,6 +441,8 @@ class QueueDataset(IterableDataset):
         fixed-size records (file sizes // record_bytes) and format="file" (one
         per file); otherwise estimated from the first MiB of up to 8 files
         (the mean record size there, applied to every file's size)."""
+        if self._records is not None:
+            return len(self._records), True
         args = self._queue_args
         prefix = args.get("prefix")
         paths = [os.path.join(os.fsdecode(prefix), os.fsdecode(w)) if prefix else os.fsdecode(w)
@@ -463,6 +501,8 @@ class QueueDataset(IterableDataset):
     def __iter__(self):
         q = self.queue
         epoch = self._next_epoch(q)
+        if self._records is not None:
+            return _global_shuffle.generate(self, q, epoch)
         worker = get_worker_info()
         in_worker = worker is not None
         shuffle = {}
@@ -478,6 +518,16 @@ class QueueDataset(IterableDataset):
             it = q.batches(self.batch_size, copy=self.copy or in_worker, max_epoch=epoch,
                            short_at_end=True, **shuffle, **self.reader_options)
         return self._generate(_Source(it), epoch)
+
+    @property
+    def recipe(self):
+        """shuffle="global" only (else AttributeError, and the pool makes its
+        own): recipe(batch_size, collate_fn, transform), the pooled loaders'
+        recipe, reading each batch's records by number in one call."""
+        if self._records is None:
+            raise AttributeError("recipe: a QueueDataset's own pooled recipe is for "
+                                 "shuffle='global'")
+        return functools.partial(_global_shuffle.recipe, self)
 
     def _buffer_for(self, worker):
         """shuffle_buffer, at most a quarter of this process's even share of an
@@ -546,6 +596,26 @@ class QueueDataset(IterableDataset):
         return state
 
     def __repr__(self):
+        if self._records is not None:
+            return (f"QueueDataset(name={self._queue_args['name']!r}, "
+                    f"batch_size={self.batch_size!r}, shuffle='global', "
+                    f"records={len(self._records)})")
         return (f"QueueDataset(name={self._queue_args['name']!r}, "
                 f"batch_size={self.batch_size!r}, shuffle_buffer={self.shuffle_buffer!r}, "
                 f"interleave={self.interleave!r})")
+
+
+def _global_records(works, queue_options, index_dir, notices):
+    """The RecordFiles of QueueDataset(works, shuffle="global", ...): the
+    works' paths (prefix applied) in their format, indexed."""
+    prefix = queue_options.get("prefix")
+    prefix = os.fsdecode(prefix) if prefix is not None else ""
+    paths = [prefix + os.fsdecode(w) for w in works]
+    if not paths:
+        raise tailcut.InvalidArgumentError("QueueDataset: works is empty; give record files")
+    records = RecordFiles(paths, queue_options.get("format") or "lines",
+                          queue_options.get("record_bytes"), index_dir, on_notice=notices)
+    if len(records) == 0:
+        raise tailcut.InvalidArgumentError(
+            f"QueueDataset(shuffle='global'): the {len(paths)} files hold no records")
+    return records

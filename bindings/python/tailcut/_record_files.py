@@ -1,0 +1,116 @@
+"""Records of files read by number, in any order: what QueueDataset(files,
+shuffle="global") reads (tailcut/record_index.h underneath).
+
+RecordFiles numbers the records of a list of files as one data set (record
+r of the set is record r - first of file f), from record indexes built once
+per file and kept in a cache directory; ReadBatch is the pooled loaders'
+collate_fn for such a dataset: the sample indices of a batch in, the
+records read in one batched call, collated as a QueueDataset's records are.
+Both pickle as their arguments (a process that unpickles one loads the
+indexes from the cache), so a loader joining from another shell gets them
+through the pool's description. No torch here (tailcut.torch imports this)."""
+
+import os
+
+import numpy as np
+
+from tailcut import _core
+
+# Records read in parallel: reads of different runs (files, or parts of one
+# file far apart) at once, for a cold disk; with the page cache hot they are
+# copies and more threads do not help on a small machine.
+READ_THREADS = 2
+
+
+class RecordFiles:
+    """The records of `paths` in `format` ('fixed' with record_bytes,
+    'lines', 'tfrecord', 'tar', 'file'), numbered 0..len - 1 in file order.
+
+    index_dir: where record indexes are kept (None: $TAILCUT_INDEX_DIR, else
+    ~/.cache/tailcut/index; "": nowhere, every process scans). on_notice:
+    called with each notice line (an index rebuilt because its file changed).
+    Built (indexes loaded or scanned) in the process that makes it, and again
+    in a process that unpickles it."""
+
+    def __init__(self, paths, format="lines", record_bytes=None, index_dir=None,
+                 on_notice=None):
+        self.paths = [os.fsdecode(p) for p in paths]
+        self.format = format
+        self.record_bytes = record_bytes
+        self.index_dir = None if index_dir is None else os.fsdecode(index_dir)
+        self.on_notice = on_notice
+        self._core = None
+        self._pid = None
+        self.core  # builds it: a bad file fails here
+
+    @property
+    def core(self):
+        """This process's _core.RecordFiles."""
+        if self._pid != os.getpid():
+            self._core = _core.RecordFiles(self.paths, self.format, self.record_bytes,
+                                           cache_dir=self.index_dir, on_notice=self.on_notice)
+            self._pid = os.getpid()
+        return self._core
+
+    def __len__(self):
+        return len(self.core)
+
+    @property
+    def files_scanned(self):
+        return self.core.files_scanned
+
+    def read(self, positions):
+        """(data, offsets) of records `positions`: record k is
+        data[offsets[k]:offsets[k + 1]] (uint8 and int64 arrays)."""
+        return self.core.read(positions, threads=READ_THREADS)
+
+    def layout(self, positions):
+        """Records `positions` as a QueueDataset batch of them is laid out:
+        fixed-size records an (n, record_bytes) uint8 array, others
+        (data, offsets)."""
+        data, offsets = self.read(positions)
+        if self.format == "fixed":
+            return data.reshape(len(positions), self.record_bytes)
+        return data, offsets
+
+    def records(self, positions):
+        """Records `positions` as a QueueDataset yields them one by one:
+        bytes, a tar sample as WebDataset's dict (tailcut.tar_members)."""
+        data, offsets = self.read(positions)
+        raw = data.tobytes()
+        out = [raw[offsets[k]:offsets[k + 1]] for k in range(len(positions))]
+        if self.format == "tar":
+            out = [_core.tar_members(r) for r in out]
+        return out
+
+    def __reduce__(self):
+        # on_notice is the builder's (often a bound method of a dataset): a
+        # process that unpickles this prints notices itself.
+        return RecordFiles, (self.paths, self.format, self.record_bytes, self.index_dir)
+
+    def __repr__(self):
+        return f"RecordFiles({len(self.paths)} files, format={self.format!r})"
+
+
+class ReadBatch:
+    """A pooled loader's collate_fn over sample indices of a RecordFiles:
+    reads them in one call, then (record_transform) transforms each record
+    and collates with collate_fn, else torch's default_collate; or, with
+    neither, lays them out as a QueueDataset's batch (RecordFiles.layout),
+    or collate_fn(list of records)."""
+
+    def __init__(self, records, collate_fn=None, record_transform=None):
+        self.records, self.collate_fn = records, collate_fn
+        self.record_transform = record_transform
+
+    def __call__(self, indices):
+        if self.record_transform is None and self.collate_fn is None:
+            return self.records.layout(indices)
+        records = self.records.records(indices)
+        if self.record_transform is not None:
+            records = [self.record_transform(r) for r in records]
+            if self.collate_fn is None:
+                from torch.utils.data import default_collate
+                return default_collate(records)
+        return self.collate_fn(records)
+

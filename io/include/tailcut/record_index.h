@@ -1,0 +1,136 @@
+// tailcut/record_index.h: where every record of a file lies, found once and
+// kept, so that records can be read in any order (global shuffle).
+//
+// A RecordIndex lists, for each record of one file in file order, the file
+// offset and size of its payload: the bytes a reader hands out (a line
+// without its '\n' and trailing '\r', a TFRecord's data, a tar sample's raw
+// bytes, a fixed-size record). Fixed-size records are computed, never
+// stored; "file" is one record; lines, TFRecord and tar are found by one
+// sequential pass through the same RecordParser the Reader uses
+// (tailcut/record_format.h), so both CRCs of every TFRecord are checked and a
+// damaged file is an error naming the file and the offset.
+//
+// The index is kept in a cache directory (RecordIndexOptions::cache_dir), one
+// file per (absolute path, format), tied to the data file's identity
+// (device, inode, size, mtime). A later build whose file still has that
+// identity loads it instead of scanning (a second run pays nothing); one
+// whose file changed, or whose cache file is damaged or not ours, scans
+// again and says so through the notice callback.
+//
+// RecordFiles joins the indexes of several files into one numbering: record
+// r of the data set is record r - first(f) of file f. ReadRecords reads any
+// set of them with as few reads as possible: positions sorted, records that
+// touch or nearly touch coalesced into one read, reads issued in parallel.
+//
+// Contract
+//  * Control path throughout: functions allocate, make system calls and
+//    throw tailcut::Error naming the file (and the offset, for a record that
+//    does not parse, kCorrupt).
+//  * BuildRecordFiles may run its callbacks on any of its threads, one at a
+//    time (serialised by it). A built RecordFiles is immutable: any thread
+//    may read it and call ReadRecords on it.
+//  * The data files must not change once indexed: ReadRecords checks each
+//    file's identity when it opens it (kConfigMismatch / kIo on a change,
+//    as tailcut/work_file.h does for a queue's files) and each TFRecord's
+//    data CRC again as it reads it.
+#ifndef TAILCUT_RECORD_INDEX_H_
+#define TAILCUT_RECORD_INDEX_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tailcut/error.h"
+#include "tailcut/export.h"
+#include "tailcut/record_format.h"
+#include "tailcut/work_queue.h"
+
+namespace tailcut {
+
+// The records of one file.
+struct TAILCUT_EXPORT RecordIndex {
+  std::string path;
+  FileIdentity identity;
+  RecordFormat format;
+  // kFixed: empty (record i is at i * record_bytes); otherwise one entry per
+  // record, ascending.
+  std::vector<uint64_t> offsets;  // file offset of each record's payload
+  std::vector<uint64_t> sizes;    // its payload's size in bytes
+  uint64_t count = 0;             // records in the file
+
+  uint64_t Offset(uint64_t i) const noexcept {
+    return offsets.empty() ? i * format.record_bytes : offsets[i];
+  }
+  uint64_t Size(uint64_t i) const noexcept {
+    return sizes.empty() ? format.record_bytes : sizes[i];
+  }
+};
+
+struct RecordIndexOptions {
+  // Where indexes are kept ("" keeps none: every build scans). Created (0700)
+  // when missing. DefaultRecordIndexDir() is $TAILCUT_INDEX_DIR, else
+  // $XDG_CACHE_HOME/tailcut/index, else ~/.cache/tailcut/index.
+  std::string cache_dir;
+  // Files indexed at once (0: one per hardware thread, at most 8).
+  size_t threads = 0;
+  // A one-line notice: an index rebuilt because its file changed, a cache
+  // that cannot be written.
+  std::function<void(const std::string&)> notice;
+  // Progress of a build: files done of total, bytes scanned so far (loaded
+  // indexes count as done with no bytes scanned).
+  std::function<void(size_t files_done, size_t files_total, uint64_t bytes_scanned)> progress;
+};
+
+TAILCUT_EXPORT std::string DefaultRecordIndexDir();
+
+// The index of one file: loaded from options.cache_dir when it holds one of
+// this file as it is now, else built by one pass and stored there. Throws
+// tailcut::Error naming the file (and the offset of a record that does not
+// parse). REQUIRES: format.kind != kFile is not required; any kind works.
+TAILCUT_EXPORT std::shared_ptr<const RecordIndex> LoadOrBuildRecordIndex(
+    const std::string& path, const RecordFormat& format, const RecordIndexOptions& options,
+    bool* scanned = nullptr);
+
+// Several files numbered as one data set.
+class TAILCUT_EXPORT RecordFiles {
+ public:
+  // The indexes of `paths` (LoadOrBuildRecordIndex), options.threads at a
+  // time. The first error met is thrown (naming its file) once the others
+  // have finished.
+  static std::shared_ptr<const RecordFiles> Build(const std::vector<std::string>& paths,
+                                                  const RecordFormat& format,
+                                                  const RecordIndexOptions& options);
+
+  uint64_t size() const noexcept { return total_; }
+  size_t num_files() const noexcept { return files_.size(); }
+  const RecordIndex& file(size_t f) const noexcept { return *files_[f]; }
+  // Files whose index was scanned by Build (the others were loaded).
+  size_t files_scanned() const noexcept { return scanned_; }
+  // Where record r (< size()) lies: its file and its number in that file.
+  void Locate(uint64_t r, size_t* file, uint64_t* record_in_file) const noexcept;
+
+ private:
+  std::vector<std::shared_ptr<const RecordIndex>> files_;
+  std::vector<uint64_t> first_;  // first_[f]: the number of file f's first record
+  uint64_t total_ = 0;
+  size_t scanned_ = 0;
+};
+
+// The payloads of records `positions` (numbers of `files`, any order,
+// repeats allowed), in the order asked, appended to *data: record k is
+// data[ends[k] - size_k, ends[k]), *ends gets one entry per position (the
+// end of each in *data). Reads are sorted by file and offset and coalesced
+// where the gap between records is at most max_gap bytes; up to `threads`
+// run at once. Throws tailcut::Error: kInvalidArgument for a position out of
+// range, the file's error when it cannot be opened or changed, kCorrupt
+// naming file and offset for a TFRecord whose data CRC fails.
+TAILCUT_EXPORT void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& positions,
+                                std::string* data, std::vector<uint64_t>* ends, size_t threads = 1,
+                                uint64_t max_gap = 4096);
+
+}  // namespace tailcut
+
+#endif  // TAILCUT_RECORD_INDEX_H_

@@ -1,0 +1,291 @@
+"""QueueDataset(files, shuffle="global"): the records of all files in one seeded
+permutation (an index work over the records' numbers, read through record indexes kept in a
+cache). Every record once per epoch, per rank, in DataLoader workers and pooled; label-sorted
+files mixed in every batch; the same order for the same seed in every process; indexes kept,
+reused and rebuilt when their file changed; damaged files named; tar samples; a pooled
+checkpoint restored in one call."""
+
+import collections
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+
+import numpy as np
+import pytest
+
+import tailcut
+from conftest import write_tfrecords
+
+torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import tailcut.torch as tt  # noqa: E402
+
+CLASSES, PER_CLASS, FILES = 20, 1000, 4
+
+
+@pytest.fixture(autouse=True)
+def one_rank(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+
+def sorted_ids(tmp_path):
+    """20 classes x 1000 records of 8 bytes (an int64 id; class = id // 1000) in 4 files,
+    in class order: the label-sorted data set of docs/shuffle.md."""
+    paths = []
+    per_file = CLASSES * PER_CLASS // FILES
+    for f in range(FILES):
+        path = tmp_path / f"part-{f}.bin"
+        np.arange(f * per_file, (f + 1) * per_file, dtype="<i8").tofile(path)
+        paths.append(str(path))
+    return paths
+
+
+def ids_of(batch):
+    return batch.contiguous().view(torch.int64).reshape(-1).tolist()
+
+
+def test_every_record_once_per_epoch_and_every_full_batch_holds_19_of_20_classes(
+        tmp_path, qname):
+    ds = tt.QueueDataset(sorted_ids(tmp_path), 256, format="fixed", record_bytes=8,
+                         shuffle="global", seed=3, num_epochs=2, name=qname,
+                         index_dir=tmp_path / "index")
+    assert ds.records_per_epoch() == (CLASSES * PER_CLASS, True)
+    orders = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        order, worst = [], CLASSES
+        for batch in ds:
+            ids = ids_of(batch)
+            order += ids
+            if len(ids) == 256:
+                worst = min(worst, len({i // PER_CLASS for i in ids}))
+        assert sorted(order) == list(range(CLASSES * PER_CLASS))  # each once
+        assert worst >= 19, worst
+        orders.append(order)
+    assert orders[0] != orders[1]  # each epoch its own permutation
+    ds.close()
+
+
+def test_item_shuffle_of_the_same_files_mixes_far_less(tmp_path, qname):
+    """The contrast the global shuffle exists for (docs/shuffle.md's table)."""
+    ds = tt.QueueDataset(sorted_ids(tmp_path), 256, format="fixed", record_bytes=8, seed=3,
+                         shuffle=True, name=qname)
+    worst = min(len({i // PER_CLASS for i in ids_of(b)}) for b in ds if len(b) == 256)
+    ds.close()
+    assert worst < 19, worst
+
+
+def order_in_a_process(tmp_path, name, seed):
+    code = (
+        "import sys, tailcut.torch as tt\n"
+        "paths, name, seed, index = sys.argv[1:-3], sys.argv[-3], int(sys.argv[-2]), "
+        "sys.argv[-1]\n"
+        "ds = tt.QueueDataset(paths, format='fixed', record_bytes=8, shuffle='global', "
+        "seed=seed, name=name, index_dir=index)\n"
+        "print(' '.join(str(int.from_bytes(r, 'little')) for r in ds))\n"
+        "ds.close()\n")
+    out = subprocess.run([sys.executable, "-c", code, *sorted_ids(tmp_path), name, str(seed),
+                          str(tmp_path / "index")], capture_output=True, text=True, timeout=120,
+                         check=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_the_same_seed_gives_the_same_order_in_every_process(tmp_path, qname):
+    a = order_in_a_process(tmp_path, qname + "a", 11)
+    b = order_in_a_process(tmp_path, qname + "b", 11)
+    c = order_in_a_process(tmp_path, qname + "c", 12)
+    assert sorted(a) == list(range(CLASSES * PER_CLASS))
+    assert a == b
+    assert a != c
+
+
+def test_dataloader_workers_read_every_record_once(tmp_path, qname):
+    ds = tt.QueueDataset(sorted_ids(tmp_path), 100, format="fixed", record_bytes=8,
+                         shuffle="global", seed=1, name=qname, index_dir=tmp_path / "index")
+    seen = collections.Counter()
+    for batch in DataLoader(ds, batch_size=None, num_workers=2):
+        seen.update(ids_of(batch))
+    ds.close()
+    assert set(seen) == set(range(CLASSES * PER_CLASS)) and set(seen.values()) == {1}
+
+
+def test_lines_and_tfrecord_give_the_records_of_file_order(tmp_path, qname):
+    lines = [f"line {i} of {'x' * (i % 17)}".encode() for i in range(3000)]
+    text = [tmp_path / f"t{f}.txt" for f in range(3)]
+    for f, path in enumerate(text):
+        path.write_bytes(b"".join(line + b"\r\n" * (i % 2) + b"\n" * (1 - i % 2)
+                                  for i, line in enumerate(lines[f::3])))
+    records = [os.urandom(i % 300) for i in range(2000)]
+    tf = [write_tfrecords(tmp_path / f"r{f}.tfrecord", records[f::2]) for f in range(2)]
+    for paths, fmt, want in ((text, "lines", lines), (tf, "tfrecord", records)):
+        ds = tt.QueueDataset(paths, format=fmt, shuffle="global", seed=2,
+                             name=f"{qname}-{fmt}", index_dir=tmp_path / "index")
+        got = list(ds)
+        ds.close()
+        assert sorted(got) == sorted(want)
+        assert got != [r for path_records in (want[f::len(paths)] for f in range(len(paths)))
+                       for r in path_records]  # not file order
+
+
+def test_indexes_are_kept_reused_and_rebuilt_with_a_notice_when_a_file_changed(
+        tmp_path, qname, notices):
+    paths = [write_tfrecords(tmp_path / f"r{f}.tfrecord", [b"a" * f, b"b", b"c"])
+             for f in range(3)]
+    index = tmp_path / "index"
+
+    def open_it(suffix):
+        return tt.QueueDataset(paths, format="tfrecord", shuffle="global", name=qname + suffix,
+                               index_dir=index, on_notice=notices.append)
+
+    first = open_it("1")
+    assert first._records.files_scanned == 3
+    assert len(os.listdir(index)) == 3
+    first.close()
+    second = open_it("2")
+    assert second._records.files_scanned == 0  # a second run pays nothing
+    second.close()
+    assert not [n for n in notices if "record index" in n], notices
+    write_tfrecords(paths[1], [b"a", b"b", b"c", b"d"])
+    os.utime(paths[1], ns=(time.time_ns(), time.time_ns() + 10**9))
+    third = open_it("3")
+    assert third._records.files_scanned == 1
+    assert len(third) == 10
+    assert sorted(third) == sorted([b"", b"b", b"c", b"a", b"b", b"c", b"d", b"aa", b"b", b"c"])
+    third.close()
+    rebuilt = [n for n in notices if "record index" in n]
+    assert len(rebuilt) == 1 and paths[1] in rebuilt[0], notices
+    assert "changed since it was indexed" in rebuilt[0] and "mtime" in rebuilt[0], notices
+
+
+def test_the_index_dir_defaults_to_tailcut_index_dir(tmp_path, qname, monkeypatch):
+    monkeypatch.setenv("TAILCUT_INDEX_DIR", str(tmp_path / "from-env"))
+    paths = [write_tfrecords(tmp_path / "r.tfrecord", [b"x", b"y"])]
+    ds = tt.QueueDataset(paths, format="tfrecord", shuffle="global", name=qname)
+    ds.close()
+    assert len(os.listdir(tmp_path / "from-env")) == 1
+
+
+def test_a_damaged_file_is_an_error_naming_file_and_offset(tmp_path, qname):
+    path = write_tfrecords(tmp_path / "bad.tfrecord", [b"first", b"second record"])
+    data = bytearray(open(path, "rb").read())
+    second = 12 + 5 + 4
+    data[second + 12 + 2] ^= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(tailcut.CorruptError, match=rf"bad\.tfrecord' at offset {second}"):
+        tt.QueueDataset([path], format="tfrecord", shuffle="global", name=qname,
+                        index_dir=tmp_path / "index")
+
+
+def test_a_file_truncated_after_indexing_is_an_error_naming_it(tmp_path, qname):
+    paths = sorted_ids(tmp_path)
+    ds = tt.QueueDataset(paths, 64, format="fixed", record_bytes=8, shuffle="global",
+                         name=qname)
+    os.truncate(paths[2], 800)
+    with pytest.raises(tailcut.Error, match="part-2.bin"):
+        list(ds)
+    ds.close()
+
+
+def test_bad_arguments_are_refused(tmp_path, qname):
+    paths = sorted_ids(tmp_path)
+    with pytest.raises(tailcut.InvalidArgumentError, match="'global'"):
+        tt.QueueDataset(paths, format="fixed", record_bytes=8, shuffle="globl", name=qname)
+    with pytest.raises(tailcut.InvalidArgumentError, match="index_dir= is for"):
+        tt.QueueDataset(paths, format="fixed", record_bytes=8, index_dir=tmp_path, name=qname)
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(tailcut.InvalidArgumentError, match="hold no records"):
+        tt.QueueDataset([empty], shuffle="global", name=qname, index_dir=tmp_path / "i")
+
+
+def write_shard(path, first, n):
+    written = {}
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(first, first + n):
+            key = f"train/{i:06d}"
+            for suffix, data in (("jpg", os.urandom(50 + i % 700)), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{key}.{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                written.setdefault(key, {})[suffix] = data
+    return written
+
+
+def test_tar_samples_are_shuffled_globally_as_webdataset_dicts(tmp_path, qname):
+    written = {}
+    shards = []
+    for s in range(3):
+        shards.append(str(tmp_path / f"shard-{s}.tar"))
+        written.update(write_shard(shards[-1], s * 100, 100))
+    ds = tt.QueueDataset(shards, format="tar", shuffle="global", seed=4, name=qname,
+                         index_dir=tmp_path / "index")
+    got = list(ds)
+    ds.close()
+    assert sorted(s["__key__"] for s in got) == sorted(written)
+    for sample in got:
+        assert {k: v for k, v in sample.items() if k != "__key__"} == written[sample["__key__"]]
+    first_shards = [int(s["__key__"][-6:]) // 100 for s in got[:32]]
+    assert len(set(first_shards)) == 3, first_shards  # mixed across shards from the start
+
+
+def decode(sample):
+    return int(sample["cls"])
+
+
+def test_pooled_tar_with_a_decoding_transform(tmp_path, rname):
+    shards = []
+    for s in range(2):
+        shards.append(str(tmp_path / f"shard-{s}.tar"))
+        write_shard(shards[-1], s * 150, 150)
+    ds = tt.QueueDataset(shards, format="tar", transform=decode, shuffle="global", seed=1,
+                         name=rname, index_dir=tmp_path / "index")
+    loader = tt.PooledLoader(ds, batch_size=16, num_workers=2, rank=0, world_size=1,
+                             local_rank=0, timeout=60, slot_bytes=1 << 14, num_slots=4)
+    try:
+        ids = [i for batch in loader for i in batch.tolist()]
+    finally:
+        loader.close()
+        ds.close()
+    assert sorted(ids) == list(range(300))
+
+
+def pooled(paths, name, tmp_path, **kw):
+    ds = tt.QueueDataset(paths, 64, format="fixed", record_bytes=8, shuffle="global", seed=9,
+                         num_epochs=1, name=name, index_dir=tmp_path / "index")
+    return tt.PooledLoader(ds, loaders_per_host=2, rank=0, world_size=1, local_rank=0, timeout=60,
+                           slot_bytes=1 << 14, num_slots=4, **kw), ds
+
+
+def test_pooled_loaders_mix_every_batch_and_a_one_call_restore_loses_nothing(tmp_path, rname):
+    paths = sorted_ids(tmp_path)
+    first, ds = pooled(paths, rname, tmp_path)
+    seen, worst = [], CLASSES
+    try:
+        for step, batch in enumerate(first):
+            ids = ids_of(batch)
+            seen += ids
+            if len(ids) == 64:
+                worst = min(worst, len({i // PER_CLASS for i in ids}))
+            if step == 40:
+                state = first.state_dict()
+                break
+    finally:
+        first.close()
+        ds.close()  # the job's process ends: its queue is gone, the checkpoint is left
+    assert not os.path.exists(tailcut.segment_path(rname))
+    assert worst >= 14, worst  # 64 of 20 classes: a uniform draw misses 6 with p < 1e-4
+    again, ds = pooled(paths, rname, tmp_path)
+    try:
+        again.load_state_dict(state)  # one call: the loader built as in the first run
+        rest = [i for batch in again for i in ids_of(batch)]
+    finally:
+        again.close()
+        ds.close()
+    counts = collections.Counter(seen + rest)
+    assert set(counts) == set(range(CLASSES * PER_CLASS))  # none lost
+    # As for a map-style dataset (docs/pooled.md): at most a batch per loader twice.
+    assert sum(counts.values()) - CLASSES * PER_CLASS <= 64 * 2
