@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loader autoscaling, shown and measured: PooledLoader(loaders_per_host=(min, max)).
+"""Loader autoscaling, shown and measured: PooledLoader(loaders_per_host=Autoscale(min, max)).
 
     python3 bench/pool/autoscale.py --demo      # one autoscaled job; its decisions logged
     python3 bench/pool/autoscale.py --bench     # autoscaled against a fixed pool
@@ -10,16 +10,17 @@ small machine the numbers measure the policy (when loaders are added and removed
 many cores the loaders get. The trainer checks that every record of every epoch reached it
 exactly once, and prints each epoch's time.
 
---demo runs one job with num_workers=(1, --max-loaders) for a transform 10x the step, and shows
+--demo runs one job with loaders_per_host=Autoscale(1, --max-loaders, cpus=--max-loaders) (the
+loaders sleep, so they may outnumber this machine's CPUs) for a transform 10x the step, and shows
 the "tailcut.pool" log: a line for each decision. The exit status is the job's.
 
 --bench runs --repeats rounds, alternating the order of the cases within each, each job in its
 own process:
-  starving:  transform 10x the step; num_workers=(1, 8) against a fixed 8 (target: epoch
+  starving:  transform 10x the step; Autoscale(1, 8) against a fixed 8 (target: epoch
              time within 1.15x of the fixed pool's)
   too many:  transform 1.5x the step; a fixed 8 against (1, 8) that also starts 8 (what
              both keep alive at the end, and the loader-seconds they held)
-and prints medians and ranges. docs/pooled.md, "Autoscaling", has a run.
+and prints medians and ranges. docs/autoscale.md has a run.
 """
 
 import argparse
@@ -61,6 +62,11 @@ def job(args):
     os.environ["AUTOSCALE_COST_MS"] = str(args.cost_ms)
     logging.basicConfig(level=logging.INFO, format="[%(relativeCreated)7.0f ms] %(message)s")
     workers = workers_arg(args.workers)
+    if isinstance(workers, tuple):
+        # The loaders sleep: they may outnumber the CPUs (by default the pool stops at the
+        # CPUs less the ranks, docs/autoscale.md).
+        from tailcut.pool import Autoscale
+        workers = Autoscale(*workers, cpus=workers[1])
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ids.bin")
         data = np.zeros((args.records, _RECORD), np.uint8)
@@ -72,7 +78,7 @@ def job(args):
         loader = tt.PooledLoader(ds, loaders_per_host=workers, batch_size=args.batch,
                                  transform=costly, slot_bytes=args.batch * _RECORD,
                                  num_slots=16, timeout=120)
-        first = workers[0] if isinstance(workers, tuple) else workers
+        first = workers if isinstance(workers, int) else workers.minimum
         if args.start > first:
             loader.add_loaders(args.start - first)  # started with more than needed
         ok, epochs, alive, held = True, [], [], 0.0
@@ -189,7 +195,8 @@ def main():
     if args.demo:
         records, step = args.records or 6000, args.step_ms or 2.0
         print(f"demo: one trainer ({step:g} ms per step), loaders of {10 * step:g} ms per "
-              f"batch of {args.batch}, num_workers=(1, {args.max_loaders})", flush=True)
+              f"batch of {args.batch}, loaders_per_host=Autoscale(1, {args.max_loaders}, "
+              f"cpus={args.max_loaders})", flush=True)
         return run_job(args, f"1:{args.max_loaders}", 10 * step, step, records, args.epochs,
                        quiet=False)
     p.error("give --demo or --bench")

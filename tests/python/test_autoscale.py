@@ -50,6 +50,9 @@ def test_starving_trainers_get_more_loaders_up_to_max(rname, tmp_path, monkeypat
     caplog.set_level(logging.INFO, logger="tailcut.pool")
     n = 3000
     ds = ids_dataset(tmp_path, rname, n)
+    # The loaders sleep: they may take 3 CPUs of this 2-core machine (the default limit,
+    # CPUs less ranks, is 1 here).
+    monkeypatch.setenv("TAILCUT_LOADER_CPUS", "3")
     # 30 ms per batch in a loader, no time in the trainer: it starves with any 3 loaders.
     loader = one_rank(ds, monkeypatch, (1, 3), Slow(0.03))
     assert loader.loaders_per_host == 1 and loader.autoscale.maximum == 3
@@ -85,7 +88,7 @@ def test_an_over_provisioned_job_ends_its_warm_up_with_fewer_loaders(rname, tmp_
     caplog.set_level(logging.INFO, logger="tailcut.pool")
     n = 6000
     ds = ids_dataset(tmp_path, rname, n, epochs=2)  # one run: its loaders wait for epoch 1
-    scale = pool.Autoscale(1, 4, interval=0.2, full_for=0.4, cooldown=0.2)
+    scale = pool.Autoscale(1, 4, window=0.25, full_for=0.4, cooldown=0.2)
     loader = one_rank(ds, monkeypatch, scale, None)
     loader.add_loaders(3)  # with the one the first iteration starts: 4, for a slow trainer
     ids, down_at = [], None
@@ -108,6 +111,52 @@ def test_an_over_provisioned_job_ends_its_warm_up_with_fewer_loaders(rname, tmp_
     assert "loaders waited" in logged[0] and "removing" in logged[0], logged
     loader.close()
     assert all(p.exitcode == 0 for p in loader.loaders)  # those removed left, not killed
+    ds.close()
+
+
+def test_a_starving_pool_reaches_the_loaders_it_needs_in_one_decision_within_a_second(
+        rname, tmp_path, monkeypatch):
+    # A loader makes a batch in 40 ms (25 per second), the trainer takes one every 10 ms
+    # (100 per second): 4 loaders feed it, and one decision from 1 should reach them.
+    n = 8000
+    ds = ids_dataset(tmp_path, rname, n)
+    loader = one_rank(ds, monkeypatch, pool.Autoscale(1, 8, cpus=8), Slow(0.04))
+    ids, first = [], None
+    for batch in loader:
+        if first is None:
+            first = time.time()  # the first batch: the policy's window starts with it
+        ids += ids_of(batch)
+        time.sleep(0.01)
+    assert sorted(ids) == list(range(n))
+    made = loader.autoscale.decisions
+    assert made and made[0]["action"] == "add", made
+    assert made[0]["loaders"] >= 4, made  # the need in one decision, not steps of a few
+    assert made[0]["time"] - first <= 1.0, (made[0]["time"] - first, made)
+    assert not [d for d in made[1:] if d["action"] == "add" and d["time"] - first < 2.0], made
+    loader.close()
+    ds.close()
+
+
+def test_by_default_the_pool_takes_no_more_loaders_than_cpus_less_ranks(
+        rname, tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="tailcut.pool")
+    monkeypatch.delenv("TAILCUT_LOADER_CPUS", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    n = 3000
+    ds = ids_dataset(tmp_path, rname, n)
+    # 1 rank of a starving job: the limit is the CPUs less that rank (at least min, 1).
+    loader = one_rank(ds, monkeypatch, (1, cpus + 2), Slow(0.03))
+    most = 0
+    for batch in loader:
+        most = max(most, len(loader.live_loaders()))
+    limit = max(cpus - 1, 1)
+    assert most == limit, (most, loader.autoscale.decisions)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+              and "autoscale" in r.getMessage()]
+    assert len(warned) == 1 and f"starving at the CPU limit of {limit} loader" in warned[0], warned
+    assert f"({cpus} CPUs less 1 local rank)" in warned[0], warned
+    assert "cpus=N) or $TAILCUT_LOADER_CPUS=N" in warned[0], warned
+    loader.close()
     ds.close()
 
 
@@ -134,6 +183,12 @@ def test_bad_autoscale_arguments_are_refused_with_the_fix(rname, tmp_path, monke
         pool.Autoscale(1, 2, interval=0)
     with pytest.raises(tailcut.InvalidArgumentError, match="give max <= 63"):
         one_rank(ds, monkeypatch, pool.Autoscale(1, 64), None)
+    with pytest.raises(TypeError, match=r"cpus must be an int >= 1 or None, got 2.5"):
+        pool.Autoscale(1, 2, cpus=2.5)
+    monkeypatch.setenv("TAILCUT_LOADER_CPUS", "0")
+    with pytest.raises(tailcut.InvalidArgumentError,
+                       match=r"\$TAILCUT_LOADER_CPUS must be an int >= 1 .* got '0'"):
+        one_rank(ds, monkeypatch, (1, 2), None)
     ds.close()
 
 
@@ -141,7 +196,7 @@ def test_every_record_comes_once_per_epoch_while_loaders_come_and_go(rname, tmp_
                                                                       monkeypatch):
     n, epochs = 3000, 2
     ds = ids_dataset(tmp_path, rname, n, epochs)
-    scale = pool.Autoscale(1, 4, interval=0.2, full_for=0.6, cooldown=0.3)
+    scale = pool.Autoscale(1, 4, full_for=0.6, cooldown=0.3, cpus=4)
     loader = one_rank(ds, monkeypatch, scale, Slow(0.02))
     removed_mid_epoch, known = False, 0
     for epoch in range(epochs):
@@ -171,7 +226,7 @@ def test_a_killed_loader_is_replaced_when_the_trainers_starve_and_no_record_is_l
         rname, tmp_path, monkeypatch):
     n = 3000
     ds = ids_dataset(tmp_path, rname, n)
-    loader = one_rank(ds, monkeypatch, pool.Autoscale(1, 2, cooldown=0.3), Slow(0.03))
+    loader = one_rank(ds, monkeypatch, pool.Autoscale(1, 2, cooldown=0.3, cpus=2), Slow(0.03))
     ids, killed = [], None
     for batch in loader:
         ids += ids_of(batch)
@@ -196,7 +251,8 @@ def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, 
     path = write_ids(tmp_path / "ids.bin", n)
 
     def rank(r):
-        os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                          TAILCUT_LOADER_CPUS="3")
         ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                              num_slices=40)
         loader = tt.PooledLoader(ds, loaders_per_host=(1, 3), batch_size=20, transform=Slow(0.03),
