@@ -43,6 +43,7 @@ def top_once(name):
 def test_an_autoscaled_pool_shows_its_decisions_in_top_and_close_removes_them(
         rname, tmp_path, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("TAILCUT_LOADER_CPUS", "3")  # sleeping loaders: past 2 CPUs less 1 rank
     ds = tt.QueueDataset([write_ids(tmp_path / "ids.bin", 3000)], name=rname, format="fixed",
                          record_bytes=RECORD, num_slices=60, num_clients=1)
     # 30 ms per batch in a loader, no time in the trainer: it starves, and loaders are added.

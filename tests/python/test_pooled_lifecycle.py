@@ -246,9 +246,11 @@ def test_clean_exit_without_close_leaves_nothing(data, out):
     job.check_gone()
 
 
-def test_an_autoscaled_pool_under_torchrun_adds_loaders_and_trains_every_record(data, out):
+def test_an_autoscaled_pool_under_torchrun_adds_loaders_and_trains_every_record(data, out,
+                                                                                monkeypatch):
     # 20 ms per batch in one loader starves two ranks: local rank 0 adds loaders (up to 3),
     # the other rank starts none; every record once per epoch, nothing left behind.
+    monkeypatch.setenv("TAILCUT_LOADER_CPUS", "3")  # sleeping loaders: past 2 CPUs less 2 ranks
     job = Job(data, out, 2, "--workers", "1:3", "--slow", "0.02")
     assert job.wait() == 0, job.log[-4000:]
     check_complete_run(out, "0.0", 2)
