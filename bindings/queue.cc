@@ -597,6 +597,16 @@ void DefineQueueFunctions(py::module_& m) {
       "that resumes them all. `queue` names the queue in errors. Raises InvalidArgumentError "
       "(no state, or states of different jobs) and CorruptError.");
   m.def(
+      "_empty_state",
+      [](const py::object& like, const py::object& queue_name) {
+        return py::bytes(tc::detail::EmptyState(ToQueueName(queue_name),
+                                                ToBytes(like, "_empty_state: like")));
+      },
+      py::arg("like"), py::arg("queue"),
+      "A queue checkpoint of the job of `like` with nothing handed out (engine/checkpoint.h "
+      "EmptyState): what a host with no part of a fed job's checkpoint restores from. Raises "
+      "CorruptError.");
+  m.def(
       "_states_epoch",
       [](const py::iterable& states, const py::object& queue_name) {
         const std::string name = ToQueueName(queue_name);

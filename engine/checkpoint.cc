@@ -199,6 +199,12 @@ std::string MergeStates(const std::string& name, const std::vector<std::string>&
   return SerializeState(out);
 }
 
+std::string EmptyState(const std::string& name, const std::string& like) {
+  const SavedState s = DeserializeState(name, like);
+  return SerializeState({.fingerprint = s.fingerprint, .num_items = s.num_items,
+                         .num_epochs = s.num_epochs, .seed = s.seed});
+}
+
 namespace {
 
 constexpr std::string_view kFedMagic = "tailcut-fed-restore 1";

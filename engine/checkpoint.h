@@ -71,6 +71,13 @@ TAILCUT_EXPORT Reopened ReopenRanges(const std::string& name, const std::string&
 TAILCUT_EXPORT std::string MergeStates(const std::string& name,
                                        const std::vector<std::string>& states);
 
+// A checkpoint of the job of checkpoint `like` with nothing handed out: what
+// a host with no part of an exact checkpoint of a fed job restores from (a
+// restore on more hosts than the checkpoint's). The queue it opens is empty,
+// and a stale queue of an earlier run there is replaced, as for any restore.
+// Throws as DeserializeState.
+TAILCUT_EXPORT std::string EmptyState(const std::string& name, const std::string& like);
+
 // A fed queue's restore_state from an exact checkpoint of a job across hosts
 // (FedRestoreState, work_queue.h): the restore's token, the tier's state
 // (GlobalStateWithHosts) and this host's own (SaveHostState). Laid out as

@@ -329,6 +329,22 @@ TEST(MergeStatesTest, OneStateComesBackAsItIsAndOtherJobsAreRefused) {
   }
 }
 
+TEST(MergeStatesTest, AnEmptyStateIsOfTheSameJobWithNothingHandedOut) {
+  const SavedState e = DeserializeState("q", EmptyState("q", HostB()));
+  EXPECT_EQ(std::tie(e.fingerprint, e.num_items, e.num_epochs, e.seed),
+            std::make_tuple(uint64_t{9}, uint64_t{100}, uint64_t{2}, uint64_t{3}));
+  EXPECT_EQ(std::tie(e.low, e.cursor), std::make_tuple(uint64_t{0}, uint64_t{0}));
+  EXPECT_TRUE(e.words.empty() && e.pieces.empty());
+  EXPECT_EQ(MergeStates("q", {HostA(), EmptyState("q", HostA())}),
+            MergeStates("q", {HostA(), HostA()}));
+  try {
+    EmptyState("q", HostA().substr(8));
+    ADD_FAILURE() << "truncated bytes were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+  }
+}
+
 std::string WithWord(std::string bytes, size_t index, uint64_t value) {
   std::memcpy(bytes.data() + 8 * index, &value, 8);
   const uint64_t hash = HashBytes(bytes.data(), bytes.size() - 8);  // as SerializeState
