@@ -1,8 +1,10 @@
 """A DDP script written for DataLoader + DistributedSampler, run by
 test_dataloader_face.py under torchrun (2 ranks, gloo) with argv[1] naming
 the loader class: "DataLoader" or "PooledLoader". Nothing else differs
-between the two runs. Each rank writes, per epoch, the sample ids it trained
-and its steps to OUT/rank-R.json.
+between the two runs, and the script never calls close(), as DataLoader
+scripts do not. Each rank writes, per epoch, the sample ids it trained and
+its steps to OUT/rank-R.json, with len(loader) and, for the test's check
+that nothing of the job is left, its queue's name and loader pids.
 
     _dataloader_switch.py CLASS OUT SAMPLES EPOCHS [NUM_WORKERS]
 
@@ -62,6 +64,10 @@ def main():
             ids += labels.tolist()
             steps += 1
         log["epochs"].append({"ids": ids, "steps": steps})
+    # What the test looks for once the job is over: the pool's names and processes.
+    dataset_queue = getattr(getattr(loader, "dataset", None), "queue", None)
+    log["queue"] = getattr(dataset_queue, "name", None)
+    log["loader_pids"] = [p.pid for p in getattr(loader, "loaders", [])]
     (out / f"rank-{rank}.json").write_text(json.dumps(log))
     dist.barrier()
     dist.destroy_process_group()

@@ -351,8 +351,28 @@ def torchrun(loader_class, out, samples, epochs, port, workers=2):
            str(HERE / "_dataloader_switch.py"), loader_class, str(out), str(samples), str(epochs),
            str(workers)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-6000:]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert_nothing_left(ranks[0]["queue"], [p for r in ranks for p in r["loader_pids"]], log)
+    return ranks
+
+
+def assert_nothing_left(queue, pids, log):
+    """A job that ran its loop to the end left nothing: no notice, nothing of
+    its queue or pool in /dev/shm, no process."""
+    for notice in ("a process of it died", "left unfinished", "removed unfinished"):
+        assert notice not in log, log[-6000:]
+    if queue is not None:
+        left = [f for f in os.listdir("/dev/shm") if queue in f]
+        assert left == [], (left, log[-6000:])
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"loader {pid} outlived its job (state {state})"
 
 
 @pytest.mark.parametrize("workers", [2, 0])

@@ -115,6 +115,20 @@ def load(queue, ring, recipe, leave, poll):
     pending, done_items, spans = [], [], _pool_state.Spans()
     epoch = None
 
+    next_look = [0.0]
+
+    def ring_closed():
+        # Whether the job closed the ring (close(), or its ranks' exit), looked at every
+        # _WAIT_SLICE at most. A loader waiting at the epoch gate, for an item or for the
+        # other loaders acquires no slot, where it would find out otherwise: it would wait
+        # on for an epoch that no rank runs, until its parent kills it, and a killed
+        # loader leaves the job's queue behind as a crashed run's.
+        now = time.monotonic()
+        if now < next_look[0]:
+            return False
+        next_look[0] = now + _WAIT_SLICE
+        return ring.stats()["closed"]
+
     def acquire():
         while True:
             try:
@@ -191,6 +205,8 @@ def load(queue, ring, recipe, leave, poll):
             if leave():
                 counts["stopped"] = "left"
                 break
+            if ring_closed():
+                raise RingClosed()
             try:
                 item = queue.take(timeout=0)
             except tailcut.Empty:
@@ -244,6 +260,8 @@ def load(queue, ring, recipe, leave, poll):
             if leave():  # another loader still holds the last items
                 counts["stopped"] = "left"
                 break
+            if ring_closed():
+                raise RingClosed()
             time.sleep(poll)
     except RingClosed:
         # The job is over (or stopped early): what this loader holds goes back
