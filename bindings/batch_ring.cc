@@ -18,6 +18,7 @@
 // and is leaked there (the C++ contract forbids a child to use it).
 #include "tailcut/batch_ring.h"
 
+#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
@@ -35,11 +36,21 @@
 namespace tailcut::python {
 namespace {
 
+// Bumped in every forked child (pthread_atfork, registered as the module
+// loads), so that Usable tells a child from the opener with one load: a
+// getpid() per pop and release would be a system call per batch.
+std::atomic<uint64_t> g_forks{0};
+const int g_forks_registered = pthread_atfork(nullptr, nullptr, [] {
+  g_forks.fetch_add(1, std::memory_order_relaxed);  // the child's only thread
+});
+
 struct RingHandle {
   std::unique_ptr<tc::BatchRing> ring;
   std::string name;
   tc::RingRole role = tc::RingRole::kLoader;
   int pid = ::getpid();
+  // relaxed: the counter changes only in a child's first thread, before fork() returns.
+  uint64_t forks = g_forks.load(std::memory_order_relaxed);
   std::atomic<bool> closed{false};
 
   ~RingHandle() {
@@ -60,7 +71,8 @@ using RingPtr = std::shared_ptr<RingHandle>;
 // Raises unless this process opened the ring and has not closed it.
 // REQUIRES: the GIL.
 tc::BatchRing& Usable(const RingHandle& h) {
-  if (::getpid() != h.pid)
+  (void)g_forks_registered;
+  if (g_forks.load(std::memory_order_relaxed) != h.forks)
     Raise(g_exc.invalid_argument, "batch ring '" + h.name + "' was opened by process " +
                                       std::to_string(h.pid) +
                                       "; a forked process must open its own BatchRing");

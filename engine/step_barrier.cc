@@ -19,13 +19,21 @@ StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t s
   if (published != 0 && (published >> 1) - 1 > step) return StepStatus::kInvalid;
   mine.store(((step + 1) << 1) | (has_batch ? 1 : 0), std::memory_order_seq_cst);
   Counters& c = segment.counters();
-  // The bump after the publish pairs with a waiter's load of step_seq before
-  // its scan: a waiter that scanned too early sleeps on an old value and
-  // the futex returns at once.
-  c.step_seq.fetch_add(1, std::memory_order_seq_cst);
-  FutexWake(c.step_seq, INT_MAX);
+  // step_seq counts publishes in steps of 2; bit 0 says that a rank may be
+  // asleep on it. A wake (a system call) is made only when the bit was set:
+  // a step whose ranks find each other there without sleeping costs none.
+  if (c.step_seq.fetch_add(2, std::memory_order_seq_cst) & 1u) {
+    // Cleared before the wake: a rank that sets it again after this has not
+    // slept yet, and its scan sees our publish (or its futex our bump).
+    c.step_seq.fetch_and(~1u, std::memory_order_seq_cst);
+    FutexWake(c.step_seq, INT_MAX);
+  }
+  // Before it sleeps a rank sets bit 0, then scans again (Dekker, seq_cst): a
+  // publish before the set is seen by that scan; one after it sees the bit
+  // and wakes us, or changed step_seq, so that the futex returns at once.
+  bool announced = false;
+  uint32_t seq = 0;
   for (;;) {
-    uint32_t seq = c.step_seq.load(std::memory_order_seq_cst);
     bool arrived = true, all_have = true;
     for (uint32_t r = 0; r < ranks && arrived; ++r) {
       uint64_t w = segment.step(r).word.load(std::memory_order_seq_cst);
@@ -47,6 +55,12 @@ StepStatus AgreeStep(Segment& segment, uint32_t rank, uint32_t ranks, uint64_t s
     }
     auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds(0)) return StepStatus::kTimeout;
+    if (!announced) {
+      seq = c.step_seq.fetch_or(1u, std::memory_order_seq_cst) | 1u;
+      announced = true;
+      continue;  // the scan again
+    }
+    announced = false;
     uint64_t slice = slice_ns;
     if (left < std::chrono::nanoseconds(slice))
       slice =

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tailcut/work_queue.h"
@@ -107,6 +108,37 @@ TEST(StepsTest, AMissingRankIsATimeoutNotAHang) {
   EXPECT_EQ(q->AgreeStep(0, 1, 5, true), StepStatus::kAllHaveBatch);
   EXPECT_EQ(q->AgreeStep(0, 1, 4, true), StepStatus::kInvalid) << "steps must not go backwards";
   q->Close();
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// A rank asleep at a step is woken by the last rank's arrival, not by its
+// wait slice (50 ms): the wake-up made only when a rank may sleep is never
+// lost. Rank 1 arrives 2 ms after rank 0 went to sleep, 40 times: about 0.1 s
+// when every wake-up lands, 40 slices (2 s) if they were lost.
+TEST(StepsTest, ARankAsleepAtAStepIsWokenByTheLastArrival) {
+  char tmpl[] = "/tmp/tailcut-steps-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::string name = "steps_wake_" + std::to_string(::getpid());
+  auto o = Options(dir, name);
+  RemoveOnExit remove{name};
+  auto q0 = WorkQueue::Open(o);
+  auto q1 = WorkQueue::Open(o);
+  constexpr int kSteps = 40;
+  auto deadline = [] { return Clock::now() + std::chrono::seconds(20); };
+  auto t0 = Clock::now();
+  std::thread late([&] {
+    for (uint64_t s = 0; s < kSteps; ++s) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      EXPECT_EQ(q1->AgreeStep(1, 2, s, true, deadline()), StepStatus::kAllHaveBatch);
+    }
+  });
+  for (uint64_t s = 0; s < kSteps; ++s)
+    EXPECT_EQ(q0->AgreeStep(0, 2, s, true, deadline()), StepStatus::kAllHaveBatch);
+  late.join();
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(1000))
+      << "a rank asleep at a step waited for its slice, not for the last rank";
+  q1->Close();
+  q0->Close();
   std::system(("rm -rf " + dir).c_str());
 }
 
