@@ -53,8 +53,8 @@ def write_data(tmp_path):
     return data, out
 
 
-def start_nodes(data, out, job, run=None, extra=(), coordinator=None, slow=0.002):
-    """torchrun --nnodes 2 twice (one per node, each in a session of its own)
+def start_nodes(data, out, job, run=None, extra=(), coordinator=None, slow=0.002, nodes=NODES):
+    """torchrun --nnodes `nodes` once per node (each in a session of its own)
     on this machine, rendezvous `run` (default: job); with a coordinator
     (URL), the nodes' queues are fed by it, node n as host 'n<n>'."""
     port = free_port()
@@ -64,30 +64,30 @@ def start_nodes(data, out, job, run=None, extra=(), coordinator=None, slow=0.002
     if coordinator is not None:
         fed = dict(TAILCUT_COORDINATOR=coordinator)
     return [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--node_rank",
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node_rank",
          str(n), f"--nproc_per_node={PER_NODE}", "--rdzv_backend", "c10d", "--rdzv_endpoint",
          f"127.0.0.1:{port}", "--rdzv_id", run or job, "--redirects", "1", "--tee", "2",
          "--monitor_interval=0.2", str(HERE / "_pooled_nodes_job.py"), str(data), str(out),
          str(EPOCHS), job, str(slow)] + (["fed"] if fed else []) + list(extra),
         env=dict(env, **fed, **(dict(TAILCUT_HOST_ID=f"n{n}") if fed else {})),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True) for n in range(NODES)]
+        start_new_session=True) for n in range(nodes)]
 
 
-def remove_dead_rings(job):
+def remove_dead_rings(job, nodes=NODES):
     """What a killed job left of its pools: each node's ring (whose ready
     batches a rerun must not pop) and pool description."""
-    for node in range(NODES):
+    for node in range(nodes):
         name = f"{job}.n{node}"
         tailcut.remove_batch_ring(name + ".pool")
         for path in pathlib.Path("/dev/shm").glob(f"tailcut-pool.*.{name}.pool.*"):
             path.unlink()
 
 
-def remove_nodes_queues(job):
+def remove_nodes_queues(job, nodes=NODES):
     """What a killed or failed job left: its pools and each node's queue."""
-    remove_dead_rings(job)
-    for node in range(NODES):
+    remove_dead_rings(job, nodes)
+    for node in range(nodes):
         name = f"{job}.n{node}"
         try:
             tailcut.remove_queue(name, force=True)
@@ -294,22 +294,24 @@ def kill_nodes(procs):
     return logs
 
 
-def step_lines(out):
+def step_lines(out, ranks=NODES * PER_NODE):
     lines = []
-    for r in range(NODES * PER_NODE):
+    for r in range(ranks):
         path = out / f"steps-{r}.jsonl"
         if path.exists():
             lines += [dict(json.loads(t), rank=r) for t in path.read_text().splitlines()]
     return lines
 
 
-def check_restored_nodes(out, killed_run, cut, job, fed=False):
+def check_restored_nodes(out, killed_run, cut, job, fed=False, ranks=NODES * PER_NODE,
+                         killed_ranks=NODES * PER_NODE):
     """Per epoch and node: what the killed run trained up to its checkpoint
     `cut` ((epoch, step)) and the leftovers of the epochs it ended before it,
     plus what the resumed run trained and left over, is each of the node's
-    records exactly once (fed: each record of the job, over both nodes); every
-    rank of the resumed run ran the same steps in each epoch; nothing left."""
-    lines = [line for line in step_lines(out) if "ckpt" not in line]
+    records exactly once (fed: each record of the job, over every node); every
+    one of the resumed run's `ranks` ran the same steps in each epoch; nothing
+    left."""
+    lines = [line for line in step_lines(out, max(ranks, killed_ranks)) if "ckpt" not in line]
     for e in range(EPOCHS):
         steps = collections.defaultdict(int)
         for node in [None] if fed else range(NODES):
@@ -332,7 +334,7 @@ def check_restored_nodes(out, killed_run, cut, job, fed=False):
                 f"epoch {e}, node {node} (checkpoint at {cut}): {len(missing)} records neither "
                 f"trained nor left over, {len(twice)} twice, {len(extra)} of another node")
         if e >= cut[0]:
-            assert len(steps) == NODES * PER_NODE and len(set(steps.values())) == 1, (e, steps)
+            assert len(steps) == ranks and len(set(steps.values())) == 1, (e, steps)
         print(f"epoch {e}: every record of {'the job' if fed else 'each node'} once "
               f"(checkpoint at {cut}); steps after the restore {sorted(set(steps.values()))}")
     left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]

@@ -40,7 +40,13 @@ where a host finished or holds part of it, and every other ticket is handed
 out again. A restore opens each host's queue from the coordinator's state,
 its own part and a token that rank 0 draws and broadcasts, so that the
 first host creates the job anew, replacing the run the checkpoint came
-from, and the others join (tailcut::FedRestoreState).
+from, and the others join (tailcut::FedRestoreState). On another number of
+hosts the parts are dealt out again (share_parts): each host that saved a
+part resumes it, each other part goes to a host of the restore, which
+resumes it beside its own (the engine merges the two states: the same job's
+tickets, _core._merge_states), and a host with no part starts empty and
+takes what the coordinator hands out again. The hosts' parts are the same
+items split another way; exactly once holds as on as many hosts.
 
 The queue checkpoint is edited by the engine (_core._reopen_state,
 engine/checkpoint.h ReopenRanges), which owns its byte layout: this module
@@ -379,22 +385,59 @@ def state_dict(loader):
                 hosts=hosts, **totals)
 
 
-def _restore_token():
-    """One token for the ranks of a restore, drawn by rank 0 and broadcast
-    over the default group (every rank opens its queue with the checkpoint at
-    the same time)."""
+def _restore_hosts(local):
+    """(token, hosts): one token for the ranks of a restore, drawn by rank 0,
+    and the sorted queue names of every host of the restore, gathered over
+    the default group (every rank opens its queue with the checkpoint at the
+    same time). One process: a token of its own, and its host alone."""
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None)
     if dist is not None and dist.is_available() and dist.is_initialized():
-        token = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(token, src=0)
-        return token[0]
+        every = [None] * dist.get_world_size()
+        mine = (local, uuid.uuid4().hex if dist.get_rank() == 0 else None)
+        dist.all_gather_object(every, mine)
+        return every[0][1], sorted({host for host, _ in every})
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise tailcut.InvalidArgumentError(
             "restore_state: the checkpoint is of a pool fed by a coordinator, whose ranks agree "
             "on one restore through torch.distributed: call init_process_group() before opening "
             "the queue (QueueDataset, or PooledLoader of a map-style dataset)")
-    return uuid.uuid4().hex
+    return uuid.uuid4().hex, [local]
+
+
+def share_parts(saved, hosts):
+    """{host: [saved host parts it resumes]}: which hosts of a restore resume
+    the open items of which hosts of the checkpoint (queue names both). A
+    host of the checkpoint that restores takes its own part; each other part
+    goes to the host with the fewest so far (the first by name of those), so
+    that on fewer hosts some host resumes two parts, and on more some resume
+    none and take only what the coordinator hands out again. The same on
+    every rank: from the names alone."""
+    given = {host: [host] if host in saved else [] for host in hosts}
+    for part in sorted(set(saved) - set(hosts)):
+        given[min(sorted(hosts), key=lambda host: len(given[host]))].append(part)
+    return given
+
+
+def _fed_host_state(restore_state, name, local):
+    """This host's restore_state from a fed pool's checkpoint: the tier's
+    state and the host parts share_parts() gives this host, merged into one
+    queue state by the engine (none: a state of the job with nothing handed
+    out, so that the host starts with an empty queue, replacing what an
+    earlier run left there as any restore does)."""
+    hosts = restore_state["hosts"]
+    others = sorted(h for h in hosts if not h.startswith(f"{name}."))
+    if others:
+        raise tailcut.InvalidArgumentError(
+            f"restore_state: the checkpoint holds the queues {', '.join(sorted(hosts))}, of "
+            f"another job than '{name}' (its hosts' queues are '{name}.<host id>'): open the "
+            f"queue under the name it had when the checkpoint was saved")
+    token, restoring = _restore_hosts(local)
+    parts = [hosts[part]["state"] for part in share_parts(hosts, restoring)[local]]
+    host = (_core._merge_states(parts, local) if parts else
+            _core._empty_state(next(iter(hosts.values()))["state"], local))
+    return dict(state=_core._fed_restore_state(restore_state["tier"], host, token),
+                tier=restore_state["tier"], epoch=restore_state["epoch"])
 
 
 def host_queue_state(restore_state, name, host_id=None):
@@ -402,27 +445,21 @@ def host_queue_state(restore_state, name, host_id=None):
     checkpoint of several hosts ({'hosts': {queue name: state}}) gives that
     queue's entry; any other restore_state is the queue's own. A checkpoint of
     a pool fed by a coordinator (with 'tier') gives this host's restore of
-    it, under a token drawn for this restore (a collective call: every rank
-    makes it)."""
+    it, on any number of hosts, under a token drawn for this restore (a
+    collective call: every rank makes it)."""
     if not (isinstance(restore_state, dict) and "hosts" in restore_state):
         return restore_state
     hosts = restore_state["hosts"]
     if "tier" in restore_state:
-        local = f"{name}.{_core._host_id(name, host_id or '')}"
-        if local not in hosts:
-            raise tailcut.InvalidArgumentError(
-                f"restore_state: the checkpoint holds the queues of {len(hosts)} hosts "
-                f"({', '.join(sorted(hosts))}), none named '{local}': restart on as many hosts, "
-                f"each with the host id it had when the checkpoint was saved (TAILCUT_HOST_ID)")
-        token = _restore_token()
-        return dict(state=_core._fed_restore_state(restore_state["tier"], hosts[local]["state"],
-                                                   token),
-                    tier=restore_state["tier"], epoch=restore_state["epoch"])
+        return _fed_host_state(restore_state, name,
+                               f"{name}.{_core._host_id(name, host_id or '')}")
     if name not in hosts:
         raise tailcut.InvalidArgumentError(
             f"restore_state: the checkpoint holds the queues of {len(hosts)} hosts "
             f"({', '.join(sorted(hosts))}), none named '{name}': restart on as many hosts, each "
-            f"opening its queue under the name it had when the checkpoint was saved")
+            f"opening its queue under the name it had when the checkpoint was saved (a queue "
+            f"per host holds that host's own works; a pool fed by a coordinator restores on "
+            f"any number of hosts)")
     return hosts[name]
 
 
@@ -496,10 +533,14 @@ def check_state(state, loader):
         parts = [queue]
         saved = [queue.get("name", "?")]
     hosts_now = loader.world_size // loader.local_world_size
-    if len(saved) != hosts_now:
+    # A fed pool's hosts share one job: its state restores on any number of them
+    # (host_queue_state). Each queue of a static split holds its own host's works.
+    if "tier" not in queue and len(saved) != hosts_now:
         _refuse("'queue'", f"covers {len(saved)} host(s) (queues {', '.join(saved)}), this job "
                 f"runs on {hosts_now} ({loader.world_size} ranks, {loader.local_world_size} per "
-                f"host)", f"restart it on {len(saved)} host(s)")
+                f"host), and each of its queues holds its own host's works",
+                f"restart it on {len(saved)} host(s), or feed the hosts' queues from a "
+                f"coordinator, whose checkpoints restore on any number of hosts")
     saved_epochs = parts[0].get("num_epochs")
     if saved_epochs is not None and "num_epochs" in args and saved_epochs != num_epochs:
         _refuse("'queue']['num_epochs'", f"is {saved_epochs}, this job's queue has "

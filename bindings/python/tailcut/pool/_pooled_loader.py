@@ -325,14 +325,17 @@ class PooledLoader:
         each under its queue's name; fed by a coordinator, also the
         coordinator's state with the hosts' done marks, and opening the queue
         with restore_state=state['queue'] is then collective too (rank 0 draws
-        the restore's token). More than one rank: collective over
-        torch.distributed (`group`, else the default group)."""
+        the restore's token, the ranks tell each other their hosts), on any
+        number of hosts (docs/checkpoints.md). More than one rank: collective
+        over torch.distributed (`group`, else the default group)."""
         return _pool_state.state_dict(self)
 
     def load_state_dict(self, state):
-        """Resumes at state['epoch']: the dataset's queue must have been opened
-        with restore_state=state['queue'] (InvalidArgumentError otherwise, and
-        when the state covers another number of hosts)."""
+        """Resumes at state['epoch'], from the dataset's queue opened with
+        restore_state=state['queue'], or reopened from it here before the
+        first iteration (InvalidArgumentError otherwise, and when a state of
+        a queue per host covers another number of hosts: a pool fed by a
+        coordinator restores on any number)."""
         _pool_state.load_state_dict(self, state)
 
     def set_epoch(self, epoch):
