@@ -423,11 +423,13 @@ def one_host_states(data, job, **restore):
 
 def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_hosts(
         tmp_path, monkeypatch):
-    """A state of two hosts: QueueDataset(restore_state=state['queue']) opens
-    host 1's queue with its own entry and load_state_dict() takes it on a
-    rank of a 2-host job; a queue of another name, another number of hosts
-    (also a one-host state on two hosts), and two hosts with one queue name
-    are refused, naming the fix. A version 1 state (one host) still loads."""
+    """A state of two hosts, a queue per host (a static split):
+    QueueDataset(restore_state=state['queue']) opens host 1's queue with its
+    own entry and load_state_dict() takes it on a rank of a 2-host job; a
+    queue of another name, another number of hosts (also a one-host state on
+    two hosts), and two hosts with one queue name are refused, naming the fix.
+    A version 1 state (one host) still loads. (A state fed by a coordinator
+    restores on any number of hosts: test_pooled_hosts_restore.py.)"""
     import tailcut.torch
     from tailcut import _pool_state
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
