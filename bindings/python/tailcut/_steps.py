@@ -103,18 +103,24 @@ class StepAgreement:
 
     def _wait(self, epoch, step, key, has_batch):
         """agree_step within `timeout`; with a watch, in slices (publishing the
-        same step again is allowed), the watch called between two."""
-        if self.watch is None:
-            return self.queue.agree_step(self.local_rank, self.local_world_size, key, has_batch,
-                                         timeout=self.timeout)
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        same step again is allowed), the watch called between two. A step
+        whose ranks are all there takes one call (arguments by position: a
+        step's cost is mostly this call's)."""
+        agree, rank, ranks, timeout = (self.queue.agree_step, self.local_rank,
+                                       self.local_world_size, self.timeout)
+        if self.watch is None or (timeout is not None and timeout <= WATCH_SLICE):
+            return agree(rank, ranks, key, has_batch, timeout)
+        start = time.monotonic()
+        status = agree(rank, ranks, key, has_batch, WATCH_SLICE)
+        if status != "timeout":
+            return status
+        deadline = None if timeout is None else start + timeout
         while True:
+            self.watch(epoch, step)
             left = WATCH_SLICE if deadline is None else deadline - time.monotonic()
-            status = self.queue.agree_step(self.local_rank, self.local_world_size, key,
-                                           has_batch, timeout=max(0.0, min(WATCH_SLICE, left)))
+            status = agree(rank, ranks, key, has_batch, max(0.0, min(WATCH_SLICE, left)))
             if status != "timeout" or left <= WATCH_SLICE:
                 return status
-            self.watch(epoch, step)
 
     def leave(self, epoch, step, exc):
         """This rank's next batch for `step` raised `exc` (which the caller

@@ -6,6 +6,7 @@ import atexit
 import functools
 import os
 import sys
+import time
 import weakref
 
 import tailcut
@@ -22,6 +23,25 @@ from tailcut.pool._in_process import InProcessLoader
 from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
 from tailcut.pool._metrics import StepClock
 from tailcut.pool._recipe import recipe_for
+
+# A rank takes a ready batch without a look at the loaders' failure record (a
+# file: a system call); it looks whenever it has to wait, at an epoch's end,
+# and at least this often (seconds) while batches keep coming.
+FAILURE_CHECK_S = 0.1
+
+# torch's side of the hand-off (tailcut.torch._tensors.from_numpy and
+# tailcut.pool._hand_off), imported on the first batch: importing this module
+# does not import torch. Set once, then read per batch without an import.
+_torch_side = None
+
+
+def _torch_helpers():
+    global _torch_side
+    if _torch_side is None:
+        import tailcut.pool._hand_off as _hand_off
+        from tailcut.torch._tensors import from_numpy  # read-only views: torch's warning once
+        _torch_side = (from_numpy, _hand_off)
+    return _torch_side
 
 
 def _cuda_initialized():
@@ -279,6 +299,7 @@ class PooledLoader:
         self._leftovers = None  # this epoch's _steps.Leftovers
         self._current = []  # the slots of the batch this rank holds
         self._stash = None
+        self._failure_check_at = 0.0  # monotonic time of the next look at failures (_pop)
         self._carried = []  # _Held leftovers for the next epoch
         self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
@@ -411,9 +432,11 @@ class PooledLoader:
         return [p for p in self.loaders if p.exitcode is None and p.pid not in self._leaving]
 
     def _release_current(self):
-        held, self._current = self._current, []
-        for batch in held:
-            self.ring.release(batch)
+        held = self._current
+        if held:
+            self._current = ()
+            for batch in held:
+                self.ring.release(batch)
 
     def _next(self, epoch, report):
         """The next batch of `epoch` (or, with carry_over, a late one of an
@@ -425,9 +448,7 @@ class PooledLoader:
                     return None
                 batch, self._stash = self._stash, None
             else:
-                batch = _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
-                                       self.loaders_per_host > 0 or self._in_process,
-                                       self.loaders, self.queue)
+                batch = self._pop(epoch)
                 if batch is None:
                     return None
             if (self._map_source is not None and self._map_source.drop_last
@@ -444,6 +465,25 @@ class PooledLoader:
             if self.carry_over:
                 return batch
             self._leftovers.drop(report, batch.records, self._shower(batch))
+
+    def _pop(self, epoch):
+        """The ring's next batch through `epoch`, None at its end. A ready batch
+        is taken at once; otherwise, and every FAILURE_CHECK_S s, the waiting
+        pop of _lifecycle, which looks for failed and missing loaders."""
+        now = time.monotonic()
+        if now < self._failure_check_at:
+            try:
+                batch = self.ring.pop(epoch, 0.0)
+            except tailcut.Empty:  # none ready: wait below, with the checks
+                pass
+            else:
+                if batch is None:  # the epoch's end: did a loader fail before it?
+                    _lifecycle.raise_if_failed(self.name)
+                return batch
+        self._failure_check_at = now + FAILURE_CHECK_S
+        return _lifecycle.pop(self.ring, self.name, epoch, self.timeout,
+                              self.loaders_per_host > 0 or self._in_process, self.loaders,
+                              self.queue)
 
     def _balanced(self, parts):
         """This rank's batch of a step under balance: its units joined (a
@@ -463,7 +503,9 @@ class PooledLoader:
         return batch
 
     def _tensors(self, batch, copy=False):
-        from tailcut.torch._tensors import from_numpy  # read-only views: torch's warning silenced once
+        """The batch in a slot as tensors: views of the ring's memory, or with
+        `copy` over arrays of their own (one copy, numpy's, then no other)."""
+        from_numpy = (_torch_side or _torch_helpers())[0]
         arrays = decode_batch(batch.data, batch.header)
         if copy:
             arrays = (tuple(a.copy() for a in arrays) if isinstance(arrays, tuple)
@@ -481,7 +523,7 @@ class PooledLoader:
         batch. `copied`: the batch owns its memory already."""
         if self.zero_copy:
             return batch
-        import tailcut.pool._hand_off as _hand_off  # imports torch, as iterating does anyway
+        _hand_off = (_torch_side or _torch_helpers())[1]
         if copied:
             return _hand_off.pinned(batch) if self.pin_memory else batch
         return _hand_off.owned(batch, self.pin_memory)
@@ -564,9 +606,14 @@ class PooledLoader:
         self.reports.append(report)
         self._leftovers = _steps.Leftovers(self.carry_over, self.on_leftover, "tailcut.pool")
         step = 0
+        autoscaled = self.autoscale is not None and self.local_rank == 0
+        # The caller's own copy is made as the slot's arrays are read (one copy);
+        # with pin_memory, _owned pins a view's copy instead.
+        copy_out = not self.zero_copy and not self.pin_memory
+        self._failure_check_at = 0.0  # the epoch's first pop looks
 
         def next_batch():
-            if self.autoscale is not None and self.local_rank == 0:
+            if autoscaled:
                 self.autoscale.look(self)  # at most every autoscale.interval s: cheap
                 self._status.after_look()
             return carried.pop(0) if carried else self._next(epoch, report)
@@ -601,7 +648,8 @@ class PooledLoader:
                     report["steps"] = step
                     self._position = (epoch, step)
                     # A carried or late batch holds an earlier epoch's samples.
-                    self.batch_epoch = min(p.epoch for p in parts)
+                    self.batch_epoch = (parts[0].epoch if want == 1
+                                        else min(p.epoch for p in parts))
                     if shares is not None:
                         yield self._owned(self._balanced(parts), copied=True)
                         shares.step_done()
@@ -609,7 +657,8 @@ class PooledLoader:
                         yield self._owned(parts[0].tensors, copied=True)
                     else:
                         self._current = parts
-                        yield self._owned(self._tensors(parts[0]))
+                        yield self._owned(self._tensors(parts[0], copy=copy_out),
+                                          copied=copy_out)
                     continue
                 # The group ended the epoch: the rest is left over.
                 for batch in parts:
