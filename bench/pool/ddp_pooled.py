@@ -7,7 +7,8 @@
 (--standalone listens on port 29400; where another job holds it, use
 --nnodes 1 --rdzv_backend c10d --rdzv_endpoint localhost:PORT instead.)
 
-Both modes read the same fixed-record file through a tailcut QueueDataset with
+Both modes read the same file (fixed-size records, or with --format tfrecord
+the same records framed as TFRecords) through a tailcut QueueDataset with
 the same number of loader processes on the host: per_rank, a
 DataLoader(num_workers=--workers-per-rank, persistent_workers=True) per rank
 under EqualSteps; pooled, one PooledLoader(loaders_per_host=that times the ranks).
@@ -56,6 +57,7 @@ import argparse
 import csv
 import gc
 import glob
+import inspect
 import json
 import math
 import multiprocessing
@@ -192,9 +194,13 @@ def run(case, mode, rep, args, path, model, opt):
     sigma = args.sigma if case == "a" else 0.0
     slow_factor = args.slow_factor if case == "b" else 1.0
     seed = [rep, ord(case)]
-    common = dict(name=name, format="fixed", record_bytes=args.record_bytes,
-                  num_slices=args.slices, num_epochs=args.epochs, seed=1)
-    slot_bytes = args.batch * args.record_bytes + 4096
+    common = dict(name=name, num_slices=args.slices, num_epochs=args.epochs, seed=1)
+    if args.format == "fixed":
+        common.update(format="fixed", record_bytes=args.record_bytes)
+    else:
+        common.update(format="tfrecord")
+    # A TFRecord batch is (data, offsets): 8 bytes of offset per record beside its bytes.
+    slot_bytes = args.batch * (args.record_bytes + 8) + 4096
     if mode == "per_rank":
         cost = BatchCost(args.mean_ms, sigma, seed, slow_factor, rank=rank,
                          workers_per_rank=args.workers_per_rank, slow_rank=world - 1)
@@ -211,9 +217,14 @@ def run(case, mode, rep, args, path, model, opt):
         cost = BatchCost(args.mean_ms, sigma, seed, slow_factor, counter=counter,
                          num_slow=args.workers_per_rank)
         ds = opened_first_by_rank0(lambda: tt.QueueDataset([path], **common))
-        loader = tt.PooledLoader(ds, loaders_per_host=args.workers_per_rank * world,
-                                 batch_size=args.batch, transform=cost, slot_bytes=slot_bytes,
-                                 num_slots=args.slots)
+        # The host's loader processes: loaders_per_host= since the DataLoader-shaped
+        # signature, num_workers= before it (a build of an older version: floor_guard.py).
+        loaders = args.workers_per_rank * world
+        count = ({"loaders_per_host": loaders}
+                 if "loaders_per_host" in inspect.signature(tt.PooledLoader).parameters
+                 else {"num_workers": loaders})
+        loader = tt.PooledLoader(ds, batch_size=args.batch, transform=cost,
+                                 slot_bytes=slot_bytes, num_slots=args.slots, **count)
         ring_name = loader.name
     rows, memory, all_waits = [], None, []
     step_s = args.step_ms / 1e3
@@ -268,9 +279,20 @@ def run(case, mode, rep, args, path, model, opt):
     return rows, memory, waits
 
 
+def features(batch):
+    """The model's input: the first 8 bytes of each record. A fixed-record batch
+    is an (n, record_bytes) tensor, a TFRecord one (data, offsets) of
+    records of equal size."""
+    if isinstance(batch, (tuple, list)):
+        data, offsets = batch
+        n = len(offsets) - 1
+        return data.reshape(n, -1)[:, :8].float()
+    return batch[:, :8].float()
+
+
 def train_step(batch, step_s, model, opt):
     time.sleep(step_s)  # the accelerator's share of the step
-    x = batch[:, :8].float()
+    x = features(batch)
     loss = model(x).square().mean()
     opt.zero_grad()
     loss.backward()  # DDP: the gradients' all-reduce, every rank waits for all
@@ -281,6 +303,8 @@ def run_floor(rep, args, model, opt):
     """The floor: the same steps with a batch already in memory (no loader)."""
     steps = args.records // args.batch // dist.get_world_size()
     batch = torch.zeros(args.batch, args.record_bytes, dtype=torch.uint8)
+    if args.format == "tfrecord":  # the batch a TFRecord loader hands out
+        batch = (batch.reshape(-1), torch.arange(args.batch + 1) * args.record_bytes)
     rows = []
     for epoch in range(args.epochs):
         dist.barrier()
@@ -457,6 +481,9 @@ def main():
     p.add_argument("--records", type=int, default=12800)
     p.add_argument("--record-bytes", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--format", choices=("fixed", "tfrecord"), default="fixed",
+                   help="the records' file format (tfrecord: records of --record-bytes "
+                        "each, framed)")
     p.add_argument("--slices", type=int, default=64, help="work items per epoch")
     p.add_argument("--slots", type=int, default=32, help="batch slots in the pooled ring")
     p.add_argument("--workers-per-rank", type=int, default=2)
@@ -482,8 +509,15 @@ def main():
     args.world = dist.get_world_size()
     path = f"/tmp/ddp_pooled_{os.getppid()}.bin"
     if rank == 0:
-        np.random.default_rng(0).integers(0, 255, (args.records, args.record_bytes),
-                                          dtype=np.uint8).tofile(path)
+        data = np.random.default_rng(0).integers(0, 255, (args.records, args.record_bytes),
+                                                 dtype=np.uint8)
+        if args.format == "fixed":
+            data.tofile(path)
+        else:
+            import tailcut
+            with open(path, "wb") as f:
+                for row in data:
+                    f.write(tailcut.encode_tfrecord(row.tobytes()))
         print(f"{args.world} ranks, load average at start {os.getloadavg()}, "
               f"{os.cpu_count()} CPUs", file=sys.stderr, flush=True)
     dist.barrier()

@@ -11,9 +11,11 @@ ring_bare    A forked loader process acquires slots and publishes them as fast
              batch, so what is timed is the hand-off. The trainer (this
              process) times, per batch: pop, release.
 ring         As ring_bare, and between pop and release the trainer makes the
-             torch tensor over the slot as PooledLoader does (decode_batch,
-             torch.from_numpy under warnings.catch_warnings): the cost a
-             PooledLoader user pays per batch, less its equal-steps agreement.
+             torch tensor over the slot as PooledLoader(zero_copy=True) does
+             (decode_batch, tailcut.torch._tensors.from_numpy): the cost a
+             PooledLoader user pays per batch, less its equal-steps agreement
+             and the copy that makes the batch the caller's own
+             (bench/pool/step_profile.py times those).
 dl_same      DataLoader(num_workers=1, batch_size=None) over a dataset that
              yields one preallocated tensor of --bytes again and again. After
              the first batch its storage is in shared memory, so each batch
@@ -43,7 +45,6 @@ import os
 import statistics
 import sys
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -119,6 +120,7 @@ def time_ring(args, run, view):
     import tailcut
     from tailcut import _core
     from tailcut.pool.loader import decode_batch
+    from tailcut.torch._tensors import from_numpy  # PooledLoader's: read-only views
 
     name = f"handoff-{os.getpid()}-{run}-{int(view)}"
     pid = os.fork()  # before this process opens the ring (the ring's fork rule)
@@ -136,9 +138,7 @@ def time_ring(args, run, view):
             t0, c0 = time.perf_counter(), time.thread_time()
             batch = ring.pop(through_epoch=0, timeout=60)
             if view:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # read-only: PooledLoader's rule
-                    t = torch.from_numpy(decode_batch(batch.data, batch.header))
+                t = from_numpy(decode_batch(batch.data, batch.header))
                 if args.touch:
                     touch(t, args.bytes)
                 del t
