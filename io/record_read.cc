@@ -1,13 +1,23 @@
-// ReadRecords: records of a RecordFiles read in any order, sorted and
-// coalesced into few reads (see tailcut/record_index.h).
+// ReadRecords: records of a RecordFiles read in any order (see
+// tailcut/record_index.h).
 //
-// Why pread into a staging buffer rather than the Reader's io_uring: a batch
-// of a global shuffle is a few hundred small reads scattered over the data
-// set, issued once per batch; with the page cache hot, a pread is a copy, and
-// the cost is the number of system calls, which coalescing cuts. Reads of
-// different files run in parallel (tbb) when threads > 1, which keeps
-// several requests in flight on a cold disk.
+// Why a mapping and not the Reader's io_uring: a batch of a global shuffle is
+// a few hundred small records scattered over the data set. With the page
+// cache hot, one pread per record costs about a microsecond of system call,
+// most of the time of the batch for records of a few hundred bytes; a copy
+// from a mapping costs a page-table walk. Where a file cannot be mapped,
+// preads sorted by offset and coalesced (adjacent records in one read) are
+// the fallback, run in parallel (tbb) when threads > 1 for a cold disk.
+//
+// A truncated file faults on the copy (SIGBUS). The copy runs under a
+// per-thread guard: a SIGBUS handler, installed once, jumps back to the
+// guard's sigsetjmp when the fault is a guarded copy's and passes any other
+// SIGBUS to the handler it replaced. Nothing with a destructor lives between
+// the sigsetjmp and the copy, so the jump skips no cleanup.
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <tbb/info.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -16,6 +26,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -26,7 +37,86 @@
 
 namespace tailcut {
 
+namespace detail {
+
+// The mappings of a RecordFiles' files, made on first use. A file that
+// cannot be mapped is remembered as such (read with pread from then on).
+class RecordMaps {
+ public:
+  explicit RecordMaps(size_t files) : maps_(files) {}
+  ~RecordMaps() {
+    for (const Map& m : maps_)
+      if (m.bytes != nullptr) ::munmap(const_cast<char*>(m.bytes), m.size);
+  }
+
+  // The mapping of file f (opened with the checks of tailcut/work_file.h),
+  // or null when it cannot be mapped. Throws the file's error when it cannot
+  // be opened or is not the file indexed.
+  const char* Get(size_t f, const RecordIndex& index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Map& m = maps_[f];
+    if (m.tried) return m.bytes;
+    WorkFile file = OpenWorkFile(index.path, &index.identity);
+    if (file.fd < 0) throw Error(file.kind, file.error);
+    m.tried = true;
+    m.size = index.identity.size;
+    if (m.size > 0) {
+      void* p = ::mmap(nullptr, m.size, PROT_READ, MAP_SHARED, file.fd, 0);
+      if (p != MAP_FAILED) {
+        ::madvise(p, m.size, MADV_RANDOM);  // no read-ahead around a random record
+        m.bytes = static_cast<const char*>(p);
+      }
+    }
+    ::close(file.fd);
+    return m.bytes;
+  }
+
+ private:
+  struct Map {
+    bool tried = false;
+    const char* bytes = nullptr;
+    size_t size = 0;
+  };
+  std::mutex mu_;
+  std::vector<Map> maps_;
+};
+
+}  // namespace detail
+
+RecordFiles::RecordFiles() = default;
+RecordFiles::~RecordFiles() = default;
+
 namespace {
+
+// ---- The SIGBUS guard of copies from mappings -----------------------------
+
+thread_local sigjmp_buf* t_guard = nullptr;
+struct sigaction g_previous;  // the handler ours replaced
+std::once_flag g_installed;
+
+void OnSigbus(int sig, siginfo_t* info, void* context) {
+  if (t_guard != nullptr) siglongjmp(*t_guard, 1);
+  // Not a guarded copy's: the handler we replaced decides, as if we were not here.
+  if (g_previous.sa_flags & SA_SIGINFO) {
+    g_previous.sa_sigaction(sig, info, context);
+  } else if (g_previous.sa_handler != SIG_DFL && g_previous.sa_handler != SIG_IGN) {
+    g_previous.sa_handler(sig);
+  } else {
+    // Default (or ignored, which a fault cannot be): restore it; the faulting
+    // access runs again on return and the default action ends the process.
+    ::sigaction(SIGBUS, &g_previous, nullptr);
+  }
+}
+
+void InstallGuard() {
+  std::call_once(g_installed, [] {
+    struct sigaction action {};
+    action.sa_sigaction = OnSigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, &g_previous);
+  });
+}
 
 constexpr uint64_t kTfrecordHeader = 12;  // u64 length, u32 masked CRC of it
 constexpr uint64_t kTfrecordFooter = 4;   // u32 masked CRC of the data
@@ -84,6 +174,44 @@ void ReadRun(const RecordFiles& files, const std::vector<Want>& wants, const Run
   }
 }
 
+// Copies the records of a run from the file's mapping. Returns false, with
+// *fault set, when the mapping faulted (the file was truncated).
+bool CopyRun(const RecordFiles& files, const std::vector<Want>& wants, const Run& run,
+             const char* map, const std::vector<uint64_t>& out_at, char* out, uint64_t* fault) {
+  const RecordIndex& index = files.file(wants[run.first].file);
+  const bool tfrecord = index.format.kind == RecordFormatKind::kTfrecord;
+  volatile size_t k = run.first;  // read after a jump back
+  volatile bool crc_failed = false;
+  sigjmp_buf guard;
+  if (sigsetjmp(guard, 0) != 0) {
+    t_guard = nullptr;
+    *fault = wants[k].begin;
+    return false;
+  }
+  t_guard = &guard;
+  while (k < run.last) {
+    const Want& w = wants[k];
+    const char* payload = map + w.payload;
+    if (tfrecord) {
+      uint32_t stored;
+      std::memcpy(&stored, payload + w.size, 4);
+      if (MaskCrc32c(Crc32c(payload, w.size)) != stored) {
+        crc_failed = true;
+        break;
+      }
+    }
+    std::memcpy(out + out_at[w.order], payload, w.size);
+    k = k + 1;
+  }
+  t_guard = nullptr;
+  if (crc_failed)
+    throw Error(ErrorKind::kCorrupt, "tfrecord file '" + Printable(index.path) + "' at offset " +
+                                         std::to_string(wants[k].begin) +
+                                         ": data CRC mismatch (the file changed or decayed "
+                                         "since it was indexed)");
+  return true;
+}
+
 }  // namespace
 
 void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& positions,
@@ -136,8 +264,18 @@ void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& position
     runs.push_back(Run{k, k + 1});
     run_end = wants[k].end;
   }
-  // The files to open, each once, checked as a queue's reader checks them.
+  // Each file's mapping (made on first use, with the checks of
+  // tailcut/work_file.h), else an fd for pread, opened once per call.
+  RecordFiles& mutable_files = const_cast<RecordFiles&>(files);
+  if (!files.maps_) {
+    static std::mutex made;  // the first call of each RecordFiles makes its maps
+    std::lock_guard<std::mutex> lock(made);
+    if (!files.maps_) mutable_files.maps_ = std::make_unique<detail::RecordMaps>(files.num_files());
+  }
+  InstallGuard();
   std::vector<size_t> file_of_run(runs.size());
+  std::vector<const char*> maps(files.num_files(), nullptr);
+  std::vector<char> looked(files.num_files(), 0);
   std::vector<int> fds(files.num_files(), -1);
   struct Closer {
     std::vector<int>* fds;
@@ -146,28 +284,46 @@ void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& position
         if (fd >= 0) ::close(fd);
     }
   } closer{&fds};
+  bool any_pread = false;
   for (size_t k = 0; k < runs.size(); ++k) {
     const size_t f = wants[runs[k].first].file;
     file_of_run[k] = f;
-    if (fds[f] >= 0) continue;
+    if (looked[f]) continue;
+    looked[f] = 1;
     const RecordIndex& index = files.file(f);
+    maps[f] = files.maps_->Get(f, index);
+    if (maps[f] != nullptr || index.identity.size == 0) continue;
     WorkFile file = OpenWorkFile(index.path, &index.identity);
     if (file.fd < 0) throw Error(file.kind, file.error);
     fds[f] = file.fd;
+    any_pread = true;
   }
+  // Random records miss every cache: ask for all of them first, so that the
+  // misses overlap instead of following one another.
+  for (const Want& w : wants)
+    if (maps[w.file] != nullptr) __builtin_prefetch(maps[w.file] + w.payload);
   char* out = data->data();
-  if (threads <= 1 || runs.size() < 2) {
-    for (size_t k = 0; k < runs.size(); ++k)
-      ReadRun(files, wants, runs[k], fds[file_of_run[k]], out_at, out);
+  auto one = [&](size_t k) {
+    const size_t f = file_of_run[k];
+    if (maps[f] == nullptr) {
+      ReadRun(files, wants, runs[k], fds[f], out_at, out);
+      return;
+    }
+    uint64_t fault = 0;
+    if (!CopyRun(files, wants, runs[k], maps[f], out_at, out, &fault))
+      throw Error(ErrorKind::kIo, "record file '" + Printable(files.file(f).path) + "' at offset " +
+                                      std::to_string(fault) +
+                                      ": the file ends before it; it was truncated since it "
+                                      "was indexed (restore it, or index it again)");
+  };
+  // Copies from mappings are memory copies: threads help only preads of a cold disk.
+  if (threads <= 1 || runs.size() < 2 || !any_pread) {
+    for (size_t k = 0; k < runs.size(); ++k) one(k);
     return;
   }
   // No more threads than the machine has: oneTBB warns, and they would only take turns.
   tbb::task_arena arena(std::min(static_cast<int>(threads), tbb::info::default_concurrency()));
-  arena.execute([&] {
-    tbb::parallel_for(size_t{0}, runs.size(), [&](size_t k) {
-      ReadRun(files, wants, runs[k], fds[file_of_run[k]], out_at, out);
-    });
-  });
+  arena.execute([&] { tbb::parallel_for(size_t{0}, runs.size(), one); });
 }
 
 }  // namespace tailcut

@@ -183,6 +183,23 @@ TEST(RecordIndex, ReadingAFileTruncatedSinceItWasIndexedIsAnError) {
   }
 }
 
+TEST(RecordIndex, AFileTruncatedUnderItsMappingIsAnErrorNotACrash) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kFixed, 1, 4000);  // 1.2 MB
+  auto files = RecordFiles::Build(data.paths, data.format, CacheIn(dir.path()));
+  ReadAll(*files, {0});  // the file is mapped now
+  ASSERT_EQ(::truncate(data.paths[0].c_str(), 4096), 0);
+  try {
+    ReadAll(*files, {files->size() - 1});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find(data.paths[0]), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ReadAll(*files, {1})[0], std::string(data.contents[0], 100, 100));  // still usable
+}
+
 TEST(RecordIndex, APositionOutOfRangeIsAnError) {
   TempDir dir;
   DataSet data = MakeData(dir.path(), RecordFormatKind::kFixed, 1, 10);

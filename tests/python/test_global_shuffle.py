@@ -103,6 +103,15 @@ def test_the_same_seed_gives_the_same_order_in_every_process(tmp_path, qname):
     assert a != c
 
 
+def test_small_items_and_batches_spanning_many_of_them_read_every_record_once(tmp_path, qname):
+    ds = tt.QueueDataset(sorted_ids(tmp_path), 300, format="fixed", record_bytes=8,
+                         shuffle="global", num_slices=2000, leases_per_client=40, name=qname,
+                         index_dir=tmp_path / "index")
+    ids = [i for batch in ds for i in ids_of(batch)]
+    ds.close()
+    assert sorted(ids) == list(range(CLASSES * PER_CLASS))
+
+
 def test_dataloader_workers_read_every_record_once(tmp_path, qname):
     ds = tt.QueueDataset(sorted_ids(tmp_path), 100, format="fixed", record_bytes=8,
                          shuffle="global", seed=1, name=qname, index_dir=tmp_path / "index")
@@ -196,6 +205,9 @@ def test_bad_arguments_are_refused(tmp_path, qname):
         tt.QueueDataset(paths, format="fixed", record_bytes=8, shuffle="globl", name=qname)
     with pytest.raises(tailcut.InvalidArgumentError, match="index_dir= is for"):
         tt.QueueDataset(paths, format="fixed", record_bytes=8, index_dir=tmp_path, name=qname)
+    with pytest.raises(tailcut.InvalidArgumentError, match="leases_per_client=32"):
+        tt.QueueDataset(paths, 256, format="fixed", record_bytes=8, shuffle="global",
+                        num_slices=CLASSES * PER_CLASS, name=qname, index_dir=tmp_path / "i")
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     with pytest.raises(tailcut.InvalidArgumentError, match="hold no records"):

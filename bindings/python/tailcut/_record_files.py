@@ -19,7 +19,7 @@ from tailcut import _core
 # Records read in parallel: reads of different runs (files, or parts of one
 # file far apart) at once, for a cold disk; with the page cache hot they are
 # copies and more threads do not help on a small machine.
-READ_THREADS = 2
+READ_THREADS = 1
 
 
 class RecordFiles:

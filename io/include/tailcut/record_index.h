@@ -95,8 +95,17 @@ TAILCUT_EXPORT std::shared_ptr<const RecordIndex> LoadOrBuildRecordIndex(
     bool* scanned = nullptr);
 
 // Several files numbered as one data set.
+namespace detail {
+class RecordMaps;
+}  // namespace detail
+
 class TAILCUT_EXPORT RecordFiles {
  public:
+  RecordFiles();
+  ~RecordFiles();
+  RecordFiles(const RecordFiles&) = delete;
+  RecordFiles& operator=(const RecordFiles&) = delete;
+
   // The indexes of `paths` (LoadOrBuildRecordIndex), options.threads at a
   // time. The first error met is thrown (naming its file) once the others
   // have finished.
@@ -117,16 +126,26 @@ class TAILCUT_EXPORT RecordFiles {
   std::vector<uint64_t> first_;  // first_[f]: the number of file f's first record
   uint64_t total_ = 0;
   size_t scanned_ = 0;
+  // The files mapped for ReadRecords, each on first use (its own lock).
+  std::unique_ptr<detail::RecordMaps> maps_;
+
+  friend void ReadRecords(const RecordFiles&, const std::vector<uint64_t>&, std::string*,
+                          std::vector<uint64_t>*, size_t, uint64_t);
 };
 
 // The payloads of records `positions` (numbers of `files`, any order,
 // repeats allowed), in the order asked, appended to *data: record k is
 // data[ends[k] - size_k, ends[k]), *ends gets one entry per position (the
-// end of each in *data). Reads are sorted by file and offset and coalesced
-// where the gap between records is at most max_gap bytes; up to `threads`
-// run at once. Throws tailcut::Error: kInvalidArgument for a position out of
-// range, the file's error when it cannot be opened or changed, kCorrupt
-// naming file and offset for a TFRecord whose data CRC fails.
+// end of each in *data). Each file is mapped (read-only, shared) on first
+// use and records are copied from the mapping: with the page cache hot a
+// record costs a copy, not a system call. A file that cannot be mapped
+// (vm.max_map_count reached, a file system without mmap) is read with
+// pread instead: sorted by offset, records at most max_gap bytes apart in
+// one read; up to `threads` reads at once. A file truncated under a mapping
+// faults (SIGBUS) on the copy: the copy catches that fault (a handler that
+// passes every other SIGBUS on to the one it replaced) and throws. Throws tailcut::Error:
+// kInvalidArgument for a position out of range, the file's error when it cannot be opened or
+// changed, kCorrupt naming file and offset for a TFRecord whose data CRC fails.
 TAILCUT_EXPORT void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& positions,
                                 std::string* data, std::vector<uint64_t>* ends, size_t threads = 1,
                                 uint64_t max_gap = 4096);

@@ -333,7 +333,27 @@ class QueueDataset(IterableDataset):
                 "index_dir= is for shuffle='global' (where record indexes are kept)")
         if self._records is not None:
             works = None
-            queue_options["num_samples"] = len(self._records)
+            n = len(self._records)
+            queue_options["num_samples"] = n
+            # Positions are permuted, so an item's size does not change the mixing, only
+            # the calls per batch (take, claim, indices) and how finely processes share an
+            # epoch: 64 items, of 256 to 4096 records where there are enough. A batch holds
+            # its items open until it is handed on: more leases than items per batch.
+            queue_options.setdefault("num_slices",
+                                     min(max(1, n // 256), max(-(-n // 4096), 64)))
+            if "max_clients" not in queue_options:
+                queue_options.setdefault("leases_per_client", SHUFFLE_LEASES)
+            smallest = n // queue_options["num_slices"]  # records of the smallest item
+            spans = min(-(-(batch_size or _global_shuffle.RECORD_GROUP) // max(smallest, 1)) + 1,
+                        queue_options["num_slices"])
+            leases = queue_options.get("leases_per_client", 8)
+            if spans > leases:
+                raise tailcut.InvalidArgumentError(
+                    f"QueueDataset(shuffle='global'): a batch of {batch_size or 'records'} may "
+                    f"span {spans} items of {smallest} records (num_slices="
+                    f"{queue_options['num_slices']}), more than a process may hold open "
+                    f"(leases_per_client={leases}); give fewer num_slices or more "
+                    f"leases_per_client")
         elif (shuffle_buffer or interleave != 1) and "max_clients" not in queue_options:
             # An item stays the process's until its last record leaves the
             # shuffle buffer, and with random eviction that takes about
