@@ -79,6 +79,50 @@ def _map_source(dataset, batch_size, options, queue_options):
     return wrap(dataset, batch_size, options, queue_options)
 
 
+class _Carried:
+    """The leftovers a rank carries (_Held copies): `next`, for the next
+    epoch, and `now`, those not yet yielded in this one. Held apart from the
+    PooledLoader, so that its finalizer settles them when the loader is
+    dropped without close(), as DataLoader users drop theirs."""
+
+    def __init__(self):
+        self.next, self.now = [], []
+
+
+def _settle(carry, reports, on_leftover, rank, queue_args):
+    """Drops what `carry` holds, each shown to on_leftover, counted in the
+    last report's dropped_* and, without on_leftover, warned about with the
+    count: the job ended its loop before the queue's last epoch (close(),
+    the loader dropped, exit), so the epoch they were carried into never
+    ran. Never lost silently."""
+    held = list(carry.now) + list(carry.next)
+    carry.now, carry.next = [], []
+    if not held or not reports:
+        return
+    report = reports[-1]
+    leftovers = _steps.Leftovers(False, on_leftover, "tailcut.pool")
+    for batch in held:
+        leftovers.drop(report, batch.records,
+                       lambda fn, b=batch: fn is not None and fn(b.tensors))
+    if on_leftover is None:
+        leftovers.log.warning(
+            "tailcut.pool: rank %d dropped %d leftover records (%d batches) of epoch %d "
+            "carried into an epoch that never ran (the loop ended before the queue's "
+            "num_epochs=%d; counted in reports[-1]['dropped_records']): run that epoch, or "
+            "pass on_leftover= to use them, or carry_over=False to have them reported in "
+            "their own epoch", rank, sum(b.records for b in held), len(held), held[0].epoch,
+            queue_args.get("num_epochs", 1))
+
+
+def _settle_then_end(settle, end):
+    """The PooledLoader's end (close(), dropped, exit): its carried leftovers
+    settled, then the pool ended (_lifecycle.end_pool)."""
+    try:
+        settle()
+    finally:
+        end()
+
+
 class _DataLoaderDefault(int):
     """batch_size's default, 1 as in DataLoader, told apart from a 1 given: a
     QueueDataset that batches itself keeps its own batch_size then."""
@@ -290,8 +334,14 @@ class PooledLoader:
         self._spec_holder = [None]  # removes the description written here
         # close()'s end, also at GC or exit (DataLoader users never close()); registered
         # after multiprocessing's exit handler, so it runs before that one.
-        self._end = weakref.finalize(self, _lifecycle.end_pool, self.ring, self.name,
-                                     self.local_rank == 0, self.loaders, self._spec_holder)
+        # Leftovers still carried are settled first (counted, warned about): a loader
+        # dropped without close() loses none silently.
+        self._carry = _Carried()
+        self._end = weakref.finalize(self, _settle_then_end, functools.partial(
+            _settle, self._carry, self.reports, on_leftover, self.rank,
+            self.dataset._queue_args), functools.partial(
+            _lifecycle.end_pool, self.ring, self.name, self.local_rank == 0, self.loaders,
+            self._spec_holder))
         self._end.atexit = False
         atexit.register(self._end)
         self._group = group  # torch.distributed group of the step agreement (tailcut._steps)
@@ -300,14 +350,9 @@ class PooledLoader:
         self._current = []  # the slots of the batch this rank holds
         self._stash = None
         self._failure_check_at = 0.0  # monotonic time of the next look at failures (_pop)
-        self._carried = []  # _Held leftovers for the next epoch
-        self._carried_now = []  # those not yet yielded in this epoch
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
         self._state_calls = 0  # state_dict() calls so far (they meet by number)
         self._call_index = _pool_state.call_index()  # names them across ranks
-        # Leftovers still carried at exit are settled (counted, warned about) before the
-        # pool ends: DataLoader users never close(). A weak reference: the loader may go first.
-        atexit.register(lambda me=weakref.ref(self): me() is not None and me()._settle_carried())
 
     @property
     def queue(self):
@@ -681,30 +726,29 @@ class PooledLoader:
         if self._map_source is not None:  # the loop ran its epoch to the end: quiet close
             self._map_source.notices.finished = True
 
+    @property
+    def _carried(self):
+        """_Held leftovers for the next epoch."""
+        return self._carry.next
+
+    @_carried.setter
+    def _carried(self, held):
+        self._carry.next = held
+
+    @property
+    def _carried_now(self):
+        """Carried leftovers not yet yielded in this epoch."""
+        return self._carry.now
+
+    @_carried_now.setter
+    def _carried_now(self, held):
+        self._carry.now = held
+
     def _settle_carried(self):
-        """Leftovers carried into an epoch that never ran (the job ended its
-        loop before the queue's last epoch: close(), or exit), or not yet
-        yielded in an epoch left early: dropped, each shown to on_leftover,
-        counted in the last report's dropped_* and, without on_leftover,
-        warned about with the count: never lost silently."""
-        carried = list(self._carried_now) + list(self._carried)
-        self._carried = self._carried_now = []
-        if not carried or not self.reports:
-            return
-        report = self.reports[-1]
-        leftovers = _steps.Leftovers(False, self.on_leftover, "tailcut.pool")
-        records = 0
-        for held in carried:
-            leftovers.drop(report, held.records, self._shower(held))
-            records += held.records
-        if self.on_leftover is None:
-            leftovers.log.warning(
-                "tailcut.pool: rank %d dropped %d leftover records (%d batches) of epoch %d "
-                "carried into an epoch that never ran (the loop ended before the queue's "
-                "num_epochs=%d; counted in reports[-1]['dropped_records']): run that epoch, or "
-                "pass on_leftover= to use them, or carry_over=False to have them reported in "
-                "their own epoch", self.rank, records, len(carried), carried[0].epoch,
-                self.dataset._queue_args.get("num_epochs", 1))
+        """Leftovers carried into an epoch that never ran, or not yet yielded
+        in an epoch left early: dropped and counted (_settle)."""
+        _settle(self._carry, self.reports, self.on_leftover, self.rank,
+                self.dataset._queue_args)
 
     def close(self):
         """Releases what this rank holds and leaves the ring. Local rank 0
