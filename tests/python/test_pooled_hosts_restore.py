@@ -23,10 +23,12 @@ from tailcut import _pool_state  # noqa: E402
 
 
 @pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
-@pytest.mark.parametrize("before,after", [(2, 3), (2, 1), (3, 2)],
-                         ids=["2_hosts_to_3", "2_hosts_to_1", "3_hosts_to_2"])
+@pytest.mark.parametrize("before,after,extra", [(2, 3, []), (2, 1, []), (3, 2, []),
+                                               (2, 1, ["--map"])],
+                         ids=["2_hosts_to_3", "2_hosts_to_1", "3_hosts_to_2",
+                              "2_hosts_to_1_map_style"])
 def test_a_fed_job_killed_mid_epoch_resumes_on_another_number_of_hosts_every_record_once(
-        redis_url, tmp_path, before, after):  # noqa: F811
+        redis_url, tmp_path, before, after, extra):  # noqa: F811
     """`before` nodes x 2 ranks, one queue per node fed by a coordinator, node
     1's steps slower; every rank calls loader.state_dict() every 40 steps and
     rank 0 saves it; 0.1 s after the first checkpoint every launch is
@@ -37,11 +39,13 @@ def test_a_fed_job_killed_mid_epoch_resumes_on_another_number_of_hosts_every_rec
     every rank of the resumed run, nothing left in /dev/shm or running. On
     fewer nodes node 0 resumes the open items of the nodes that are gone
     beside its own; on more, node 2 starts empty and takes what the
-    coordinator hands out again. Before, load_state_dict() refused: 'the
-    state covers 2 host(s) ... this job runs on 3'."""
-    job = f"pytest-hosts-restore-{os.getpid()}-{before}-{after}"
+    coordinator hands out again. map_style: the same ids as a map-style
+    dataset, whose index queue picks its host's part as QueueDataset does.
+    Before, load_state_dict() refused: 'the state covers 2 host(s) ... this
+    job runs on 3'."""
+    job = f"pytest-hosts-restore-{os.getpid()}-{before}-{after}-{len(extra)}"
     data, out = write_data(tmp_path)
-    every = ["--every", "40"]
+    every = ["--every", "40"] + extra
     ckpt = out / "ckpt.pt"
     procs = start_nodes(data, out, job, run=f"{job}-a", extra=every, coordinator=redis_url,
                         nodes=before)
