@@ -30,7 +30,7 @@ class RecordFiles:
     ~/.cache/tailcut/index; "": nowhere, every process scans). on_notice:
     called with each notice line (an index rebuilt because its file changed).
     Built (indexes loaded or scanned) in the process that makes it, and again
-    in a process that unpickles it."""
+    in a process that unpickles it; forked processes share it."""
 
     def __init__(self, paths, format="lines", record_bytes=None, index_dir=None,
                  on_notice=None):
@@ -40,16 +40,17 @@ class RecordFiles:
         self.index_dir = None if index_dir is None else os.fsdecode(index_dir)
         self.on_notice = on_notice
         self._core = None
-        self._pid = None
         self.core  # builds it: a bad file fails here
 
     @property
     def core(self):
-        """This process's _core.RecordFiles."""
-        if self._pid != os.getpid():
+        """The _core.RecordFiles. A forked process (a DataLoader worker, a
+        pooled loader) uses its parent's: it is immutable, its mappings stay
+        valid across fork, and its pages stay shared; an unpickled one is
+        built anew (its indexes loaded from index_dir)."""
+        if self._core is None:
             self._core = _core.RecordFiles(self.paths, self.format, self.record_bytes,
                                            cache_dir=self.index_dir, on_notice=self.on_notice)
-            self._pid = os.getpid()
         return self._core
 
     def __len__(self):
