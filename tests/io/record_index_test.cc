@@ -11,13 +11,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "tailcut/crc32c.h"
+#include "tailcut/sample_order.h"
+#include "tailcut/work_queue.h"
 #include "tests/io/reader_test_util.h"
 
 namespace tailcut {
@@ -75,6 +79,47 @@ INSTANTIATE_TEST_SUITE_P(RecordIndex, EveryFormat,
                          ::testing::Values(RecordFormatKind::kLines, RecordFormatKind::kTfrecord,
                                            RecordFormatKind::kFixed, RecordFormatKind::kFile),
                          [](const auto& info) { return std::string(FormatName(info.param)); });
+
+// A C++ trainer's global shuffle: an index work over the records' numbers, each
+// item's positions mapped through the epoch's SampleOrder and read at once.
+TEST(RecordIndex, AnIndexWorkOverRecordNumbersReadsEveryRecordOnceInAShuffledOrder) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kTfrecord, 3, 400);
+  auto files = RecordFiles::Build(data.paths, data.format, CacheIn(dir.path()));
+  WorkQueueOptions options;
+  options.name = "record_index_" + std::to_string(::getpid());
+  options.num_samples = files->size();
+  options.num_slices = 16;
+  options.shuffle = true;
+  options.seed = 5;
+  options.on_notice = [](const std::string&) {};
+  auto queue = WorkQueue::Open(options);
+  std::vector<std::string> got;
+  std::vector<uint64_t> numbers_read;
+  WorkItem item;
+  while (queue->Take(&item, std::chrono::steady_clock::now() + std::chrono::seconds(10)) ==
+         TakeStatus::kOk) {
+    SampleOrder order(*queue, item.epoch);
+    std::vector<uint64_t> numbers;
+    for (uint64_t p = item.begin; p < item.end; ++p) numbers.push_back(order[p]);
+    for (std::string& r : ReadAll(*files, numbers)) got.push_back(std::move(r));
+    numbers_read.insert(numbers_read.end(), numbers.begin(), numbers.end());
+    ASSERT_EQ(queue->Ack(item), AckStatus::kOk);
+  }
+  queue->Close();  // the last process of a finished queue: it is removed
+  std::vector<std::string> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, data.records);
+  // Not file order: the first 100 records come from all three files.
+  std::set<size_t> first_files;
+  for (size_t k = 0; k < 100; ++k) {
+    size_t f;
+    uint64_t i;
+    files->Locate(numbers_read[k], &f, &i);
+    first_files.insert(f);
+  }
+  EXPECT_EQ(first_files.size(), 3u);
+}
 
 TEST(RecordIndex, SecondBuildLoadsTheCacheAndScansNothing) {
   TempDir dir;
