@@ -301,3 +301,29 @@ def test_pooled_loaders_mix_every_batch_and_a_one_call_restore_loses_nothing(tmp
     assert set(counts) == set(range(CLASSES * PER_CLASS))  # none lost
     # As for a map-style dataset (docs/pooled.md): at most a batch per loader twice.
     assert sum(counts.values()) - CLASSES * PER_CLASS <= 64 * 2
+
+
+def test_a_loader_from_another_shell_reads_the_records_by_number(tmp_path, rname):
+    """`python3 -m tailcut.pool` joins with the pool's description: the recipe's ReadBatch,
+    unpickled there, loads the indexes from index_dir and reads each batch's records."""
+    import pathlib
+    paths = sorted_ids(tmp_path)
+    ds = tt.QueueDataset(paths, 100, format="fixed", record_bytes=8, shuffle="global", seed=2,
+                         num_epochs=1, name=rname, index_dir=tmp_path / "index")
+    loader = tt.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0,
+                             timeout=60, slot_bytes=1 << 14, num_slots=4)
+    try:
+        loader.start_loaders()  # what the first iteration does: describes the pool
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(pathlib.Path(tailcut.__file__).resolve().parents[1]),
+             str(pathlib.Path(__file__).parent)]))
+        cli = subprocess.Popen([sys.executable, "-m", "tailcut.pool", "--ring", loader.name],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ids = [i for batch in loader for i in ids_of(batch)]
+        _, err = cli.communicate(timeout=60)
+    finally:
+        loader.close()
+        ds.close()
+    assert cli.returncode == 0, err
+    assert sorted(ids) == list(range(CLASSES * PER_CLASS))
+    assert "published 200 batches, 20000 records" in err, err
