@@ -8,6 +8,9 @@ MODE shares: balance=Balance(unit=2, every=2), no DDP; each step's records,
 MODE ddp: a linear model under DDP (gloo), balance=model; at every step the
   DDP gradient of weight x mean loss is compared with the gradient of the
   mean loss over the whole global batch on one process.
+MODE defaults: the documented call with nothing sized, PooledLoader(ds,
+  num_workers=1, balance=model) under DDP; each step's ids, the epoch they
+  belong to (batch_epoch) and the ring's num_slots go to OUT/result.json.
 """
 
 import json
@@ -46,6 +49,8 @@ def main():
     ds = tailcut.torch.QueueDataset(data, BATCH, format="fixed", record_bytes=16,
                                     num_epochs=epochs, num_slices=16, shuffle=False, name=name)
     model = None
+    if mode == "defaults":
+        return defaults(ds, out, rank, world, factor, epochs)
     if mode == "ddp":
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(
@@ -82,6 +87,36 @@ def main():
             unequal += len({len(part) for part in everyone}) > 1
     result = dict(rank=rank, steps=steps, dropped=dropped, reports=loader.reports,
                   shares=loader.shares, grad_errors=grad_errors, unequal_steps=unequal)
+    every = [None] * world
+    dist.all_gather_object(every, result)
+    loader.close()
+    ds.close()
+    if rank == 0:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump(every, f)
+    dist.destroy_process_group()
+
+
+def defaults(ds, out, rank, world, factor, epochs):
+    """balance=model with every sizing argument left to its default."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = tailcut.torch.PooledLoader(ds, num_workers=1, balance=model)
+    steps = []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            ids = ids_of(batch)
+            steps.append(dict(epoch=epoch, of_epoch=loader.batch_epoch, ids=ids.tolist()))
+            time.sleep(PER_RECORD_S * factor * len(ids))  # this rank's compute
+            x, y = features(ids)
+            loss = loader.weight * torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    result = dict(rank=rank, steps=steps, reports=loader.reports, shares=loader.shares,
+                  num_slots=loader.num_slots, slot_bytes=loader.slot_bytes)
     every = [None] * world
     dist.all_gather_object(every, result)
     loader.close()

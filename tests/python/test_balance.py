@@ -246,3 +246,32 @@ def test_balance_weights_make_the_ddp_gradient_that_of_the_whole_global_batch(tm
     # rank (timed up to its last gradient bucket by the DDP hook) took fewer records.
     assert result[0]["unequal_steps"] > 0
     assert result[0]["shares"][1] < result[0]["shares"][0]
+
+
+def test_balance_model_on_four_ranks_runs_with_no_sizing_argument(tmp_path):
+    """PooledLoader(ds, num_workers=1, balance=model) as documented, 4 ranks
+    (the last at 2x compute per record), nothing sized: the ring sizes its
+    slots for the ranks' shares; every record once per epoch, equal steps."""
+    epochs, ranks = 3, 4
+    result = torchrun(tmp_path, ranks, "defaults", epochs)
+    # Sized by default for 4 ranks of 4 units each, which may each hold 1 more (20), and
+    # the 4 loaders' prefetch (num_workers=1 per rank, 2 batches each).
+    assert {r["num_slots"] for r in result} == {28}, [r["num_slots"] for r in result]
+    # Equal steps, epoch by epoch, on every rank.
+    assert len({tuple(rep["steps"] for rep in r["reports"]) for r in result}) == 1
+    assert all(rep["steps"] > 0 for rep in result[0]["reports"])
+    # Every record once per epoch: the records of each epoch (batch_epoch: a batch carried
+    # over belongs to the epoch before) and those dropped at the end of the last.
+    per_epoch = collections.defaultdict(collections.Counter)
+    for r in result:
+        for s in r["steps"]:
+            per_epoch[s["of_epoch"]].update(s["ids"])
+    dropped = sum(rep["dropped_records"] for r in result for rep in r["reports"])
+    for epoch in range(epochs):
+        got = per_epoch[epoch]
+        assert set(got.values()) <= {1}, f"epoch {epoch}: a record twice"
+        missing = RECORDS - len(got)
+        assert missing == 0 or (epoch == epochs - 1 and missing == dropped), (epoch, missing)
+    # The shares moved: the slow rank (timed by the DDP hook) ends with fewer records.
+    shares = result[0]["shares"]
+    assert shares[3] < 8 < max(shares[:3]), shares
