@@ -174,13 +174,13 @@ TEST(RecordIndex, ADamagedCacheFileIsRebuiltWithANotice) {
   EXPECT_EQ(files->size(), data.records.size());
 }
 
-TEST(RecordIndex, ACorruptTfrecordIsAnErrorNamingFileAndOffset) {
+TEST(RecordIndex, ACorruptTfrecordHeaderIsAnErrorOfTheBuildNamingFileAndOffset) {
   TempDir dir;
   std::string content;
   AppendTfrecord(&content, "first");
   const size_t second = content.size();
   AppendTfrecord(&content, "second record");
-  content[second + 12 + 3] ^= 1;  // a byte of the second record's data
+  content[second + 2] ^= 1;  // a byte of the second record's length
   const std::string path = dir.path() + "/bad.tfrecord";
   WriteFile(path, content);
   try {
@@ -191,6 +191,44 @@ TEST(RecordIndex, ACorruptTfrecordIsAnErrorNamingFileAndOffset) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("offset " + std::to_string(second)), std::string::npos)
         << e.what();
+  }
+}
+
+TEST(RecordIndex, ACorruptTfrecordDataIsAnErrorOfTheReadNamingFileAndOffset) {
+  TempDir dir;
+  std::string content;
+  AppendTfrecord(&content, "first");
+  const size_t second = content.size();
+  AppendTfrecord(&content, "second record");
+  content[second + 12 + 3] ^= 1;  // a byte of the second record's data
+  const std::string path = dir.path() + "/bad.tfrecord";
+  WriteFile(path, content);
+  auto files = RecordFiles::Build({path}, RecordFormat::Parse("tfrecord"), CacheIn(dir.path()));
+  EXPECT_EQ(ReadAll(*files, {0})[0], "first");
+  try {
+    ReadAll(*files, {1});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offset " + std::to_string(second)), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(RecordIndex, ATfrecordCutShortIsAnErrorOfTheBuild) {
+  TempDir dir;
+  std::string content;
+  AppendTfrecord(&content, "first");
+  AppendTfrecord(&content, "second record");
+  content.resize(content.size() - 3);
+  const std::string path = dir.path() + "/short.tfrecord";
+  WriteFile(path, content);
+  try {
+    RecordFiles::Build({path}, RecordFormat::Parse("tfrecord"), CacheIn(dir.path()));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cut short"), std::string::npos) << e.what();
   }
 }
 

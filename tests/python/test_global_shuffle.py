@@ -180,13 +180,23 @@ def test_the_index_dir_defaults_to_tailcut_index_dir(tmp_path, qname, monkeypatc
 
 def test_a_damaged_file_is_an_error_naming_file_and_offset(tmp_path, qname):
     path = write_tfrecords(tmp_path / "bad.tfrecord", [b"first", b"second record"])
-    data = bytearray(open(path, "rb").read())
+    good = open(path, "rb").read()
     second = 12 + 5 + 4
-    data[second + 12 + 2] ^= 1
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(tailcut.CorruptError, match=rf"bad\.tfrecord' at offset {second}"):
+    where = rf"bad\.tfrecord' at offset {second}"
+    damaged = bytearray(good)
+    damaged[second + 2] ^= 1  # a byte of the second record's length: the index refuses it
+    open(path, "wb").write(bytes(damaged))
+    with pytest.raises(tailcut.CorruptError, match=where):
         tt.QueueDataset([path], format="tfrecord", shuffle="global", name=qname,
                         index_dir=tmp_path / "index")
+    damaged = bytearray(good)
+    damaged[second + 12 + 2] ^= 1  # a byte of its data: the read refuses it
+    open(path, "wb").write(bytes(damaged))
+    ds = tt.QueueDataset([path], format="tfrecord", shuffle="global", name=qname,
+                         index_dir=tmp_path / "index")
+    with pytest.raises(tailcut.CorruptError, match=where):
+        list(ds)
+    ds.close()
 
 
 def test_a_file_truncated_after_indexing_is_an_error_naming_it(tmp_path, qname):

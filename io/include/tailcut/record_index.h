@@ -5,10 +5,12 @@
 // offset and size of its payload: the bytes a reader hands out (a line
 // without its '\n' and trailing '\r', a TFRecord's data, a tar sample's raw
 // bytes, a fixed-size record). Fixed-size records are computed, never
-// stored; "file" is one record; lines, TFRecord and tar are found by one
-// sequential pass through the same RecordParser the Reader uses
-// (tailcut/record_format.h), so both CRCs of every TFRecord are checked and a
-// damaged file is an error naming the file and the offset.
+// stored; "file" is one record; lines and tar are found by one sequential
+// pass through the same RecordParser the Reader uses
+// (tailcut/record_format.h), TFRecord by a pass over its headers (each
+// length and its CRC checked, the data skipped: its CRC is checked as each
+// record is read). A damaged file is an error naming the file and the
+// offset.
 //
 // The index is kept in a cache directory (RecordIndexOptions::cache_dir), one
 // file per (absolute path, format), tied to the data file's identity
