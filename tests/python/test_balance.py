@@ -139,7 +139,7 @@ def test_one_rank_with_balance_takes_its_whole_batch_of_units(dataset, monkeypat
         seen = []
         for batch in loader:
             assert batch.shape == (8, 16) and loader.weight == 1.0
-            assert loader._current == []  # joined into a copy: the units' slots are free
+            assert not loader._current  # joined into a copy: the units' slots are free
             seen += ids_of(batch)
         assert sorted(seen) == list(range(64))
 
