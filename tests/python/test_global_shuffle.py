@@ -254,6 +254,19 @@ def test_tar_samples_are_shuffled_globally_as_webdataset_dicts(tmp_path, qname):
     assert len(set(first_shards)) == 3, first_shards  # mixed across shards from the start
 
 
+def test_tar_records_per_epoch_counts_samples_not_lines(tmp_path, qname):
+    """The item shuffle's buffer is sized from records_per_epoch(): a tar shard's estimate
+    comes from its samples (it counted newlines in tar headers, a few per shard)."""
+    shards = []
+    for s in range(3):
+        shards.append(str(tmp_path / f"shard-{s}.tar"))
+        write_shard(shards[-1], s * 100, 100)
+    ds = tt.QueueDataset(shards, format="tar", name=qname)
+    records, exact = ds.records_per_epoch()
+    ds.close()
+    assert not exact and 300 <= records <= 330, records
+
+
 def decode(sample):
     return int(sample["cls"])
 

@@ -474,10 +474,17 @@ class QueueDataset(IterableDataset):
         if fmt == "file":
             return len(paths), True
         sample_bytes = sample_records = 0
-        for path in paths[:8]:
-            with open(path, "rb") as f:
-                head = f.read(1 << 20)
-            n, used = _count_head(head, fmt)
+        for path, size in zip(paths[:8], sizes):
+            if fmt == "tar":
+                # Samples starting in the first MiB, found by the tar parser (a tar
+                # header is not a line: counting newlines guessed a few records).
+                starts, ends = _core.slice_records(path, 0, min(size, 1 << 20), "tar",
+                                                   with_ends=True)
+                n, used = len(starts), (ends[-1] if ends else 0)
+            else:
+                with open(path, "rb") as f:
+                    head = f.read(1 << 20)
+                n, used = _count_head(head, fmt)
             sample_bytes += used
             sample_records += n
         if sample_records == 0:
