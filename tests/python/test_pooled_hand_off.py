@@ -156,3 +156,27 @@ def test_a_ring_used_in_a_forked_child_is_refused_there_and_still_works_in_its_o
     finally:
         ring.close()
         tailcut.remove_batch_ring(rname)
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_a_watched_rank_waits_past_its_slices_for_a_late_rank(tmp_path, qname, timeout):
+    """With a watch (PooledLoader's, for state_dict() calls) a rank waits in
+    slices of WATCH_SLICE; timeout=None (DataLoader's timeout=0) waits on
+    across them, not a TimeoutError after a slice or two."""
+    import threading
+    from tailcut import _steps
+    path = tmp_path / "empty.bin"
+    path.write_bytes(b"")
+    with tailcut.WorkQueue([str(path)], name=qname) as q0, \
+            tailcut.WorkQueue([str(path)], name=qname) as q1:
+        watched = []
+        early = _steps.StepAgreement(q0, 0, 2, timeout=timeout, who="PooledLoader")
+        early.watch = lambda epoch, step: watched.append(step)
+        late = _steps.StepAgreement(q1, 1, 2, timeout=timeout, who="PooledLoader")
+        answers = []
+        t = threading.Thread(target=lambda: answers.append(early.agree(0, 0, True)))
+        t.start()
+        time.sleep(4 * _steps.WATCH_SLICE)
+        assert late.agree(0, 0, True)
+        t.join(10)
+        assert answers == [True] and watched

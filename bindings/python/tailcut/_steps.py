@@ -119,7 +119,8 @@ class StepAgreement:
             self.watch(epoch, step)
             left = WATCH_SLICE if deadline is None else deadline - time.monotonic()
             status = agree(rank, ranks, key, has_batch, max(0.0, min(WATCH_SLICE, left)))
-            if status != "timeout" or left <= WATCH_SLICE:
+            # timeout=None waits on: only a deadline's last slice ends the wait.
+            if status != "timeout" or (deadline is not None and left <= WATCH_SLICE):
                 return status
 
     def leave(self, epoch, step, exc):
