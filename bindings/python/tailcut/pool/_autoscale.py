@@ -38,9 +38,11 @@ at an even pace, those made during the last step's compute c are ready at
 once, and rank k (k = 1..W, in the order its batch comes) waits
 max(0, k T / W - c) in a step of T seconds. Their waits' sum A and T are
 measured, c solves that sum, and the host's W trainers take W / c batches
-per second when fed. One trainer (W = 1) gives c = T - A, exact. Ranks that
-do not step together wait more than the model allows (A > T (W + 1) / 2):
-then c = T - A / W, each rank's own.
+per second when fed. One trainer (W = 1) gives c = T - A, exact. Waits of
+T (W + 1) / 2 or more (the first steps, when no batch was made ahead; ranks
+that do not step together) mean a compute too small to tell: the count
+goes to `max` (and the CPU limit), and the remove rule gives back what the
+ring then shows spare.
 
 Each decision is logged once on the "tailcut.pool" logger (INFO) with what
 the window showed, and appended to Autoscale.decisions; being starved at
@@ -92,10 +94,8 @@ second for free slots; `ready` of `num_slots` batches were ready at its end."""
 def compute_seconds(step, wait, ranks):
     """c, the compute of a step of `step` s in which `ranks` trainers waited
     `wait` s in all (the module's docstring, need())."""
-    if step <= 0:
-        return 0.0
-    if wait > step * (ranks + 1) / 2 * (1 + 1e-9):
-        return max(step - wait / ranks, 0.0)  # not in step: each rank's own share
+    if step <= 0 or wait >= step * (ranks + 1) / 2:
+        return 0.0  # more waiting than ranks in step can do with any compute
     lo, hi = 0.0, step  # sum_k max(0, k T / W - c) falls from T (W + 1) / 2 to 0 on [0, T]
     for _ in range(60):
         mid = (lo + hi) / 2
