@@ -251,6 +251,22 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
   return h;
 }
 
+// (ticket, begin, end) ranges from a Python iterable of 3-sequences, for the
+// checkpoint edits named by `fn` (in the messages).
+std::vector<tc::detail::Piece> ToPieces(const py::iterable& ranges, const std::string& fn) {
+  const std::string range = fn + ": a range", ticket = range + "'s ticket",
+                    begin = range + "'s begin", end = range + "'s end";
+  std::vector<tc::detail::Piece> pieces;
+  for (const py::handle& r : ranges) {
+    if (!py::isinstance<py::sequence>(r) || py::len(r) != 3)
+      RaiseType(range.c_str(), "a (ticket, begin, end) sequence", r);
+    py::sequence t = py::reinterpret_borrow<py::sequence>(r);
+    pieces.push_back(
+        {ToU64(t[0], ticket.c_str()), ToU64(t[1], begin.c_str()), ToU64(t[2], end.c_str())});
+  }
+  return pieces;
+}
+
 void CloseHandle(QueueHandle& h) {
   if (::getpid() != h.pid) return;                             // a forked child: not ours to close
   if (ItemPtr last = h.last_taken.lock()) last->AckQuietly();  // auto_ack: the last is done
@@ -539,17 +555,9 @@ void DefineQueueFunctions(py::module_& m) {
   m.def(
       "_reopen_state",
       [](const py::object& state, const py::iterable& ranges, const py::object& queue_name) {
-        std::vector<tc::detail::Piece> pieces;
-        for (const py::handle& r : ranges) {
-          if (!py::isinstance<py::sequence>(r) || py::len(r) != 3)
-            RaiseType("_reopen_state: a range", "a (ticket, begin, end) sequence", r);
-          py::sequence t = py::reinterpret_borrow<py::sequence>(r);
-          pieces.push_back({ToU64(t[0], "_reopen_state: a range's ticket"),
-                            ToU64(t[1], "_reopen_state: a range's begin"),
-                            ToU64(t[2], "_reopen_state: a range's end")});
-        }
-        tc::detail::Reopened out = tc::detail::ReopenRanges(
-            ToQueueName(queue_name), ToBytes(state, "_reopen_state: state"), pieces);
+        tc::detail::Reopened out = tc::detail::ReopenRanges(ToQueueName(queue_name),
+                                                            ToBytes(state, "_reopen_state: state"),
+                                                            ToPieces(ranges, "_reopen_state"));
         return py::make_tuple(py::bytes(out.state), out.ranges);
       },
       py::arg("state"), py::arg("ranges"), py::arg("queue"),
@@ -561,6 +569,18 @@ void DefineQueueFunctions(py::module_& m) {
       "need nothing. `queue` names the queue in errors. Raises CorruptError (state is not a "
       "checkpoint) and InvalidArgumentError (a range with begin >= end or a ticket the checkpoint "
       "does not have).");
+  m.def(
+      "_consume_state",
+      [](const py::object& state, const py::iterable& ranges, const py::object& queue_name) {
+        return py::bytes(tc::detail::ConsumeRanges(ToQueueName(queue_name),
+                                                   ToBytes(state, "_consume_state: state"),
+                                                   ToPieces(ranges, "_consume_state")));
+      },
+      py::arg("state"), py::arg("ranges"), py::arg("queue"),
+      "The queue checkpoint `state` with every (ticket, begin, end) record range in `ranges` "
+      "counted as consumed: what open pieces hold of a range is cut out of them (a piece cut "
+      "away entirely stays, empty, and its ticket is done). For batches ranks used before their "
+      "loader committed them. `queue` names the queue in errors. Raises as _reopen_state.");
   m.def(
       "_host_id",
       [](const py::object& queue_name, const std::string& host_id) {
@@ -599,8 +619,8 @@ void DefineQueueFunctions(py::module_& m) {
   m.def(
       "_empty_state",
       [](const py::object& like, const py::object& queue_name) {
-        return py::bytes(tc::detail::EmptyState(ToQueueName(queue_name),
-                                                ToBytes(like, "_empty_state: like")));
+        return py::bytes(
+            tc::detail::EmptyState(ToQueueName(queue_name), ToBytes(like, "_empty_state: like")));
       },
       py::arg("like"), py::arg("queue"),
       "A queue checkpoint of the job of `like` with nothing handed out (engine/checkpoint.h "

@@ -22,6 +22,23 @@ constexpr uint64_t kStateVersion = 1;
 
 namespace {
 
+// Throws kInvalidArgument for a range that is empty or past the checkpoint's
+// tickets; `what` says what the caller does with the ranges.
+void CheckRanges(const std::string& name, const SavedState& s, const std::vector<Piece>& ranges,
+                 const char* what) {
+  const uint64_t total = s.num_items * s.num_epochs;  // DeserializeState checked the product
+  for (const Piece& r : ranges) {
+    if (r.begin < r.end && r.ticket < total) continue;
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        "queue '" + name + "': cannot " + what + " range (ticket " + std::to_string(r.ticket) +
+            ", begin " + std::to_string(r.begin) + ", end " + std::to_string(r.end) + "): " +
+            (r.begin >= r.end ? "begin must be below end"
+                              : "the checkpoint has tickets 0.." + std::to_string(total - 1)) +
+            "; pass the (ticket, begin, end) ranges of records taken from this queue");
+  }
+}
+
 void Put(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
 
 }  // namespace
@@ -92,18 +109,8 @@ SavedState DeserializeState(const std::string& name, const std::string& bytes) {
 Reopened ReopenRanges(const std::string& name, const std::string& bytes,
                       const std::vector<Piece>& ranges) {
   SavedState s = DeserializeState(name, bytes);
-  const uint64_t total = s.num_items * s.num_epochs;  // DeserializeState checked the product
+  CheckRanges(name, s, ranges, "reopen");
   std::vector<Piece> sorted = ranges;
-  for (const Piece& r : sorted) {
-    if (r.begin < r.end && r.ticket < total) continue;
-    throw Error(
-        ErrorKind::kInvalidArgument,
-        "queue '" + name + "': cannot reopen range (ticket " + std::to_string(r.ticket) +
-            ", begin " + std::to_string(r.begin) + ", end " + std::to_string(r.end) + "): " +
-            (r.begin >= r.end ? "begin must be below end"
-                              : "the checkpoint has tickets 0.." + std::to_string(total - 1)) +
-            "; pass the (ticket, begin, end) ranges of records taken from this queue");
-  }
   auto key = [](const Piece& p) { return std::tie(p.ticket, p.begin, p.end); };
   std::sort(sorted.begin(), sorted.end(),
             [&](const Piece& a, const Piece& b) { return key(a) < key(b); });
@@ -139,6 +146,30 @@ Reopened ReopenRanges(const std::string& name, const std::string& bytes,
   }
   out.state = SerializeState(s);
   return out;
+}
+
+std::string ConsumeRanges(const std::string& name, const std::string& bytes,
+                          const std::vector<Piece>& ranges) {
+  SavedState s = DeserializeState(name, bytes);
+  CheckRanges(name, s, ranges, "consume");
+  std::vector<Piece> pieces = std::move(s.pieces);
+  for (const Piece& r : ranges) {
+    std::vector<Piece> cut;
+    for (const Piece& p : pieces) {
+      if (p.ticket != r.ticket || r.end <= p.begin || p.end <= r.begin) {
+        cut.push_back(p);
+        continue;
+      }
+      if (p.begin < r.begin) cut.push_back({p.ticket, p.begin, r.begin});
+      if (r.end < p.end) cut.push_back({p.ticket, r.end, p.end});
+      // Cut away entirely: an empty piece, which a restore takes as its
+      // ticket consumed to the end (done), whatever the ticket's bit says.
+      if (r.begin <= p.begin && p.end <= r.end) cut.push_back({p.ticket, p.end, p.end});
+    }
+    pieces = std::move(cut);
+  }
+  s.pieces = std::move(pieces);
+  return SerializeState(s);
 }
 
 std::string MergeStates(const std::string& name, const std::vector<std::string>& states) {
@@ -201,8 +232,10 @@ std::string MergeStates(const std::string& name, const std::vector<std::string>&
 
 std::string EmptyState(const std::string& name, const std::string& like) {
   const SavedState s = DeserializeState(name, like);
-  return SerializeState({.fingerprint = s.fingerprint, .num_items = s.num_items,
-                         .num_epochs = s.num_epochs, .seed = s.seed});
+  return SerializeState({.fingerprint = s.fingerprint,
+                         .num_items = s.num_items,
+                         .num_epochs = s.num_epochs,
+                         .seed = s.seed});
 }
 
 namespace {

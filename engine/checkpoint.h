@@ -9,7 +9,8 @@
 //
 // ReopenRanges edits a checkpoint's pieces so that records handed out but
 // not used (a pooled loader's batches in flight) are read again after a
-// restore; MergeStates joins the states of several hosts' queues into one.
+// restore, and ConsumeRanges so that records used are not; MergeStates
+// joins the states of several hosts' queues into one.
 //
 // Errors: DeserializeState throws tailcut::Error (kCorrupt) naming the queue
 // and what is wrong (truncated, bad magic, version, checksum, counts);
@@ -56,6 +57,18 @@ struct Reopened {
 // queue's, for the messages.
 TAILCUT_EXPORT Reopened ReopenRanges(const std::string& name, const std::string& bytes,
                                      const std::vector<Piece>& ranges);
+
+// The checkpoint `bytes` with every (ticket, begin, end) range in `ranges`
+// counted as consumed: what open pieces hold of a range is cut out of them
+// (a piece may split in two; one cut away entirely is left empty,
+// which a restore takes as its ticket done). For a
+// pooled loader's batches that ranks used while their loader had published
+// but not yet committed them (it commits right after the publish): the
+// queue's own state would have them read again. Ranges of tickets done, at
+// or past the cursor, or neither done nor open change nothing. Throws as
+// ReopenRanges.
+TAILCUT_EXPORT std::string ConsumeRanges(const std::string& name, const std::string& bytes,
+                                         const std::vector<Piece>& ranges);
 
 // One checkpoint holding what every checkpoint in `states` holds: the host
 // states (WorkQueue::SaveHostState) of several hosts of one job fed by a

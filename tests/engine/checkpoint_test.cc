@@ -235,6 +235,42 @@ TEST(ReopenRangesTest, TicketsPastTheCursorOrNeitherDoneNorOpenNeedNothing) {
   EXPECT_EQ(r.state, Handed());
 }
 
+// Handed()'s pieces after ConsumeRanges, as (ticket, begin, end).
+Ranges Consumed(const std::vector<Piece>& ranges) {
+  const SavedState s = DeserializeState("q", ConsumeRanges("q", Handed(), ranges));
+  Ranges out;
+  for (const Piece& p : s.pieces) out.emplace_back(p.ticket, p.begin, p.end);
+  return out;
+}
+
+TEST(ConsumeRangesTest, WhatAUsedRangeHoldsOfAnOpenPieceIsCutOut) {
+  EXPECT_EQ(Consumed({{3, 100, 140}}), (Ranges{{3, 140, 200}, {15, 0, 10}}))
+      << "a batch used before its loader committed it";
+  EXPECT_EQ(Consumed({{3, 120, 140}}), (Ranges{{3, 100, 120}, {3, 140, 200}, {15, 0, 10}}))
+      << "from the middle: the piece splits";
+  EXPECT_EQ(Consumed({{3, 50, 150}, {3, 150, 250}}), (Ranges{{3, 200, 200}, {15, 0, 10}}))
+      << "all of it: an empty piece, its ticket done";
+  EXPECT_EQ(Consumed({{0, 0, 5}, {1, 0, 5}, {4, 0, 5}, {12, 0, 5}}),
+            (Ranges{{3, 100, 200}, {15, 0, 10}}))
+      << "done, neither done nor open, or past the cursor: nothing changes";
+}
+
+TEST(ConsumeRangesTest, ARestoreReadsWhatIsLeftAndTakesAnEmptyPieceAsDone) {
+  // Ticket 3 consumed to its end: not handed out again, though Handed() has
+  // no done bit for it.
+  const std::string state = ConsumeRanges("q", Handed(), {{3, 100, 200}});
+  const Reopened r = ReopenRanges("q", state, {{3, 150, 160}});
+  EXPECT_EQ(r.ranges, 1u) << "a consumed range counts as consumed";
+  try {
+    ConsumeRanges("q", Handed(), {{3, 20, 20}});
+    ADD_FAILURE() << "an empty range was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "queue 'q': cannot consume range (ticket 3, begin 20, end 20): begin must be below "
+              "end; pass the (ticket, begin, end) ranges of records taken from this queue");
+  }
+}
+
 TEST(ReopenRangesTest, BadInputIsRefusedNamingWhat) {
   try {
     ReopenRanges("q", Handed().substr(8), {});
@@ -270,14 +306,24 @@ TEST(ReopenRangesTest, BadInputIsRefusedNamingWhat) {
 // host b finished 70, 71 and 130, holds 131 from 10 and 75 from 60 (fenced:
 // both held it).
 std::string HostA() {
-  return SerializeState({.fingerprint = 9, .num_items = 100, .num_epochs = 2, .seed = 3,
-                         .low = 70, .cursor = 80, .words = {1ull << (72 - 64) | 1ull << (75 - 64)},
+  return SerializeState({.fingerprint = 9,
+                         .num_items = 100,
+                         .num_epochs = 2,
+                         .seed = 3,
+                         .low = 70,
+                         .cursor = 80,
+                         .words = {1ull << (72 - 64) | 1ull << (75 - 64)},
                          .pieces = {{75, 40, 90}, {150, 0, 5}}});
 }
 
 std::string HostB() {
-  SavedState s{.fingerprint = 9, .num_items = 100, .num_epochs = 2, .seed = 3, .low = 0,
-               .cursor = 140, .words = {0, 0, 0}};
+  SavedState s{.fingerprint = 9,
+               .num_items = 100,
+               .num_epochs = 2,
+               .seed = 3,
+               .low = 0,
+               .cursor = 140,
+               .words = {0, 0, 0}};
   for (uint64_t t : {70, 71, 75, 130, 131}) s.words[t / 64] |= uint64_t{1} << (t % 64);
   s.pieces = {{131, 10, 50}, {75, 60, 120}, {130, 7, 7}};
   return SerializeState(s);

@@ -4,6 +4,7 @@ a resume that trains nothing), before the queue is touched."""
 
 import copy
 import os
+import time
 
 import pytest
 
@@ -154,3 +155,52 @@ def test_ranks_calling_state_dict_at_different_steps_all_raise_within_seconds(tm
         assert got["seconds"] < 10, got
     assert "rank 1 went on to step 4 of epoch 0" in json.loads(
         (tmp_path / "rank-1.txt").read_text())["raised"]
+
+
+def _publish_then_stall(worker_id):
+    """worker_init_fn: each publish of this loader returns 0.3 s late, so the
+    loader commits a batch's records well after a rank may have used it."""
+    ring = tailcut._core.BatchRing
+    publish = ring.publish
+
+    def late(self, *args):
+        done = publish(self, *args)
+        time.sleep(0.3)
+        return done
+
+    ring.publish = late
+
+
+def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path):
+    """A loader commits a batch's records right after it publishes the batch;
+    a rank that used the batch in between and then saved the state must not
+    have it read again after the restore (it was: 10 of the first 30 samples
+    came back)."""
+    name = f"pytest-latecommit-{os.getpid()}"
+
+    def build(init=None):
+        return tailcut.torch.PooledLoader(Squares(N), 10, name=name, num_epochs=2,
+                                          loaders_per_host=1, rank=0, world_size=1,
+                                          local_rank=0, worker_init_fn=init)
+
+    try:
+        first = build(_publish_then_stall)
+        it = iter(first)
+        used = [int(i) for _ in range(3) for i in next(it)[:, 0]]
+        state = first.state_dict()
+        del it
+        first.close()
+        loader = build()
+        loader.load_state_dict(state)
+        loader.set_epoch(0)
+        rest = [int(i) for batch in loader for i in batch[:, 0]]
+        loader.close()
+    finally:
+        for remove, what in ((tailcut.remove_queue, name),
+                             (tailcut.remove_batch_ring, name + ".pool")):
+            try:
+                remove(what)
+            except tailcut.NotFoundError:
+                pass
+    assert not set(rest) & set(used), sorted(set(rest) & set(used))
+    assert sorted(rest + used) == list(range(N))

@@ -472,7 +472,7 @@ def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_
         loader.close()
         ds.close()
         tailcut.remove_batch_ring(f"{job}.n1.pool")
-    part = dict(host="q", ranges=[], batches=0, records=0, queue={}, ring="q.pool")
+    part = dict(host="q", ranges=[], used=[], batches=0, records=0, queue={}, ring="q.pool")
     with pytest.raises(tailcut.InvalidArgumentError, match="two hosts read a queue named 'q'"):
         _pool_state._hosts([part, dict(part)])
     left = [p.name for p in pathlib.Path("/dev/shm").glob(f"tailcut*{job}*")]

@@ -189,11 +189,23 @@ def _unused(loader):
     return ranges, len(held), records
 
 
+def _used(loader):
+    """The ranges of the batches this rank used at its last step. A loader
+    commits a batch's records right after it publishes the batch, so a rank
+    may have used one before that commit: the queue's state would have its
+    records read again, and the checkpoint counts them as consumed
+    (_core._consume_state)."""
+    ranges = list(loader._balanced_ranges)
+    for batch in loader._current:
+        ranges += batch_ranges(batch.data, batch.header)
+    return ranges
+
+
 def _hosts(every):
     """{queue name: what the ranks of that host hold} from every rank's part."""
     hosts = {}
     for part in every:
-        host = hosts.setdefault(part["host"], dict(ranges=[], batches=0, records=0))
+        host = hosts.setdefault(part["host"], dict(ranges=[], used=[], batches=0, records=0))
         if "queue" in part:
             if "queue" in host:
                 raise tailcut.InvalidArgumentError(
@@ -202,6 +214,7 @@ def _hosts(every):
                     f"give each host's queue its own (name=f'{{job}}.n{{GROUP_RANK}}')")
             host["queue"], host["ring"] = part["queue"], part["ring"]
         host["ranges"] += part["ranges"]
+        host["used"] += part["used"]
         host["batches"] += part["batches"]
         host["records"] += part["records"]
     for name, host in hosts.items():
@@ -213,8 +226,10 @@ def _hosts(every):
 
 
 def _host_state(host):
-    """One host's part: its queue's state with its unused ranges reopened."""
-    state, reopened = reopen(host["queue"]["state"], host["ranges"], host["queue"]["name"])
+    """One host's part: its queue's state with the ranges its ranks used at
+    their last step consumed and its unused ranges reopened."""
+    state = _core._consume_state(host["queue"]["state"], host["used"], host["queue"]["name"])
+    state, reopened = reopen(state, host["ranges"], host["queue"]["name"])
     return dict(ring=host["ring"], queue=dict(host["queue"], state=state),
                 unused_batches=host["batches"], unused_records=host["records"],
                 reopened_ranges=reopened)
@@ -343,7 +358,7 @@ def state_dict(loader):
     fed = _fed(loader.queue)
     # A fed queue is '<name>.<host id>' on its host, and every host's shares `name`.
     host_queue = loader.queue.summary()["name"] if fed else loader.queue.name
-    mine = dict(host=host_queue, ranges=[], batches=0, records=0)
+    mine = dict(host=host_queue, ranges=[], batches=0, records=0, used=_used(loader))
     if loader.local_rank == 0:
         # First: see the module's comment.
         mine["queue"] = (dict(state=loader.queue._host_state(), name=host_queue) if fed

@@ -348,6 +348,9 @@ class PooledLoader:
         self._steps = None  # its StepAgreement, made at the first iteration
         self._leftovers = None  # this epoch's _steps.Leftovers
         self._current = []  # the slots of the batch this rank holds
+        # Under balance, the record ranges of the units of the last step (their
+        # slots are released within the step): what state_dict() counts as used.
+        self._balanced_ranges = []
         self._stash = None
         self._failure_check_at = 0.0  # monotonic time of the next look at failures (_pop)
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
@@ -535,6 +538,8 @@ class PooledLoader:
         copy), their slots released (the records count as used, as those of
         the batch a rank holds do); sets weight."""
         self._current = [p for p in parts if not isinstance(p, _Held)]
+        self._balanced_ranges = [r for p in self._current
+                                 for r in _pool_state.batch_ranges(p.data, p.header)]
         try:
             records = [p.records for p in parts]
             batch = _balance.join([p.tensors if isinstance(p, _Held) else self._tensors(p)
