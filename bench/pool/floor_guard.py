@@ -56,8 +56,13 @@ def run_once(name, pkg, args, port, out):
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=args.run_timeout)
     load1 = os.getloadavg()[0]
-    if res.returncode != 0:
-        sys.exit(f"{name}: ddp_pooled.py failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    with open(os.path.join(out + ".log"), "w") as f:
+        f.write(res.stderr)
+    if res.returncode != 0:  # a finding too: counted, and the run's rank 0 shown
+        first = [ln for ln in res.stderr.splitlines() if ln.startswith("[default0]")]
+        print(f"{name}: ddp_pooled.py failed ({res.returncode}); log {out}.log; rank 0's "
+              f"last lines:\n" + "\n".join(first[-25:]), file=sys.stderr, flush=True)
+        return None
     with open(os.path.join(out, "results.json")) as f:
         summary = json.load(f)["summary"]
     floor = summary["floor"]["seconds"][0]
@@ -85,7 +90,9 @@ def main():
     p.add_argument("--workers-per-rank", type=int, default=2)
     p.add_argument("--port", type=int, default=29611, help="the rendezvous port")
     p.add_argument("--run-timeout", type=float, default=600.0)
-    p.add_argument("--out", default=None, help="directory for floor_guard.json")
+    p.add_argument("--out", default=None,
+                   help="directory for floor_guard.json and each run's output (default: a "
+                        "new directory in /tmp, kept)")
     args = p.parse_args()
     versions = []
     for v in args.version:
@@ -95,17 +102,25 @@ def main():
         versions.append((name, pkg))
     print(f"load average at start {os.getloadavg()}, {os.cpu_count()} CPUs", file=sys.stderr)
     runs = {name: [] for name, _ in versions}
-    with tempfile.TemporaryDirectory(prefix="floor_guard") as tmp:
-        for rnd in range(args.rounds):
-            order = versions if rnd % 2 == 0 else versions[::-1]
-            for name, pkg in order:
-                r = run_once(name, pkg, args, args.port, os.path.join(tmp, f"{name}-{rnd}"))
-                runs[name].append(r)
-                print(f"  round {rnd} {name:10s}: floor {r['floor']:.2f} s, pooled "
-                      f"{r['pooled']:.2f} s, per-rank {r['per_rank']:.2f} s; pooled/floor "
-                      f"{r['over_floor']:.2f}, per_rank/pooled {r['per_rank_over_pooled']:.2f} "
-                      f"(load {r['load'][0]:.1f} -> {r['load'][1]:.1f})",
-                      file=sys.stderr, flush=True)
+    failed = {name: 0 for name, _ in versions}
+    tmp = args.out or tempfile.mkdtemp(prefix="floor_guard")
+    os.makedirs(tmp, exist_ok=True)
+    print(f"each run's output in {tmp}", file=sys.stderr)
+    for rnd in range(args.rounds):
+        order = versions if rnd % 2 == 0 else versions[::-1]
+        for name, pkg in order:
+            r = run_once(name, pkg, args, args.port, os.path.join(tmp, f"{name}-{rnd}"))
+            if r is None:
+                failed[name] += 1
+                r = run_once(name, pkg, args, args.port, os.path.join(tmp, f"{name}-{rnd}b"))
+                if r is None:
+                    sys.exit(f"{name} failed twice in round {rnd}")
+            runs[name].append(r)
+            print(f"  round {rnd} {name:10s}: floor {r['floor']:.2f} s, pooled "
+                  f"{r['pooled']:.2f} s, per-rank {r['per_rank']:.2f} s; pooled/floor "
+                  f"{r['over_floor']:.2f}, per_rank/pooled {r['per_rank_over_pooled']:.2f} "
+                  f"(load {r['load'][0]:.1f} -> {r['load'][1]:.1f})",
+                  file=sys.stderr, flush=True)
     base = versions[0][0]
     print(f"\n{args.rounds} rounds, alternating; median (min-max) over rounds", file=sys.stderr)
     print(f"{'version':12s} {'floor s':>18s} {'pooled s':>18s} {'pooled/floor':>18s} "
@@ -129,11 +144,13 @@ def main():
               f"per_rank/pooled {ratio:.2f} {'met' if ratio >= 1.8 else 'NOT met'}"
               + ("" if name == base else f"; slower than {base} in {slower} of {len(rs)} "
                  f"rounds"), file=sys.stderr)
+    print(f"failed runs (each run again once): {failed}", file=sys.stderr)
     print(f"load average at the end {os.getloadavg()}", file=sys.stderr)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "floor_guard.json"), "w") as f:
-            json.dump(dict(args=vars(args), versions=versions, runs=runs), f, indent=1)
+            json.dump(dict(args=vars(args), versions=versions, runs=runs, failed=failed), f,
+                      indent=1)
 
 
 if __name__ == "__main__":
