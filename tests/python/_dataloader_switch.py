@@ -68,6 +68,8 @@ def main():
     dataset_queue = getattr(getattr(loader, "dataset", None), "queue", None)
     log["queue"] = getattr(dataset_queue, "name", None)
     log["loader_pids"] = [p.pid for p in getattr(loader, "loaders", [])]
+    # PooledLoader: the records each epoch repeated to fill its last steps (pad).
+    log["padded"] = [r["padded_records"] for r in getattr(loader, "reports", [])]
     (out / f"rank-{rank}.json").write_text(json.dumps(log))
     dist.barrier()
     dist.destroy_process_group()

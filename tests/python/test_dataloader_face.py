@@ -397,3 +397,29 @@ def test_a_ddp_script_for_dataloader_switches_by_its_class_name(tmp_path, worker
                 assert ids == list(range(samples))  # DistributedSampler's own promise
             else:
                 assert ids == list(range(samples)), (epoch, len(ids))  # once each, none missing
+
+
+def test_a_switched_ddp_script_of_any_length_trains_every_sample_each_epoch(tmp_path):
+    """1,100 samples, batch 8, 2 ranks, 2 loaders a rank: epoch 0 ends with a
+    partial global batch here (8 records; a carried-over run trains them in
+    epoch 1). DistributedSampler(drop_last=False) pads each rank's share with
+    repeats; PooledLoader under that sampler pads too (pad=True by default
+    there): every sample in each epoch, equal steps, the repeats reported."""
+    from test_pooled_checkpoint import free_port
+
+    samples, epochs = 1100, 2
+    runs = {}
+    for name in ("DataLoader", "PooledLoader"):
+        out = tmp_path / name
+        out.mkdir()
+        runs[name] = torchrun(name, out, samples, epochs, free_port())
+    for name, ranks in runs.items():
+        for epoch in range(epochs):
+            steps = [r["epochs"][epoch]["steps"] for r in ranks]
+            assert steps[0] == steps[1], (name, epoch, steps)
+            ids = [i for r in ranks for i in r["epochs"][epoch]["ids"]]
+            assert set(ids) == set(range(samples)), (name, epoch, samples - len(set(ids)))
+            if name == "PooledLoader":
+                padded = sum(r["padded"][epoch] for r in ranks)
+                assert len(ids) == samples + padded, (epoch, len(ids), padded)
+                assert padded < 2 * 8, padded  # less than a step of the two ranks

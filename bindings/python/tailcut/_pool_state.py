@@ -177,15 +177,17 @@ class Held:
 
 def _unused(loader):
     """(ranges, batches, records) of what this rank holds and has not used."""
-    held = list(loader._carried_now) + list(loader._carried)
+    held = (list(loader._carried_now) + list(loader._carried)
+            + [b for b in loader._pad_rest if isinstance(b, Held)])
     ranges, records = [], 0
     for h in held:
         ranges += h.ranges
         records += h.records
-    if loader._stash is not None:
-        ranges += batch_ranges(loader._stash.data, loader._stash.header)
-        records += loader._stash.records
-        held.append(loader._stash)
+    for batch in [b for b in loader._pad_rest if not isinstance(b, Held)] + (
+            [] if loader._stash is None else [loader._stash]):
+        ranges += batch_ranges(batch.data, batch.header)
+        records += batch.records
+        held.append(batch)
     return ranges, len(held), records
 
 

@@ -167,10 +167,11 @@ def new_report(epoch, carried_in):
     when the group ended the epoch, of which carried_out go to the next epoch
     and dropped_* were handed to on_leftover (or only counted); late_batches:
     batches of an earlier epoch that came after the group ended it (the pool
-    yields them with carry_over, else drops them)."""
+    yields them with carry_over, else drops them); padded_records: records a
+    PooledLoader with pad=True repeated to fill the epoch's last steps."""
     return dict(epoch=epoch, steps=0, carried_in=carried_in, leftover_batches=0,
                 leftover_records=0, late_batches=0, carried_out=0, dropped_batches=0,
-                dropped_records=0)
+                dropped_records=0, padded_records=0)
 
 
 class Leftovers:

@@ -79,6 +79,22 @@ def _map_source(dataset, batch_size, options, queue_options):
     return wrap(dataset, batch_size, options, queue_options)
 
 
+def _pads(pad, sampler, shares):
+    """pad= as a bool. None: True under a DistributedSampler with
+    drop_last=False (it pads the ranks' shares with repeats), unless the
+    loader balances (its steps are units of the global batch)."""
+    if pad is None:
+        return (shares is None and sampler is not None
+                and not getattr(sampler, "drop_last", True))
+    pad = _args.flag("pad", pad)
+    if pad and shares is not None:
+        raise tailcut.InvalidArgumentError(
+            "PooledLoader: pad=True with balance= is refused: a balanced step is a share of "
+            "the global batch, not a batch to repeat; leave pad= unset (the last partial "
+            "global batch is carried over)")
+    return pad
+
+
 class _Carried:
     """The leftovers a rank carries (_Held copies): `next`, for the next
     epoch, and `now`, those not yet yielded in this one. Held apart from the
@@ -187,7 +203,11 @@ class PooledLoader:
     every record once per epoch), yielded first in the next epoch (copied);
     otherwise, and after the queue's last epoch, each is passed to
     on_leftover(batch) and released, and a warning says how many records were
-    dropped, as EqualSteps does. len() is this rank's steps per epoch, an
+    dropped, as EqualSteps does. pad=True (None: True under a
+    DistributedSampler with drop_last=False, as it pads) trains them in the
+    same epoch instead: while any rank holds one, every rank steps, those
+    without one on a repeat of their first batch of the epoch (counted in
+    reports[e]['padded_records']). len() is this rank's steps per epoch, an
     estimate (records per epoch / batch_size / local ranks). Failures,
     restarts, what is left: tailcut.pool._lifecycle. A loop that ran its
     epochs to their end closes without a notice.
@@ -215,7 +235,7 @@ class PooledLoader:
                  num_slices=None, restore_state=None, resume=None, queue_options=None,
                  transform=None,
                  num_slots=None, slot_bytes=4 << 20, balance=False, carry_over=True,
-                 on_leftover=None, rank=None, world_size=None, local_rank=None,
+                 pad=None, on_leftover=None, rank=None, world_size=None, local_rank=None,
                  local_world_size=None, group=None):
         arguments = dict(locals())
         del arguments["self"]
@@ -232,7 +252,7 @@ class PooledLoader:
               multiprocessing_context, generator, prefetch_factor, persistent_workers,
               pin_memory_device, loaders_per_host, zero_copy, name, seed, num_epochs, num_slices,
               restore_state, resume, queue_options, transform, num_slots, slot_bytes, balance,
-              carry_over,
+              carry_over, pad,
               on_leftover, rank, world_size, local_rank, local_world_size, group):
         rank = _args.count("rank", rank, allow_none=True)
         world_size = _args.count("world_size", world_size, minimum=1, allow_none=True)
@@ -314,6 +334,7 @@ class PooledLoader:
             self._status = _status.PoolStatus(self.name, self.autoscale, self._shares)
         self.timeout = _dataloader_args.timeout(timeout)  # None: wait for ever
         self.carry_over = _args.flag("carry_over", carry_over)
+        self.pad = _pads(pad, sampler, self._shares)
         self.on_leftover = on_leftover
         # Pinned for CUDA only where this process already chose its device
         # (torch.cuda.set_device, or any CUDA work): registering first would
@@ -348,6 +369,7 @@ class PooledLoader:
         self._steps = None  # its StepAgreement, made at the first iteration
         self._leftovers = None  # this epoch's _steps.Leftovers
         self._current = []  # the slots of the batch this rank holds
+        self._pad_rest = []  # pad: the epoch's batches its padded steps have still to yield
         # Under balance, the record ranges of the units of the last step (their
         # slots are released within the step): what state_dict() counts as used.
         self._balanced_ranges = []
@@ -672,6 +694,7 @@ class PooledLoader:
         if shares is not None:
             shares.begin(self._group)
         left_early = False
+        first = None  # pad: (a copy of this rank's first batch of the epoch, its records)
         try:
             while True:
                 parts = []  # this rank's batch: one, or its share of units (balance)
@@ -700,6 +723,9 @@ class PooledLoader:
                     # A carried or late batch holds an earlier epoch's samples.
                     self.batch_epoch = (parts[0].epoch if want == 1
                                         else min(p.epoch for p in parts))
+                    if self.pad and first is None:  # what padded steps repeat
+                        first = (parts[0].tensors if isinstance(parts[0], _Held)
+                                 else self._tensors(parts[0], copy=True), parts[0].records)
                     if shares is not None:
                         yield self._owned(self._balanced(parts), copied=True)
                         shares.step_done()
@@ -710,13 +736,19 @@ class PooledLoader:
                         yield self._owned(self._tensors(parts[0], copy=copy_out),
                                           copied=copy_out)
                     continue
-                # The group ended the epoch: the rest is left over.
+                # The group ended the epoch: the rest is left over, or with pad
+                # trained in padded steps.
+                keep = (self._pad_rest.append if self.pad
+                        else lambda b: self._leftover(b, report, last_epoch))
                 for batch in parts:
-                    self._leftover(batch, report, last_epoch)
+                    keep(batch)
                 batch = next_batch() if complete else None
                 while batch is not None:
-                    self._leftover(batch, report, last_epoch)
+                    keep(batch)
                     batch = next_batch()
+                if self.pad:
+                    yield from self._padded_steps(epoch, step, steps, report, first, copy_out,
+                                                  last_epoch)
                 self._position = (epoch + 1, 0)
                 break
         except GeneratorExit:
@@ -730,6 +762,45 @@ class PooledLoader:
         self._leftovers.end_epoch(report, self.rank)
         if self._map_source is not None:  # the loop ran its epoch to the end: quiet close
             self._map_source.notices.finished = True
+
+    def _padded_steps(self, epoch, step, steps, report, first, copy_out, last_epoch):
+        """pad=True, once the group ended the epoch: while any rank still holds
+        a batch of it (self._pad_rest), every rank steps, those without one on a
+        repeat of their first batch of the epoch, as DistributedSampler pads
+        each rank's share with the epoch's first samples; counted in
+        report["padded_records"]. Every sample of the epoch is trained in it,
+        with equal steps. A loop left here carries what it had not trained."""
+        rest = self._pad_rest
+        key = step  # agreement keys only grow: `step` ended the epoch
+        try:
+            while True:
+                key += 1
+                self._release_current()
+                if steps.agree(epoch, key, not rest):  # no rank holds one
+                    return
+                step += 1
+                report["steps"] = step
+                self._position = (epoch, step)
+                self.batch_epoch = epoch
+                if not rest:
+                    if first is None:
+                        raise tailcut.InvalidArgumentError(
+                            f"PooledLoader: pad=True: rank {self.rank} trained no batch in "
+                            f"epoch {epoch} to repeat (fewer batches than ranks); use a "
+                            f"smaller batch_size, or pad=False")
+                    report["padded_records"] += first[1]
+                    yield self._owned(first[0], copied=True)
+                    continue
+                batch = rest.pop(0)
+                if isinstance(batch, _Held):
+                    yield self._owned(batch.tensors, copied=True)
+                else:
+                    self._current = [batch]
+                    yield self._owned(self._tensors(batch, copy=copy_out), copied=copy_out)
+        finally:
+            self._pad_rest = []
+            for batch in rest:  # a loop left early, or a raise: never lost
+                self._leftover(batch, report, last_epoch)
 
     @property
     def _carried(self):
