@@ -41,20 +41,17 @@ py::array OwnedArray(std::vector<T>* v) {
 }
 
 // Prints "tailcut: indexing records: 12 of 40 files, 1.2 GB scanned" at most
-// once a second, from the first second on (a build that loads its indexes
-// prints nothing).
+// once a second, from the first second on, and a last line when such a build
+// ends (a build done within a second prints nothing).
 std::function<void(size_t, size_t, uint64_t)> ProgressLines() {
   auto start = Clock::now();
   auto last = std::make_shared<Clock::time_point>(start);
-  auto printed = std::make_shared<bool>(false);
-  return [start, last, printed](size_t done, size_t total, uint64_t bytes) {
+  return [start, last](size_t done, size_t total, uint64_t bytes) {
     auto now = Clock::now();
     const bool end = done == total;
     if (now - start < std::chrono::seconds(1) || (!end && now - *last < std::chrono::seconds(1)))
       return;
-    if (end && !*printed && now - start < std::chrono::seconds(1)) return;
     *last = now;
-    *printed = true;
     std::fprintf(stderr, "tailcut: indexing records: %zu of %zu files, %.1f GB scanned%s\n", done,
                  total, static_cast<double>(bytes) / 1e9, end ? " (done)" : "");
     std::fflush(stderr);

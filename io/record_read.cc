@@ -43,7 +43,6 @@ namespace detail {
 // cannot be mapped is remembered as such (read with pread from then on).
 class RecordMaps {
  public:
-  explicit RecordMaps(size_t files) : maps_(files) {}
   ~RecordMaps() {
     for (const Map& m : maps_)
       if (m.bytes != nullptr) ::munmap(const_cast<char*>(m.bytes), m.size);
@@ -54,6 +53,7 @@ class RecordMaps {
   // be opened or is not the file indexed.
   const char* Get(size_t f, const RecordIndex& index) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (maps_.size() <= f) maps_.resize(f + 1);
     Map& m = maps_[f];
     if (m.tried) return m.bytes;
     WorkFile file = OpenWorkFile(index.path, &index.identity);
@@ -83,7 +83,7 @@ class RecordMaps {
 
 }  // namespace detail
 
-RecordFiles::RecordFiles() = default;
+RecordFiles::RecordFiles() : maps_(std::make_unique<detail::RecordMaps>()) {}
 RecordFiles::~RecordFiles() = default;
 
 namespace {
@@ -266,12 +266,6 @@ void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& position
   }
   // Each file's mapping (made on first use, with the checks of
   // tailcut/work_file.h), else an fd for pread, opened once per call.
-  RecordFiles& mutable_files = const_cast<RecordFiles&>(files);
-  if (!files.maps_) {
-    static std::mutex made;  // the first call of each RecordFiles makes its maps
-    std::lock_guard<std::mutex> lock(made);
-    if (!files.maps_) mutable_files.maps_ = std::make_unique<detail::RecordMaps>(files.num_files());
-  }
   InstallGuard();
   std::vector<size_t> file_of_run(runs.size());
   std::vector<const char*> maps(files.num_files(), nullptr);

@@ -91,7 +91,7 @@ TAILCUT_EXPORT std::string DefaultRecordIndexDir();
 // The index of one file: loaded from options.cache_dir when it holds one of
 // this file as it is now, else built by one pass and stored there. Throws
 // tailcut::Error naming the file (and the offset of a record that does not
-// parse). REQUIRES: format.kind != kFile is not required; any kind works.
+// parse). Any format: fixed and file are computed, never cached.
 TAILCUT_EXPORT std::shared_ptr<const RecordIndex> LoadOrBuildRecordIndex(
     const std::string& path, const RecordFormat& format, const RecordIndexOptions& options,
     bool* scanned = nullptr);
@@ -128,8 +128,8 @@ class TAILCUT_EXPORT RecordFiles {
   std::vector<uint64_t> first_;  // first_[f]: the number of file f's first record
   uint64_t total_ = 0;
   size_t scanned_ = 0;
-  // The files mapped for ReadRecords, each on first use (its own lock).
-  std::unique_ptr<detail::RecordMaps> maps_;
+  // The files mapped for ReadRecords, each on first use (under its own lock).
+  const std::unique_ptr<detail::RecordMaps> maps_;
 
   friend void ReadRecords(const RecordFiles&, const std::vector<uint64_t>&, std::string*,
                           std::vector<uint64_t>*, size_t, uint64_t);
