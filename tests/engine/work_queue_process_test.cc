@@ -1,7 +1,7 @@
 // Many processes on one WorkQueue: exactly once per epoch, fast processes
 // take more, racing creators share one queue, lease timeouts reassign the
-// items of a hung process and refuse its late acks, client slots of dead
-// processes are reused.
+// items of a hung process and refuse its late acks, items a holder gave back or
+// left come back at once, client slots of dead processes are reused.
 //
 // Every child opens its own WorkQueue and reports through shared memory
 // (queue_test_util.h); every wait has a deadline, and a child still running
@@ -435,6 +435,135 @@ TEST_F(WorkQueueProcessTest, AStoppedProcessLosesItsItemAfterItsStopTimeoutAndAS
   for (int k = 0; k < 3; ++k) CountAcks(kids, k, 40, &counts);
   EXPECT_EQ(ExactlyOnce(counts, 40), "");
   EXPECT_FALSE(PathExists(SegmentPath(o.name)));
+}
+
+// Pool loaders gate epochs: a loader that takes an item of epoch e + 1 while
+// epoch e has items out hands it back and looks again every few ms. The
+// items of epoch e that a loader gave back, or left when it closed, exited
+// without closing or died, must come back to such takers at once -- not after
+// the queue's stop_timeout (10 s for pool loaders), which is for a holder
+// that does not run -- from their last commit, and once.
+TEST_F(WorkQueueProcessTest, ItemsLeftByTheirHolderComeBackAtOnceFromTheirCommitToGatedTakers) {
+  enum class Leave { kGiveBack, kClose, kExit, kKill };
+  constexpr int kTakers = 2;
+  constexpr uint64_t kCommit[2] = {56, 40};  // positions into each held item
+  auto now_ns = [] {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count());
+  };
+  for (Leave how : {Leave::kGiveBack, Leave::kClose, Leave::kExit, Leave::kKill}) {
+    const char* how_name[] = {"gives back", "closes", "exits without closing", "is killed"};
+    SCOPED_TRACE(std::string("the holder ") + how_name[static_cast<int>(how)]);
+    auto o = BaseOptions(NewName("left_items"), {});
+    o.num_samples = 800;  // 4 items of 200 positions, as an index work of a pool
+    o.num_slices = 4;
+    o.num_epochs = 2;
+    o.stop_timeout = milliseconds(10000);  // a pool loader's
+    Children kids(1 + kTakers, 4096);
+    // The holder: takes two items of epoch 0, commits part of each, and
+    // leaves when told to, stamping the time just before.
+    kids.Spawn([&](ChildContext& c) {
+      auto q = WorkQueue::Open(o);
+      WorkItem held[2];
+      for (int i = 0; i < 2; ++i) {
+        if (q->TryTake(&held[i]) != TakeStatus::kOk || held[i].epoch != 0)
+          return c.Fail("take of epoch 0");
+        if (q->Commit(held[i], held[i].begin + kCommit[i]) != ItemStatus::kOk)
+          return c.Fail("commit");
+        c.Log(Rec::kTaken, held[i]);
+      }
+      c.SetValue(0, 1);
+      if (!c.WaitFlag(0, milliseconds(20000))) return c.Fail("never told to leave");
+      c.SetValue(1, now_ns());
+      switch (how) {
+        case Leave::kGiveBack:
+          for (const WorkItem& it : held)
+            if (q->GiveBack(it) != ItemStatus::kOk) return c.Fail("give back");
+          if (!c.WaitFlag(1, milliseconds(20000))) return c.Fail("never told to close");
+          q->Close();
+          return 0;
+        case Leave::kClose:
+          q->Close();
+          return 0;
+        case Leave::kExit:
+          ::_exit(0);  // no Close: the life mutex dies with the process
+        case Leave::kKill:
+          ::raise(SIGKILL);
+      }
+      return c.Fail("unreachable");
+    });
+    ASSERT_EQ(kids.WaitValue(0, 0, milliseconds(20000)), 1u) << kids.Error(0);
+    const std::vector<Record> held = kids.Records(0);
+    ASSERT_EQ(held.size(), 2u);
+    // Takers gated at epoch 0: they ack what they get of epoch 0 (the
+    // holder's items once they come back), and hand items of epoch 1 back
+    // at once, 5 ms apart, until epoch 0 is settled. Value t + 1 of a taker:
+    // when it took epoch 0's ticket t.
+    for (int k = 0; k < kTakers; ++k) {
+      kids.Spawn([&](ChildContext& c) {
+        auto q = WorkQueue::Open(o);
+        const auto deadline = Clock::now() + milliseconds(15000);
+        while (q->SettledTickets(0) < 4) {
+          if (Clock::now() >= deadline) return c.Fail("epoch 0 never settled");
+          WorkItem it;
+          const TakeStatus s = q->Take(&it, Clock::now() + milliseconds(100));
+          if (s == TakeStatus::kTimeout) continue;
+          if (s != TakeStatus::kOk) return c.Fail("take");
+          if (it.epoch == 0) {
+            c.SetValue(static_cast<int>(it.ticket) + 1, now_ns());
+            c.Log(Rec::kTaken, it);
+            if (q->Ack(it) != ItemStatus::kOk) return c.Fail("ack");
+          } else {
+            if (q->GiveBack(it) != ItemStatus::kOk) return c.Fail("give back");
+            std::this_thread::sleep_for(milliseconds(5));
+          }
+        }
+        q->Close();
+        return 0;
+      });
+    }
+    // Let the takers run dry of epoch 0 and churn epoch 1, then the holder leaves.
+    std::this_thread::sleep_for(milliseconds(300));
+    kids.SetFlag(0, 0);
+    const uint64_t left_ns = kids.WaitValue(0, 1, milliseconds(20000));
+    ASSERT_NE(left_ns, 0u) << kids.Error(0);
+    for (int k = 1; k <= kTakers; ++k) {
+      const ChildResult r = kids.Wait(k, milliseconds(30000));
+      EXPECT_TRUE(r.Ok()) << "taker " << k << " " << r.Describe() << " " << kids.Error(k);
+    }
+    kids.SetFlag(0, 1);
+    const ChildResult h = kids.Wait(0, milliseconds(20000));
+    if (how == Leave::kKill)
+      EXPECT_TRUE(h.Killed()) << h.Describe();
+    else
+      EXPECT_TRUE(h.Ok()) << h.Describe() << " " << kids.Error(0);
+    for (int i = 0; i < 2; ++i) {
+      const Record& mine = held[i];
+      std::vector<Record> again;
+      uint64_t taken_ns = 0;
+      for (int k = 1; k <= kTakers; ++k) {
+        for (const Record& r : kids.Records(k)) {
+          if (r.ticket != mine.ticket) continue;
+          again.push_back(r);
+          taken_ns = kids.Value(k, static_cast<int>(r.ticket) + 1);
+        }
+      }
+      ASSERT_EQ(again.size(), 1u) << "ticket " << mine.ticket << " taken again " << again.size()
+                                  << " times";
+      EXPECT_EQ(again[0].begin, mine.begin + kCommit[i]) << "not from its last commit";
+      EXPECT_EQ(again[0].end, mine.end);
+      ASSERT_GE(taken_ns, left_ns) << "taken while its holder still held it";
+      const double ms = static_cast<double>(taken_ns - left_ns) / 1e6;
+      const char* how_tag[] = {"give_back", "close", "exit", "kill"};
+      RecordProperty(std::string("back_ms_") + how_tag[static_cast<int>(how)] + "_ticket_" +
+                         std::to_string(mine.ticket),
+                     std::to_string(ms));
+      // A death is found by the takers' next check of the others (100 ms
+      // apart); anything near the 10 s stop_timeout is the stall.
+      EXPECT_LT(ms, 2000.0) << "ticket " << mine.ticket << " came back after " << ms << " ms";
+    }
+  }
 }
 
 // The lease timeout decides what processes do to each other's items: a
