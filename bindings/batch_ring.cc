@@ -18,7 +18,6 @@
 // and is leaked there (the C++ contract forbids a child to use it).
 #include "tailcut/batch_ring.h"
 
-#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <unistd.h>
@@ -36,20 +35,13 @@
 namespace tailcut::python {
 namespace {
 
-// Bumped in every forked child (pthread_atfork, registered as the module
-// loads), so that Usable tells a child from the opener with one load: a
-// getpid() per pop and release would be a system call per batch.
-std::atomic<uint64_t> g_forks{0};
-const int g_forks_registered = pthread_atfork(nullptr, nullptr, [] {
-  g_forks.fetch_add(1, std::memory_order_relaxed);  // the child's only thread
-});
-
 struct RingHandle {
   std::unique_ptr<tc::BatchRing> ring;
   std::string name;
   tc::RingRole role = tc::RingRole::kLoader;
   int pid = ::getpid();
-  // relaxed: the counter changes only in a child's first thread, before fork() returns.
+  // relaxed: the counter changes only in a child's first thread, before fork() returns
+  // (g_forks, queue.h: a pop or release tells a child from the opener without getpid()).
   uint64_t forks = g_forks.load(std::memory_order_relaxed);
   std::atomic<bool> closed{false};
 

@@ -242,6 +242,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
   }
   h->open_args = open_args;
   h->pid = ::getpid();
+  h->forks = g_forks.load(std::memory_order_relaxed);
   h->queue = OpenInSlices(std::move(o), attach_forever);
   std::lock_guard<std::mutex> lock(g_handles_mu);
   g_handles.erase(std::remove_if(g_handles.begin(), g_handles.end(),

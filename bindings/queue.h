@@ -8,6 +8,7 @@
 // holding the GIL.
 #pragma once
 
+#include <pthread.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -44,6 +45,15 @@ class Child {
   virtual void CloseFromQueue() noexcept = 0;
 };
 
+// Bumped in every forked child (pthread_atfork, registered as the module
+// loads), so that a handle (WorkQueue, BatchRing) tells a child from the
+// process that opened it with one load: a getpid() would be a system call on
+// every call (each take, step agreement, pop and release).
+inline std::atomic<uint64_t> g_forks{0};
+inline const int g_forks_registered = pthread_atfork(nullptr, nullptr, [] {
+  g_forks.fetch_add(1, std::memory_order_relaxed);  // the child's only thread
+});
+
 class QueueHandle {
  public:
   ~QueueHandle() {
@@ -61,6 +71,7 @@ class QueueHandle {
 
   std::unique_ptr<tc::WorkQueue> queue;
   pid_t pid = 0;
+  uint64_t forks = 0;  // g_forks when opened
   std::string name;
   std::string restore_state;
   std::optional<tc::RecordFormat> format;  // set when opened with format=
@@ -83,7 +94,9 @@ class QueueHandle {
   std::vector<std::weak_ptr<Child>> children;
 
   void CheckPid() const {
-    if (::getpid() != pid)
+    (void)g_forks_registered;
+    // relaxed: the counter changes only in a child's first thread, before fork() returns.
+    if (g_forks.load(std::memory_order_relaxed) != forks && ::getpid() != pid)
       throw tc::Error(tc::ErrorKind::kInvalidArgument,
                       "queue '" + name + "' was opened by process " + std::to_string(pid) +
                           "; this is process " + std::to_string(::getpid()) +
