@@ -273,13 +273,14 @@ def test_balance_on_four_ranks_runs_with_the_default_ring(one_rank):
 
 
 class Big(Dataset):
-    """Sample i: a 1 MiB uint8 image and its id, so that a batch of 3 is 3 MiB."""
+    """Sample i: a 2 MiB uint8 image and its id, so that a batch of 3 is 6 MiB,
+    more than a slot's 4 MiB before slots were sized from the first sample."""
 
     def __len__(self):
         return 24
 
     def __getitem__(self, i):
-        return torch.full((1 << 20,), i % 251, dtype=torch.uint8), i
+        return torch.full((2 << 20,), i % 251, dtype=torch.uint8), i
 
 
 @pytest.mark.parametrize("feature", ["map-style", "autoscale", "big samples", "in process"])
@@ -290,6 +291,8 @@ def test_each_feature_runs_with_no_sizing_argument(one_rank, feature):
     loader = one_rank(ds, batch_size=3, shuffle=True, num_epochs=2, **kw)
     for _ in range(2):
         assert sorted(epoch_ids(loader)) == list(range(len(ds)))
+    if feature == "big samples":  # a batch of 6 MiB, a quarter more, a power of two
+        assert loader.slot_bytes == 8 << 20
 
 
 def test_the_documented_index_dataset_loop_runs_every_epoch(qname, monkeypatch):

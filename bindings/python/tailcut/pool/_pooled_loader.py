@@ -192,7 +192,8 @@ class PooledLoader:
     memory with pin_memory); zero_copy=True yields the ring's memory itself,
     READ-ONLY AND VALID UNTIL THE NEXT BATCH IS REQUESTED. The ring has
     num_slots slots (None: sized for the ranks' shares and prefetch_factor
-    batches per loader, _slots.py) of slot_bytes each. timeout=0 waits for
+    batches per loader, _slots.py) of slot_bytes each (None: room for a batch
+    of the first sample of a map-style dataset, else 4 MiB). timeout=0 waits for
     ever for a batch. Every rank gets the same number of batches per epoch
     (tailcut._steps: WorkQueue.agree_step over the local_world_size ranks of
     the host, combined over the torch.distributed default group, or `group`,
@@ -234,7 +235,7 @@ class PooledLoader:
                  loaders_per_host=None, zero_copy=False, name=None, seed=None, num_epochs=None,
                  num_slices=None, restore_state=None, resume=None, queue_options=None,
                  transform=None,
-                 num_slots=None, slot_bytes=4 << 20, balance=False, carry_over=True,
+                 num_slots=None, slot_bytes=None, balance=False, carry_over=True,
                  pad=None, on_leftover=None, rank=None, world_size=None, local_rank=None,
                  local_world_size=None, group=None):
         arguments = dict(locals())
@@ -308,7 +309,10 @@ class PooledLoader:
         self.batch_size = self._recipe.batch_size
         self.drop_last = drop_last
         self.collate_fn, self.transform = collate_fn, transform
-        self.slot_bytes = _args.count("slot_bytes", slot_bytes, minimum=1)
+        # None: sized from the dataset's first sample (map-style), else 4 MiB (_slots.py).
+        self.slot_bytes = _slots.slot_bytes(
+            _args.count("slot_bytes", slot_bytes, minimum=1, allow_none=True),
+            self._map_source, self._recipe)
         balance = _balance.settings(balance)
         self.num_slots = _slots.num_slots(
             _args.count("num_slots", num_slots, minimum=1, allow_none=True),
