@@ -463,7 +463,8 @@ _TYPE_CASES = (
              _rule_cases("PooledLoader", "num_workers", "an int >= 0")
              + _rule_cases("PooledLoader", "batch_size", "an int >= 1 or None", minimum=1,
                            none_ok=True)
-             + _rule_cases("PooledLoader", "slot_bytes", "an int >= 1", minimum=1)
+             + _rule_cases("PooledLoader", "slot_bytes", "an int >= 1 or None", minimum=1,
+                           none_ok=True)
              + _rule_cases("PooledLoader", "num_slots", "an int >= 1 or None", minimum=1,
                            none_ok=True)
              + _rule_cases("PooledLoader", "prefetch_factor", "an int >= 1", minimum=1,
