@@ -57,6 +57,7 @@ def job(args):
     import numpy as np
 
     import tailcut.torch as tt
+    import tailcut.pool
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         os.environ.pop(var, None)
     os.environ["AUTOSCALE_COST_MS"] = str(args.cost_ms)
@@ -75,7 +76,7 @@ def job(args):
         ds = tt.QueueDataset([path], name=args.name, format="fixed", record_bytes=_RECORD,
                              num_slices=args.records // 50, num_epochs=args.epochs,
                              num_clients=1)
-        loader = tt.PooledLoader(ds, loaders_per_host=workers, batch_size=args.batch,
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=workers, batch_size=args.batch,
                                  transform=costly, slot_bytes=args.batch * _RECORD,
                                  num_slots=16, timeout=120)
         first = workers if isinstance(workers, int) else workers.minimum

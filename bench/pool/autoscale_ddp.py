@@ -60,6 +60,7 @@ def rank_main(args):
     import torch.distributed as dist
 
     import tailcut.torch as tt
+    import tailcut.pool
     from tailcut.pool import Autoscale
 
     os.environ["AS_COST_MS"] = str(args.cost_ms)
@@ -76,7 +77,7 @@ def rank_main(args):
         workers = Autoscale(1, 8, cpus=8)
     else:
         workers = int(args.workers)
-    loader = tt.PooledLoader(ds, loaders_per_host=workers, transform=heavy_tailed,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=workers, transform=heavy_tailed,
                              slot_bytes=args.batch * _RECORD, timeout=120)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(_RECORD, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 from tailcut.pool import Balance
 
 
@@ -88,7 +89,7 @@ def run(args, data, case, mode, tag):
     elif mode == "on":
         balance = Balance(model=model if args.balance == "model" else None, unit=args.unit)
     sizing = {} if args.num_slots is None else dict(num_slots=args.num_slots)
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=args.workers, balance=balance,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=args.workers, balance=balance,
                                         timeout=120.0, **sizing)
     epochs, shares = [], None
     for _ in range(args.epochs):

@@ -188,6 +188,7 @@ def run(case, mode, rep, args, path, model, opt):
     """One run: a new queue and new loaders, args.epochs epochs."""
     import tailcut
     import tailcut.torch as tt
+    import tailcut.pool
 
     rank, world = dist.get_rank(), dist.get_world_size()
     name = f"ddp-pooled-{case}{rep}-{mode}-{os.getppid()}"
@@ -221,9 +222,9 @@ def run(case, mode, rep, args, path, model, opt):
         # signature, num_workers= before it (a build of an older version: floor_guard.py).
         loaders = args.workers_per_rank * world
         count = ({"loaders_per_host": loaders}
-                 if "loaders_per_host" in inspect.signature(tt.PooledLoader).parameters
+                 if "loaders_per_host" in inspect.signature(tailcut.pool.PooledLoader).parameters
                  else {"num_workers": loaders})
-        loader = tt.PooledLoader(ds, batch_size=args.batch, transform=cost,
+        loader = tailcut.pool.PooledLoader(ds, batch_size=args.batch, transform=cost,
                                  slot_bytes=slot_bytes, num_slots=args.slots, **count)
         ring_name = loader.name
     rows, memory, all_waits = [], None, []

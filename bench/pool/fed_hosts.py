@@ -60,6 +60,7 @@ def rank_main(args):
     import torch.distributed as dist
 
     import tailcut.torch
+    import tailcut.pool
 
     dist.init_process_group("gloo")
     rank, node = dist.get_rank(), int(os.environ["GROUP_RANK"])
@@ -81,7 +82,7 @@ def rank_main(args):
     ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8,
                                     num_epochs=args.epochs, num_slices=args.slices,
                                     shuffle_buffer=0, interleave=1, **opts)
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=args.loaders, batch_size=BATCH,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=args.loaders, batch_size=BATCH,
                                         collate_fn=collate, slot_bytes=BATCH * 8, num_slots=8,
                                         timeout=120, carry_over=False)
     epochs = []

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import tailcut.torch
+import tailcut.pool
 
 
 class Labels:
@@ -44,7 +45,7 @@ def main():
     parser.add_argument("--batches", type=int, default=200, help="batches popped before measuring")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    loader = tailcut.torch.PooledLoader(Labels(args.samples), batch_size=32,
+    loader = tailcut.pool.PooledLoader(Labels(args.samples), batch_size=32,
                                         loaders_per_host=args.loaders, seed=1, rank=0, world_size=1,
                                         local_rank=0, name=f"map-memory-{os.getpid()}")
     it = iter(loader)

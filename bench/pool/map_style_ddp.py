@@ -104,6 +104,7 @@ def rank_main(args):
     from torch.utils.data import DataLoader, DistributedSampler
 
     import tailcut.torch
+    import tailcut.pool
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -118,7 +119,7 @@ def rank_main(args):
                             num_workers=args.workers_per_rank, persistent_workers=True)
     else:
         sampler = None
-        loader = tailcut.torch.PooledLoader(ds, batch_size=args.batch_size,
+        loader = tailcut.pool.PooledLoader(ds, batch_size=args.batch_size,
                                             loaders_per_host=args.workers_per_rank * world,
                                             shuffle=True, seed=0, num_epochs=args.epochs,
                                             name=args.job)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 from tailcut.pool import Balance
 
 BATCH = 8
@@ -59,7 +60,7 @@ def main():
     else:
         balance = Balance(unit=2, every=2)
     dropped = []
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=1, num_slots=24, slot_bytes=1 << 12,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, num_slots=24, slot_bytes=1 << 12,
                                         balance=balance, timeout=60.0,
                                         on_leftover=lambda b: dropped.extend(ids_of(b).tolist()))
     steps, grad_errors, unequal = [], [], 0
@@ -102,7 +103,7 @@ def defaults(ds, out, rank, world, factor, epochs):
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1).double())
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = tailcut.torch.PooledLoader(ds, num_workers=1, balance=model)
+    loader = tailcut.pool.PooledLoader(ds, num_workers=1, balance=model)
     steps = []
     for epoch in range(epochs):
         loader.set_epoch(epoch)

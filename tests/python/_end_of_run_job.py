@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 
 N = 200
 
@@ -39,7 +40,7 @@ def main():
     end = sys.argv[4] if len(sys.argv) > 4 else "close"
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    loader = tailcut.torch.PooledLoader(Ids(), 16, loaders_per_host=1, name=name, num_slices=1,
+    loader = tailcut.pool.PooledLoader(Ids(), 16, loaders_per_host=1, name=name, num_slices=1,
                                         timeout=60)
     trained = []  # (the epoch its samples belong to, ids) per batch
     for epoch in range(epochs):

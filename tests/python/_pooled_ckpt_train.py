@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 
 BATCH = 16
 
@@ -78,7 +79,7 @@ def main():
                    on_leftover=lambda b: write(dropped=True, epoch=current[0], ids=ids_of(b)))
     if args.map:
         ds = Records(args.data)
-        loader = tailcut.torch.PooledLoader(
+        loader = tailcut.pool.PooledLoader(
             ds, BATCH, loaders_per_host=1, name=args.name, num_epochs=args.epochs, num_slices=60,
             seed=11, restore_state=restore_state, **options)
     else:
@@ -86,7 +87,7 @@ def main():
             args.data, BATCH, name=args.name, format="fixed", record_bytes=16,
             num_epochs=args.epochs, num_slices=60, seed=11, shuffle_buffer=0, interleave=1,
             restore_state=restore_state)
-        loader = tailcut.torch.PooledLoader(ds, loaders_per_host=2, **options)
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=2, **options)
     first = 0
     if state is not None:
         loader.load_state_dict(state)

@@ -25,6 +25,7 @@ def host_rank(rank, args):
     import torch.distributed as dist
 
     import tailcut.torch as tt
+    import tailcut.pool
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + args["init_file"], rank=rank,
@@ -32,7 +33,7 @@ def host_rank(rank, args):
     ds = tt.QueueDataset(args["works"][host], name=f"{args['job']}-h{host}", format="fixed",
                          record_bytes=RECORD, num_slices=args["num_slices"],
                          num_epochs=args["epochs"], shuffle_buffer=0, interleave=1)
-    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=16, slot_bytes=1 << 13, num_slots=4,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=16, slot_bytes=1 << 13, num_slots=4,
                              timeout=30, carry_over=False)
     if rank == args.get("fail_rank"):
         steps_given = [0]
@@ -88,6 +89,7 @@ def equal_steps_host_rank(rank, args):
     import torch.distributed as dist
 
     import tailcut.torch as tt
+    import tailcut.pool
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + args["init_file"], rank=rank,

@@ -30,6 +30,7 @@ import traceback
 import torch
 
 import tailcut.torch
+import tailcut.pool
 
 BATCH = 16
 
@@ -105,7 +106,7 @@ def main():
     # one-line change from a DataLoader).
     ds = tailcut.torch.QueueDataset(files, BATCH, transform=transform, num_epochs=epochs,
                                     num_slices=16, seed=3, format="fixed", record_bytes=24)
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=workers, slot_bytes=BATCH * 24,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=workers, slot_bytes=BATCH * 24,
                                         num_slots=4,
                                         timeout=float(os.environ.get("TEST_TIMEOUT", "60")))
     names = os.path.join(out_dir, f"names-{tag}")

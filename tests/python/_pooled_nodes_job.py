@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 
 BATCH = 64
 
@@ -110,14 +111,14 @@ def main():
         # The index queue's other WorkQueue options go in queue_options (the pool prints
         # the queue's notices itself).
         more = {k: v for k, v in opts.items() if k not in ("name", "on_notice")}
-        loader = tailcut.torch.PooledLoader(Ids(ids), slot_bytes=1 << 14, num_epochs=epochs,
+        loader = tailcut.pool.PooledLoader(Ids(ids), slot_bytes=1 << 14, num_epochs=epochs,
                                             num_slices=40, name=opts["name"],
                                             queue_options=more or None, **restore, **pool)
     else:
         ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8,
                                         num_epochs=epochs, num_slices=40, shuffle_buffer=0,
                                         interleave=1, **restore, **opts)
-        loader = tailcut.torch.PooledLoader(ds, slot_bytes=BATCH * 8, **pool)
+        loader = tailcut.pool.PooledLoader(ds, slot_bytes=BATCH * 8, **pool)
     if state is not None:
         loader.load_state_dict(state)
 

@@ -14,6 +14,7 @@ import time
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 
 
 def main():
@@ -23,7 +24,7 @@ def main():
     ds = tailcut.torch.QueueDataset(data, 16, name=name, format="fixed", record_bytes=16,
                                     num_slices=60, shuffle_buffer=0, interleave=1)
     # A long timeout: the mismatch must be found long before it.
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=2, timeout=120)
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=2, timeout=120)
     start = None
     try:
         for step, _ in enumerate(loader, 1):

@@ -15,6 +15,7 @@ import time
 import torch.distributed as dist
 
 import tailcut.torch
+import tailcut.pool
 from tailcut.pool import Balance
 
 BATCH = 8
@@ -29,7 +30,7 @@ def main():
     ds = tailcut.torch.QueueDataset(data, BATCH, format="fixed", record_bytes=16,
                                     num_epochs=int(epochs), num_slices=16, shuffle=False,
                                     name=name)
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=1, num_slots=24, slot_bytes=1 << 12,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, num_slots=24, slot_bytes=1 << 12,
                                         balance=Balance(unit=2, every=2), timeout=60.0)
     for epoch in range(int(epochs)):
         for batch in loader:

@@ -538,7 +538,7 @@ def _call(entry, arg, value, data_file, uniq, tt):
         if entry == "EqualSteps":
             tt.EqualSteps(ds, **kw)
         elif entry == "PooledLoader":
-            tt.PooledLoader(ds, **kw).close()
+            tailcut.pool.PooledLoader(ds, **kw).close()
         elif entry == "run_loader":
             pool_loader.run_loader(ds, uniq, **{"slot_bytes": 4096, "num_slots": 2, **kw})
         elif entry == "start_loaders":

@@ -19,6 +19,7 @@ from tailcut import pool
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, Slow, fork, wait_ok, write_ids  # noqa: E402
 
@@ -33,7 +34,7 @@ def ids_dataset(tmp_path, name, n, epochs=1):
 
 def one_rank(ds, monkeypatch, num_workers, transform):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    return tt.PooledLoader(ds, loaders_per_host=num_workers, batch_size=20, transform=transform,
+    return tailcut.pool.PooledLoader(ds, loaders_per_host=num_workers, batch_size=20, transform=transform,
                            slot_bytes=1 << 14, num_slots=4, rank=0, world_size=1, local_rank=0,
                            timeout=60)
 
@@ -255,7 +256,7 @@ def test_only_local_rank_0_scales_and_forked_ranks_get_every_record_once(rname, 
                           TAILCUT_LOADER_CPUS="3")
         ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                              num_slices=40)
-        loader = tt.PooledLoader(ds, loaders_per_host=(1, 3), batch_size=20, transform=Slow(0.03),
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=(1, 3), batch_size=20, transform=Slow(0.03),
                                  slot_bytes=1 << 14, num_slots=4, timeout=60)
         ids = [i for batch in loader for i in ids_of(batch)]
         rep = loader.reports[-1]

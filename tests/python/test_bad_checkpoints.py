@@ -13,6 +13,7 @@ import tailcut
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
 import tailcut.torch  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 N = 200
 
@@ -36,7 +37,7 @@ def saved(tmp_path):
     made = []
 
     def build(n=N, num_epochs=5):
-        loader = tailcut.torch.PooledLoader(Squares(n), 10, name=name, num_epochs=num_epochs,
+        loader = tailcut.pool.PooledLoader(Squares(n), 10, name=name, num_epochs=num_epochs,
                                             loaders_per_host=1, rank=0, world_size=1,
                                             local_rank=0)
         made.append(loader)
@@ -179,7 +180,7 @@ def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path)
     name = f"pytest-latecommit-{os.getpid()}"
 
     def build(init=None):
-        return tailcut.torch.PooledLoader(Squares(N), 10, name=name, num_epochs=2,
+        return tailcut.pool.PooledLoader(Squares(N), 10, name=name, num_epochs=2,
                                           loaders_per_host=1, rank=0, world_size=1,
                                           local_rank=0, worker_init_fn=init)
 

@@ -13,6 +13,7 @@ from tailcut._file_record import FileRecord
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 CLASSES = ["cat", "dog"]
 
@@ -54,7 +55,7 @@ def test_pooled_loaders_hand_the_transform_the_path_and_index(folder, qname, mon
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset(folder, format="file", transform=label_and_size, name=qname,
                          num_slices=len(folder))
-    loader = tt.PooledLoader(ds, loaders_per_host=2, batch_size=3, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=2, batch_size=3, rank=0, world_size=1,
                              local_rank=0, slot_bytes=1 << 14, num_slots=4, timeout=60)
     got = []
     for sizes, labels, indices in loader:
@@ -69,7 +70,7 @@ def test_pooled_loaders_hand_the_transform_the_path_and_index(folder, qname, mon
 def test_a_transform_written_for_bytes_keeps_working(folder, qname, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset(folder, format="file", transform=size_only, name=qname)
-    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=5, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=5, rank=0, world_size=1,
                              local_rank=0, slot_bytes=1 << 14, num_slots=4, timeout=60)
     sizes = sorted(x for batch in loader for x in batch.tolist())
     assert sizes == sorted(2 * os.path.getsize(p) for p in folder)

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python
 from torch.utils.data import DataLoader  # noqa: E402
 
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 CLASSES, PER_CLASS, FILES = 20, 1000, 4
 
@@ -278,7 +279,7 @@ def test_pooled_tar_with_a_decoding_transform(tmp_path, rname):
         write_shard(shards[-1], s * 150, 150)
     ds = tt.QueueDataset(shards, format="tar", transform=decode, shuffle="global", seed=1,
                          name=rname, index_dir=tmp_path / "index")
-    loader = tt.PooledLoader(ds, batch_size=16, num_workers=2, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(ds, batch_size=16, num_workers=2, rank=0, world_size=1,
                              local_rank=0, timeout=60, slot_bytes=1 << 14, num_slots=4)
     try:
         ids = [i for batch in loader for i in batch.tolist()]
@@ -291,7 +292,7 @@ def test_pooled_tar_with_a_decoding_transform(tmp_path, rname):
 def pooled(paths, name, tmp_path, **kw):
     ds = tt.QueueDataset(paths, 64, format="fixed", record_bytes=8, shuffle="global", seed=9,
                          num_epochs=1, name=name, index_dir=tmp_path / "index")
-    return tt.PooledLoader(ds, loaders_per_host=2, rank=0, world_size=1, local_rank=0, timeout=60,
+    return tailcut.pool.PooledLoader(ds, loaders_per_host=2, rank=0, world_size=1, local_rank=0, timeout=60,
                            slot_bytes=1 << 14, num_slots=4, **kw), ds
 
 
@@ -333,7 +334,7 @@ def test_a_loader_from_another_shell_reads_the_records_by_number(tmp_path, rname
     paths = sorted_ids(tmp_path)
     ds = tt.QueueDataset(paths, 100, format="fixed", record_bytes=8, shuffle="global", seed=2,
                          num_epochs=1, name=rname, index_dir=tmp_path / "index")
-    loader = tt.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0,
                              timeout=60, slot_bytes=1 << 14, num_slots=4)
     try:
         loader.start_loaders()  # what the first iteration does: describes the pool

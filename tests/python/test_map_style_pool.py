@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python
 from torch.utils.data import IterableDataset  # noqa: E402
 
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 from _map_datasets import FailsAt, KillsLoaderAt, Labelled, Ragged, Records  # noqa: E402
 from _pool_helpers import fork, wait_ok  # noqa: E402
 
@@ -32,7 +33,7 @@ def one_rank(monkeypatch, qname):
     def make(dataset, **kw):
         kw.setdefault("slot_bytes", 1 << 14)
         kw.setdefault("num_slots", 4)
-        loader = tt.PooledLoader(dataset, rank=0, world_size=1, local_rank=0, timeout=60,
+        loader = tailcut.pool.PooledLoader(dataset, rank=0, world_size=1, local_rank=0, timeout=60,
                                  **{"name": qname, **kw})
         made.append(loader)
         return loader
@@ -270,7 +271,7 @@ def test_two_ranks_get_equal_steps_and_every_sample_once_with_its_label(qname, t
 
     def rank(r):
         os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-        loader = tt.PooledLoader(Labelled(n), batch_size=16, loaders_per_host=2, seed=9,
+        loader = tailcut.pool.PooledLoader(Labelled(n), batch_size=16, loaders_per_host=2, seed=9,
                                  num_epochs=epochs, name=qname, slot_bytes=1 << 14,
                                  num_slots=6, timeout=60, carry_over=False)
         out = []

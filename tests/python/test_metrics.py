@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import tailcut  # noqa: E402
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, Slow, ids_of, write_ids  # noqa: E402
 
@@ -21,7 +22,7 @@ def one_rank(path, name, monkeypatch, transform):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset([path], name=name, format="fixed", record_bytes=RECORD, num_clients=1,
                          num_slices=40)
-    loader = tt.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, num_workers=1,
+    loader = tailcut.pool.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, num_workers=1,
                              batch_size=20, transform=transform, slot_bytes=1 << 14,
                              num_slots=4)
     return ds, loader

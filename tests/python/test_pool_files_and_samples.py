@@ -28,9 +28,10 @@ NOBODY = 65534
 
 
 def run_job(code, timeout=90, wrap=None):
-    """Runs `code` (Python, after `import tailcut, torch, tailcut.torch as tt`) in a process
+    """Runs `code` (Python, after `import tailcut, torch, tailcut.pool, tailcut.torch as tt`) in a process
     of its own; returns its stdout, or fails naming a hang."""
-    script = "import os, sys, tailcut, torch\nimport tailcut.torch as tt\n" + textwrap.dedent(code)
+    script = ("import os, sys, tailcut, torch\nimport tailcut.pool\nimport tailcut.torch as tt\n"
+              + textwrap.dedent(code))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
     env.pop("LOCAL_WORLD_SIZE", None)
     argv = [sys.executable, "-c", script]
@@ -50,7 +51,7 @@ JOB = """
     ring = {ring!r}
     base = f"/dev/shm/tailcut-pool.{{os.geteuid()}}.{{ring}}"
     {plant}
-    loader = tt.PooledLoader(Labelled(64), batch_size=8, loaders_per_host=1, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(Labelled(64), batch_size=8, loaders_per_host=1, rank=0, world_size=1,
                              local_rank=0, timeout=30, name={queue!r},
                              num_epochs=1, slot_bytes=1 << 14, num_slots=4)
     try:
@@ -173,7 +174,7 @@ def test_the_largest_length_at_256_samples_an_item_and_a_huge_one_in_larger_item
 HUGE_JOB = """
 import os, resource, sys, time
 import torch.distributed as dist
-import tailcut, tailcut.torch as tt
+import tailcut, tailcut.pool, tailcut.torch as tt
 
 class Huge:
     def __len__(self):
@@ -185,7 +186,7 @@ dist.init_process_group("gloo")
 t = time.monotonic()
 loader = None
 try:  # the queue is opened by the constructor or the first iteration
-    loader = tt.PooledLoader(Huge(), batch_size=8, num_workers=1, name=sys.argv[2])
+    loader = tailcut.pool.PooledLoader(Huge(), batch_size=8, num_workers=1, name=sys.argv[2])
     said = f"accepted {next(iter(loader))}"
 except tailcut.InvalidArgumentError as e:
     said = f"refused {e}"
@@ -252,7 +253,7 @@ SAMPLES = """
 
     from torch.utils.data import default_collate
     ds = Everything()
-    loader = tt.PooledLoader(ds, batch_size=6, loaders_per_host=2, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(ds, batch_size=6, loaders_per_host=2, rank=0, world_size=1,
                              local_rank=0, timeout=30, name={queue!r},
                              num_epochs=1, shuffle=False, slot_bytes=1 << 16, num_slots=4)
 
@@ -300,7 +301,7 @@ UNCARRIED = """
             x = torch.quantize_per_tensor(torch.rand(2), 0.1, 0, torch.quint8)
             return {{"q": x, "label": i}}
 
-    loader = tt.PooledLoader(Quantized(), batch_size=4, loaders_per_host=1, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(Quantized(), batch_size=4, loaders_per_host=1, rank=0, world_size=1,
                              local_rank=0, timeout=30, name={queue!r},
                              num_epochs=1, shuffle=False, slot_bytes=1 << 14, num_slots=4)
     try:
@@ -319,7 +320,7 @@ TOO_LARGE = """
         def __getitem__(self, i):
             return {{"small": torch.zeros(4), "image": torch.zeros(1024)}}
 
-    loader = tt.PooledLoader(Large(), batch_size=4, num_workers=1, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(Large(), batch_size=4, num_workers=1, rank=0, world_size=1,
                              local_rank=0, timeout=30, name={queue!r},
                              num_epochs=1, shuffle=False, slot_bytes=1 << 12, num_slots=4)
     try:
@@ -361,7 +362,7 @@ FULL = """
 
     write = _description.write
     _description.write = lambda *args: (fill(), write(*args))[1]
-    loader = tt.PooledLoader(Labelled(64), batch_size=8, num_workers=1, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(Labelled(64), batch_size=8, num_workers=1, rank=0, world_size=1,
                              local_rank=0, timeout=30, name="full",
                              num_epochs=1, slot_bytes=1 << 14, num_slots=4)
     try:

@@ -23,6 +23,7 @@ from tailcut.pool._status import status_path
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, Slow, tailcut_cli, write_ids  # noqa: E402
 
@@ -47,7 +48,7 @@ def test_an_autoscaled_pool_shows_its_decisions_in_top_and_close_removes_them(
     ds = tt.QueueDataset([write_ids(tmp_path / "ids.bin", 3000)], name=rname, format="fixed",
                          record_bytes=RECORD, num_slices=60, num_clients=1)
     # 30 ms per batch in a loader, no time in the trainer: it starves, and loaders are added.
-    loader = tt.PooledLoader(ds, loaders_per_host=(1, 3), batch_size=20, transform=Slow(0.03),
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=(1, 3), batch_size=20, transform=Slow(0.03),
                              slot_bytes=1 << 14, num_slots=4, rank=0, world_size=1,
                              local_rank=0, timeout=60)
     path = status_path(loader.name)
@@ -87,7 +88,7 @@ def test_a_fixed_pool_without_balance_writes_no_status(rname, tmp_path, monkeypa
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset([write_ids(tmp_path / "ids.bin", 200)], name=rname, format="fixed",
                          record_bytes=RECORD, num_slices=4, num_clients=1)
-    with tt.PooledLoader(ds, loaders_per_host=1, batch_size=20, slot_bytes=1 << 14, num_slots=4,
+    with tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=20, slot_bytes=1 << 14, num_slots=4,
                          rank=0, world_size=1, local_rank=0, timeout=60) as loader:
         next(iter(loader))
         assert not os.path.exists(status_path(loader.name))
@@ -98,10 +99,11 @@ def test_a_fixed_pool_without_balance_writes_no_status(rname, tmp_path, monkeypa
 _KILLED_JOB = textwrap.dedent("""
     import sys, time
     import tailcut.torch as tt
+    import tailcut.pool
     from _pool_helpers import Slow
     ds = tt.QueueDataset([sys.argv[1]], name=sys.argv[2], format="fixed", record_bytes=16,
                          num_slices=60, num_clients=1)
-    loader = tt.PooledLoader(ds, loaders_per_host=(1, 2), batch_size=20, transform=Slow(0.01),
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=(1, 2), batch_size=20, transform=Slow(0.01),
                              slot_bytes=1 << 14, num_slots=4, rank=0, world_size=1,
                              local_rank=0, timeout=60)
     next(iter(loader))
@@ -158,7 +160,7 @@ def test_the_next_attempt_removes_the_status_a_killed_one_left(rname, tmp_path, 
     tailcut.remove_queue(rname, force=True)
     ds = tt.QueueDataset([str(tmp_path / "ids.bin")], name=rname, format="fixed",
                          record_bytes=RECORD, num_slices=4, num_clients=1)
-    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=20, slot_bytes=1 << 14, num_slots=4,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=20, slot_bytes=1 << 14, num_slots=4,
                              rank=0, world_size=1, local_rank=0, timeout=60)
     assert not os.path.exists(status_path(ring))  # fenced with the dead attempt's ring
     next(iter(loader))

@@ -1,4 +1,4 @@
-"""tailcut.BatchRing from Python and tailcut.torch.PooledLoader: zero copy, every
+"""tailcut.BatchRing from Python and tailcut.pool.PooledLoader: zero copy, every
 record delivered, loaders killed with SIGKILL, equal steps, Ctrl-C; loaders that join
 (add_loaders, python3 -m tailcut.pool) and leave (remove_loaders, SIGTERM) mid-epoch;
 carry-over; the dataset's own batch size and transform; the records of one item."""
@@ -19,6 +19,7 @@ from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, Slow, fork, ids_of, wait_ok, write_ids  # noqa: E402
 
@@ -238,7 +239,7 @@ def test_pooled_loader_gives_forked_ranks_equal_steps(rname, tmp_path):
             ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                                  num_slices=23, num_epochs=epochs)
             # Leftovers dropped, not carried over: each epoch's records stand alone.
-            loader = tt.PooledLoader(ds, loaders_per_host=2, batch_size=32, slot_bytes=1 << 14,
+            loader = tailcut.pool.PooledLoader(ds, loaders_per_host=2, batch_size=32, slot_bytes=1 << 14,
                                      num_slots=6, timeout=60, carry_over=False)
             out = []
             for e in range(epochs):
@@ -314,7 +315,7 @@ def one_rank(ds, monkeypatch, **kw):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     kw.setdefault("slot_bytes", 1 << 14)
     kw.setdefault("num_slots", 4)
-    return tt.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, **kw)
+    return tailcut.pool.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, **kw)
 
 
 def loader_publishers(loader, pids):
@@ -490,7 +491,7 @@ def test_carry_over_yields_the_leftover_first_in_the_next_epoch(rname, tmp_path)
                               LOCAL_WORLD_SIZE="2")
             ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                                  num_slices=23, num_epochs=epochs)
-            loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=40, slot_bytes=1 << 14,
+            loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=40, slot_bytes=1 << 14,
                                      num_slots=6, timeout=60, carry_over=True)
             out = []
             for e in range(epochs):
@@ -626,7 +627,7 @@ def ring_files(name):
 def test_close_with_a_batch_still_referenced_leaves_nothing_in_shm(rname, tmp_path):
     path = write_ids(tmp_path / "ids.bin", 400)
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
-    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
                              timeout=60)
     batch = next(iter(loader))
     assert ring_files(loader.name)
@@ -644,9 +645,10 @@ def test_a_pooled_loader_ended_before_its_first_iteration_leaves_nothing_in_shm(
     path = write_ids(tmp_path / "ids.bin", 400)
     program = textwrap.dedent(f"""
         import tailcut.torch as tt
+        import tailcut.pool
         ds = tt.QueueDataset([{path!r}], name={rname!r}, format="fixed",
                              record_bytes={RECORD}, num_slices=4)
-        loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12,
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12,
                                  num_slots=4, timeout=60)
         assert loader.ring is not None
         if {end!r} == "close":
@@ -680,12 +682,13 @@ def test_ranks_that_close_before_iterating_leave_nothing_in_shm(rname, tmp_path,
     program = textwrap.dedent(f"""
         import sys
         import tailcut.torch as tt
+        import tailcut.pool
         ds = tt.QueueDataset([{path!r}], name={rname!r}, format="fixed",
                              record_bytes={RECORD}, num_slices=4)
         print("ready", flush=True)
         for step in sys.stdin:
             if step.strip() == "make":
-                loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12,
+                loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12,
                                          num_slots=4, timeout=60)
             elif step.strip() == "close":
                 loader.close()
@@ -723,7 +726,7 @@ def test_a_dropped_pooled_loader_leaves_nothing_in_shm(rname, tmp_path):
     import gc
     path = write_ids(tmp_path / "ids.bin", 400)
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
-    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
                              timeout=60)
     name, procs = loader.name, loader.start_loaders()
     for batch in loader:
@@ -754,7 +757,7 @@ def test_a_new_attempt_never_pops_a_dead_attempts_batches(rname, tmp_path):
     os.waitpid(pid, 0)
     assert tailcut.inspect_batch_ring(ring_name)["ready"] == 2
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_slices=4)
-    loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=32, slot_bytes=1 << 12, num_slots=4,
                              timeout=60)
     assert loader.ring.stats()["ready"] == 0  # a fresh ring
     ids = [i for batch in loader for i in ids_of(batch.numpy())]
@@ -770,7 +773,7 @@ def test_loaders_leave_when_the_rank_that_started_them_is_killed(rname, tmp_path
     def rank():
         ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD,
                              num_slices=16)
-        loader = tt.PooledLoader(ds, loaders_per_host=2, batch_size=32, slot_bytes=1 << 12,
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=2, batch_size=32, slot_bytes=1 << 12,
                                  num_slots=2, timeout=60, transform=Slow(0.01))
         next(iter(loader))
         pids.write_text(" ".join(str(p.pid) for p in loader.loaders))

@@ -261,11 +261,12 @@ def test_one_rank_restored_from_its_state_reads_every_record_once(tmp_path, fmt,
 
     def open_loader(queue_name, **more):
         ds = tailcut.torch.QueueDataset([path], 16, name=queue_name, **opts, **more)
-        return ds, tailcut.torch.PooledLoader(ds, loaders_per_host=2, num_slots=8, slot_bytes=1 << 16,
+        return ds, tailcut.pool.PooledLoader(ds, loaders_per_host=2, num_slots=8, slot_bytes=1 << 16,
                                               timeout=60, carry_over=True, rank=0, world_size=1,
                                               local_rank=0)
 
     import tailcut.torch
+    import tailcut.pool
     ds, loader = open_loader(name)
     try:
         it = iter(loader)
@@ -306,11 +307,12 @@ def test_one_rank_restored_from_its_state_reads_every_record_once(tmp_path, fmt,
 
 def test_load_state_dict_refuses_a_queue_in_use(tmp_path):
     import tailcut.torch
+    import tailcut.pool
     path = write_ids(tmp_path / "ids.bin", 320)
     name = f"pytest-ckpt2-{os.getpid()}"
     ds = tailcut.torch.QueueDataset([path], 16, name=name, format="fixed", record_bytes=16,
                                     shuffle_buffer=0, interleave=1)
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0)
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0)
     try:
         state = loader.state_dict()
         assert state["epoch"] == 0 and state["step"] == 0

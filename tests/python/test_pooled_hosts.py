@@ -405,6 +405,7 @@ def test_two_nodes_killed_after_a_checkpoint_resume_every_record_once(request, t
 def one_host_states(data, job, **restore):
     """PooledLoader states (one rank, nothing read) of each node's queue."""
     import tailcut.torch
+    import tailcut.pool
     files = sorted(str(p) for p in data.glob("*.bin"))
     states = {}
     for node in range(NODES):
@@ -412,7 +413,7 @@ def one_host_states(data, job, **restore):
         ds = tailcut.torch.QueueDataset(files[node::NODES], name=name, format="fixed",
                                         record_bytes=8, num_slices=8, shuffle_buffer=0,
                                         num_clients=1)
-        loader = tailcut.torch.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1,
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1,
                                             local_rank=0)
         states[name] = loader.state_dict()
         loader.close()
@@ -431,6 +432,7 @@ def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_
     A version 1 state (one host) still loads. (A state fed by a coordinator
     restores on any number of hosts: test_pooled_hosts_restore.py.)"""
     import tailcut.torch
+    import tailcut.pool
     from tailcut import _pool_state
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     data, _ = write_data(tmp_path)
@@ -445,7 +447,7 @@ def test_a_state_of_two_hosts_restores_each_by_its_queue_name_and_refuses_other_
     def restored(world_size, queue_state):
         ds = tailcut.torch.QueueDataset(files[1::NODES], name=f"{job}.n1",
                                         restore_state=queue_state, **opts)
-        loader = tailcut.torch.PooledLoader(ds, loaders_per_host=0, rank=0, local_rank=0,
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=0, rank=0, local_rank=0,
                                             world_size=world_size)
         return ds, loader
 
@@ -490,6 +492,7 @@ def test_a_pool_fed_by_a_coordinator_resumes_from_its_checkpoint_exactly_once(  
     Before, state_dict() refused a fed pool: the coordinator's state marks
     whole items done, and items of the unused batches were done there."""
     import tailcut.torch
+    import tailcut.pool
     data, _ = write_data(tmp_path)
     job = f"pytest-fed-state-{os.getpid()}"
     files = sorted(str(p) for p in data.glob("*.bin"))
@@ -503,7 +506,7 @@ def test_a_pool_fed_by_a_coordinator_resumes_from_its_checkpoint_exactly_once(  
         return batch.view(torch.int64).ravel().tolist()
 
     ds = tailcut.torch.QueueDataset(files, **opts)
-    loader = tailcut.torch.PooledLoader(ds, **pool)
+    loader = tailcut.pool.PooledLoader(ds, **pool)
     before, batches = [], iter(loader)
     for _ in range(100):
         before += ids(next(batches))
@@ -519,7 +522,7 @@ def test_a_pool_fed_by_a_coordinator_resumes_from_its_checkpoint_exactly_once(  
     assert state["unused_batches"] > 0, state  # the ring held batches: read again below
 
     ds = tailcut.torch.QueueDataset(files, restore_state=state["queue"], **opts)
-    loader = tailcut.torch.PooledLoader(ds, **pool)
+    loader = tailcut.pool.PooledLoader(ds, **pool)
     loader.load_state_dict(state)
     after = [i for batch in loader for i in ids(batch)]
     loader.close()

@@ -142,6 +142,7 @@ def test_a_host_with_no_part_replaces_the_queue_an_earlier_run_left_there(
     import uuid
 
     import tailcut.torch
+    import tailcut.pool
     data, _ = write_data(tmp_path)
     job = f"pytest-no-part-{os.getpid()}"
     files = sorted(str(p) for p in data.glob("*.bin"))
@@ -155,7 +156,7 @@ def test_a_host_with_no_part_replaces_the_queue_an_earlier_run_left_there(
                     "os._exit(0)\n"], check=True, capture_output=True, timeout=60)
     quiet = dict(opts, on_notice=lambda line: None)
     ds = tailcut.torch.QueueDataset(files, host_id="n0", **quiet)
-    loader = tailcut.torch.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1,
                                         local_rank=0)
     state = loader.state_dict()
     loader.close()

@@ -16,6 +16,7 @@ from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, ids_of, write_ids  # noqa: E402
 from _pooled_hosts import equal_steps_host_rank, host_rank  # noqa: E402
@@ -54,7 +55,7 @@ def test_a_pooled_loader_past_epoch_2_30_is_refused(tmp_path, qname, monkeypatch
         monkeypatch.delenv(var, raising=False)
     path = write_ids(tmp_path / "ids.bin", 64)
     ds = tt.QueueDataset([path], name=qname, format="fixed", record_bytes=RECORD)
-    loader = tt.PooledLoader(ds, loaders_per_host=0, batch_size=16, slot_bytes=1 << 13, num_slots=2,
+    loader = tailcut.pool.PooledLoader(ds, loaders_per_host=0, batch_size=16, slot_bytes=1 << 13, num_slots=2,
                              timeout=5)
     try:
         loader.epoch = 1 << 30  # set_epoch refuses it; a long job's counter gets there
@@ -144,7 +145,7 @@ def test_a_rank_whose_batch_raises_makes_the_other_local_rank_raise_without_torc
         os.environ.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         ds = tt.QueueDataset([path], name=qname, format="fixed", record_bytes=RECORD,
                              num_slices=20, num_epochs=1, shuffle_buffer=0, interleave=1)
-        loader = tt.PooledLoader(ds, loaders_per_host=1, batch_size=16, slot_bytes=1 << 13,
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=1, batch_size=16, slot_bytes=1 << 13,
                                  num_slots=4, timeout=30, carry_over=False)
         if r == 1:
             given = [0]

@@ -17,6 +17,7 @@ import tailcut
 parser = pytest.importorskip("prometheus_client.parser")
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, Slow, ids_of, tailcut_cli, write_ids  # noqa: E402
 
@@ -69,7 +70,7 @@ def test_a_scrape_during_a_pooled_job_sees_the_rank_and_its_loaders_move(rname, 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset([path], name=rname, format="fixed", record_bytes=RECORD, num_clients=1,
                          num_slices=60)
-    loader = tt.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, loaders_per_host=2,
+    loader = tailcut.pool.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, loaders_per_host=2,
                              batch_size=20, transform=Slow(0.01), slot_bytes=1 << 14,
                              num_slots=4)
     port = free_port()

@@ -16,6 +16,7 @@ from tailcut.pool import _loader
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 from _pool_helpers import RECORD, Slow, ids_of, write_ids  # noqa: E402
 
@@ -24,7 +25,7 @@ def one_rank_loader(path, name, monkeypatch, num_workers, timeout, num_epochs=1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset([path], name=name, format="fixed", record_bytes=RECORD, num_clients=1,
                          num_slices=60, num_epochs=num_epochs)
-    loader = tt.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=timeout,
+    loader = tailcut.pool.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=timeout,
                              loaders_per_host=num_workers, batch_size=20, transform=Slow(0.01),
                              slot_bytes=1 << 14, num_slots=4)
     return ds, loader

@@ -14,6 +14,7 @@ import tailcut
 
 torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 
 
 def sample_bytes(i):
@@ -105,7 +106,7 @@ def test_pooled_loaders_decode_every_sample_once(shards, rname, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ds = tt.QueueDataset(paths, name=rname, format="tar", num_clients=1, num_slices=7,
                          transform=decode)
-    loader = tt.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, num_workers=2,
+    loader = tailcut.pool.PooledLoader(ds, rank=0, world_size=1, local_rank=0, timeout=60, num_workers=2,
                              batch_size=8, slot_bytes=1 << 14, num_slots=4)
     classes, lengths = [], []
     try:

@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python
 from torch.utils.data import DataLoader  # noqa: E402
 
 import tailcut.torch as tt  # noqa: E402
+import tailcut.pool  # noqa: E402
 from _torch_workers import (RECORD_BYTES, DieInWorker1, ddp_rank, loader_rank, quiet,  # noqa: E402
                             record_id, split, write_records)
 
@@ -711,9 +712,9 @@ def test_a_pooled_loader_refuses_a_queue_resumed_without_a_checkpoint(tmp_path, 
                        match=r"^PooledLoader: queue '.*', left unfinished by an earlier run "
                              r"\(epoch 0, .*\) was resumed without a checkpoint \(resume=True\), "
                              r"which would lose the batches .* or start over \(resume=False"):
-        tt.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0)
+        tailcut.pool.PooledLoader(ds, loaders_per_host=0, rank=0, world_size=1, local_rank=0)
     ds.close()
     # A rerun that starts over (the default) pools as ever.
     fresh = tt.QueueDataset(works, 100, **opts)
-    tt.PooledLoader(fresh, loaders_per_host=0, rank=0, world_size=1, local_rank=0).close()
+    tailcut.pool.PooledLoader(fresh, loaders_per_host=0, rank=0, world_size=1, local_rank=0).close()
     fresh.close()

@@ -11,9 +11,8 @@ Each module of bindings/python/tailcut sits in a layer:
 as PyTorch's torch/utils/data keeps _utils/ from importing dataloader.py.
 An import of a module of the package, at the top of a file or inside a
 function, may not go to a higher layer, and no chain of imports may come back
-to where it started (a circle). One upward import is allowed, where it is
-named below: tailcut.torch.PooledLoader resolved on first use. And `import
-tailcut` must not import torch: no module reached from tailcut/__init__.py
+to where it started (a circle), without exception. And `import tailcut`
+must not import torch: no module reached from tailcut/__init__.py
 by the imports that run when it is imported may import torch.
 
 Exits 1 naming each import that breaks a rule (file and line), 0 otherwise.
@@ -23,9 +22,6 @@ import ast
 import pathlib
 import sys
 
-# (importer, imported, the function it happens in): why it may go up.
-ALLOWED_UP = {("tailcut.torch", "tailcut.pool", "__getattr__"):
-              "tailcut.torch.PooledLoader, the public alias, imported on first use (PEP 562)"}
 
 
 def layer(module):
@@ -89,8 +85,6 @@ def main(root):
             if not name.startswith("tailcut"):
                 continue
             name = next(m for m in (name, name.rsplit(".", 1)[0], "tailcut") if m in modules)
-            if (module, name, function) in ALLOWED_UP:
-                continue
             edges[module].add(name)
             if name != module and (layer(name) or 0) > layer(module):
                 errors.append(f"{where}:{line}: {module} (layer {layer(module)}) imports {name} "

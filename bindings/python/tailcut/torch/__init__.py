@@ -21,8 +21,8 @@ this face or tailcut.pool (tests/tools/package_layers_test.py):
   _index_dataset.py  IndexDataset: a map-style dataset through an index queue
   _equal_steps.py    EqualSteps: the ranks of a host agree on every step
   _tensors.py        tensors over (read-only) numpy arrays
-PooledLoader lives in tailcut.pool, a layer above, which imports this package;
-``tailcut.torch.PooledLoader`` names it on first use (``__getattr__`` below).
+PooledLoader lives in tailcut.pool, a layer above, which imports this package
+and is never imported by it: ``from tailcut.pool import PooledLoader``.
 """
 
 
@@ -31,17 +31,4 @@ from tailcut.torch._index_dataset import IndexDataset
 from tailcut.torch._queue_dataset import QueueDataset
 from tailcut.torch._queue_dataset import INTERLEAVE, SHUFFLE_BUFFER, SHUFFLE_LEASES  # noqa: F401 (docs/pytorch.md)
 
-__all__ = ["QueueDataset", "IndexDataset", "EqualSteps", "PooledLoader"]
-
-
-def __getattr__(name):
-    # tailcut.pool imports this package, so importing it here at the top would
-    # close a circle; PEP 562 resolves the public alias when it is first used.
-    if name == "PooledLoader":
-        from tailcut.pool import PooledLoader
-        return PooledLoader
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | {"PooledLoader"})
+__all__ = ["QueueDataset", "IndexDataset", "EqualSteps"]
