@@ -172,6 +172,9 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
       record_bytes = v;
     } else if (key == "num_samples") {
       o.num_samples = ToU64(v, "num_samples", 1);
+    } else if (key == "samples_id") {
+      o.samples_id = v.is_none() ? "" : ToText(v, "samples_id");
+      h->samples_id = o.samples_id;
     } else if (key == "max_clients") {
       o.max_clients = ToU32(v, "max_clients");
     } else if (key == "keep_unfinished") {
@@ -292,7 +295,9 @@ QueueClass DefineWorkQueue(py::module_& m) {
       "for that long), restore_state (bytes from "
       "state_dict()['state']), on_notice "
       "(callable taking one str, or None for stderr), num_samples (an index work, with "
-      "works=None), auto_ack (PAI compatibility: each take() or "
+      "works=None), samples_id (str, with num_samples: what the samples are, part of the "
+      "configuration, so that a queue or checkpoint of another data set of as many samples is "
+      "refused), auto_ack (PAI compatibility: each take() or "
       "input_producer get() acks the item handed out before it, close() the last; "
       "at-most-once, see docs/python.md); across hosts (docs/global.md): coordinator "
       "('redis://[user[:password]@]HOST:PORT/DB', default TAILCUT_COORDINATOR), host_id (default "
@@ -339,10 +344,13 @@ QueueClass DefineWorkQueue(py::module_& m) {
             d["seed"] = h->queue->seed();
             d["done"] = stats.done;
             d["total"] = stats.total;
+            if (!h->samples_id.empty()) d["samples_id"] = h->samples_id;
             return d;
           },
           "A checkpoint of the whole queue: {'state': bytes, 'name', 'num_items', 'num_epochs', "
-          "'seed', 'done', 'total'}. Restore it by opening the queue of the restarted job with "
+          "'seed', 'done', 'total'}, and 'samples_id' when the queue has one (an index work's "
+          "data set, whose restore names what differs). Restore it by opening the queue of the "
+          "restarted job with "
           "restore_state=d (or d['state']) in every process. Items open now are handed out again "
           "after a restore, from their last progress offset.")
       .def(

@@ -74,6 +74,7 @@ class QueueHandle {
   uint64_t forks = 0;  // g_forks when opened
   std::string name;
   std::string restore_state;
+  std::string samples_id;                  // WorkQueueOptions::samples_id; state_dict() carries it
   std::optional<tc::RecordFormat> format;  // set when opened with format=
   uint32_t leases_per_client = 8;
   // auto_ack=True (PAI compatibility): each take() or input_producer get()

@@ -106,6 +106,9 @@ void CheckIndexWork(const WorkQueueOptions& options) {
 uint64_t QueueConfig::PathsHash() const {
   uint64_t h = paths.size();
   for (const auto& p : paths) h = Mix(h, HashBytes(p.data(), p.size()));
+  // An index work's samples_id stands where the paths of files would; none
+  // mixes nothing, so the fingerprint of a queue without one is unchanged.
+  if (!samples_id.empty()) h = Mix(h, HashBytes(samples_id.data(), samples_id.size()));
   return h;
 }
 
@@ -197,6 +200,11 @@ std::vector<WorkQueue::Item> SliceFiles(const std::vector<uint64_t>& sizes, uint
 
 QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   ValidateQueueName(options.name);
+  if (!options.samples_id.empty() && options.num_samples == 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue '" + options.name +
+                    "': samples_id is set without num_samples; it says what an index work's "
+                    "samples are: pass num_samples too, or drop samples_id");
   if (options.works.empty() && options.num_samples == 0)
     throw Error(ErrorKind::kInvalidArgument,
                 "queue '" + options.name +
@@ -351,6 +359,7 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
   if (options.num_samples != 0) {
     // No file: one entry of N positions that no work file can be (its path is empty).
     config.num_samples = options.num_samples;
+    config.samples_id = options.samples_id;
     config.paths = {""};
     config.sizes = {options.num_samples};
     config.identities = {FileIdentity{options.num_samples, 0, 0, 0}};

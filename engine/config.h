@@ -45,6 +45,9 @@ struct QueueConfig {
   // empty path (no work file can have one) and size num_samples, whose
   // "bytes" are positions.
   uint64_t num_samples = 0;
+  // WorkQueueOptions::samples_id of an index work: part of PathsHash(), as
+  // the paths of a queue of files are.
+  std::string samples_id;
   // Tickets come from the cross-host tier's feeder (WorkQueueOptions::
   // coordinator): the segment holds the fed block table and skip bitmap.
   bool fed = false;

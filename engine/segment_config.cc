@@ -96,6 +96,12 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
   if (h.num_files != config.paths.size())
     throw mismatch("works differ: " + std::to_string(config.paths.size()) + " files here, " +
                    std::to_string(h.num_files) + " in segment");
+  // An index work's samples_id is in the paths' hash (the segment keeps no copy).
+  if (config.num_samples != 0 && h.paths_hash != config.PathsHash())
+    throw mismatch(
+        "the samples differ: the queue was created over another data set of as many samples "
+        "(its samples_id differs: for QueueDataset(shuffle='global'), other record files, in "
+        "another order or with other record counts)");
   if (h.paths_hash != config.PathsHash()) {
     for (uint64_t f = 0; f < h.num_files; ++f) {
       std::string theirs = SegmentPathString(s, f);

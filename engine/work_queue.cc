@@ -203,8 +203,9 @@ void WorkQueue::Impl::Open() {
                      std::to_string(config_.seed) + " here");
     if (restore_.fingerprint != DataFingerprint(config_))
       throw mismatch(
-          "works, file sizes, num_slices, shuffle, the shuffle order's version (a checkpoint of a "
-          "tailcut older than this one's order) or format differ");
+          "works (of an index work: its samples_id, e.g. the record files of "
+          "QueueDataset(shuffle='global')), file sizes, num_slices, shuffle, the shuffle order's "
+          "version (a checkpoint of a tailcut older than this one's order) or format differ");
   }
   uint64_t path_bytes = 0;
   for (const auto& p : config_.paths) path_bytes += p.size();

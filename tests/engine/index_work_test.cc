@@ -245,6 +245,56 @@ TEST_F(IndexWorkTest, AnotherSampleCountOrAQueueOfFilesIsAMismatch) {
   ::unlink(path);
 }
 
+// samples_id says what the samples are (QueueDataset(shuffle="global") sets
+// the record files): a queue or a checkpoint of other samples, as many of
+// them, is refused; the same samples_id attaches and restores.
+TEST_F(IndexWorkTest, AnotherSamplesIdIsAMismatchForAProcessAndForACheckpoint) {
+  const std::string name = NewName("samples");
+  WorkQueueOptions a = Options(name, 100);
+  a.samples_id = "files a";
+  WorkQueueOptions b = a;
+  b.samples_id = "files b";
+  std::string state;
+  {
+    auto q = WorkQueue::Open(a);
+    auto same = WorkQueue::Open(a);  // the same samples attach
+    try {
+      WorkQueue::Open(b);
+      ADD_FAILURE() << "opened";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
+      EXPECT_NE(std::string(e.what()).find("the samples differ"), std::string::npos) << e.what();
+    }
+    WorkQueueOptions none = a;
+    none.samples_id.clear();  // by number alone: another configuration too
+    EXPECT_THROW(WorkQueue::Open(none), Error);
+    state = q->SaveState();
+  }
+  b.restore_state = state;
+  try {
+    WorkQueue::Open(b);
+    ADD_FAILURE() << "restored a checkpoint of other samples";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfigMismatch);
+    EXPECT_NE(std::string(e.what()).find("samples_id"), std::string::npos) << e.what();
+  }
+  a.restore_state = state;
+  auto restored = WorkQueue::Open(a);
+  EXPECT_EQ(OncePerEpoch(DrainCounts(*restored), 100), "");
+  WorkQueueOptions files = Options(NewName("files"), 0);
+  files.works = {"/etc/hostname"};
+  files.samples_id = "x";
+  try {
+    WorkQueue::Open(files);
+    ADD_FAILURE() << "opened";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("samples_id is set without num_samples"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(IndexWorkTest, AReaderRefusesAnIndexWork) {
   auto q = WorkQueue::Open(Options(NewName("reader"), 100));
   ReaderOptions r;  // lines, the default

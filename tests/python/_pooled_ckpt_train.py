@@ -13,7 +13,9 @@ appends one line per step to OUT/rank-R.jsonl: {'run', 'epoch', 'step',
 {'ckpt', 'epoch', 'step'} after each checkpoint, and {'dropped', 'epoch',
 'ids'} for each leftover batch. --resume CKPT restores from it: with
 --one-call by loader.load_state_dict(state) alone, else also through the
-dataset's restore_state=. --map reads DATA as a map-style dataset instead.
+dataset's restore_state=. --map reads DATA as a map-style dataset instead;
+--global reads it through QueueDataset(shuffle="global") (its records in one
+seeded permutation, read by number; the record index kept in OUT/index).
 """
 
 import argparse
@@ -62,6 +64,7 @@ def main():
     p.add_argument("--one-call", action="store_true")
     # A map-style dataset over DATA's records (dataset[i] = record i) instead of a QueueDataset.
     p.add_argument("--map", action="store_true")
+    p.add_argument("--global", dest="global_shuffle", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -82,6 +85,12 @@ def main():
         loader = tailcut.pool.PooledLoader(
             ds, BATCH, loaders_per_host=1, name=args.name, num_epochs=args.epochs, num_slices=60,
             seed=11, restore_state=restore_state, **options)
+    elif args.global_shuffle:
+        ds = tailcut.torch.QueueDataset(
+            args.data, BATCH, name=args.name, format="fixed", record_bytes=16,
+            num_epochs=args.epochs, num_slices=60, seed=11, shuffle="global",
+            index_dir=os.path.join(args.out, "index"), restore_state=restore_state)
+        loader = tailcut.pool.PooledLoader(ds, loaders_per_host=2, **options)
     else:
         ds = tailcut.torch.QueueDataset(
             args.data, BATCH, name=args.name, format="fixed", record_bytes=16,

@@ -14,11 +14,14 @@ per epoch its steps, the ids it trained and the ids it dropped; local rank 0
 the pids of its loaders to OUT_DIR/loaders-n<node>; every rank its step count
 to OUT_DIR/progress-R every 20 steps.
 
-    ... [--every N] [--resume CKPT] [--map] [--balance]
+    ... [--every N] [--resume CKPT] [--map] [--global] [--balance]
 
 --map: the same ids as a map-style dataset (dataset[i] is a 0-d int64 tensor;
 node n's share of the ids in a static split, every id when fed) read through
 PooledLoader(dataset, ...) and its index queue under the same name.
+--global: the same files through QueueDataset(files, shuffle="global") (every
+record of the queue's files in one seeded permutation, read by number; the
+record indexes kept in OUT_DIR/index).
 --balance: PooledLoader(balance=True) over 32 slots; node 1 sleeps SLOW_SECONDS
 per BATCH records it gets, and no all_reduce follows a step (the time between
 two batches is then the rank's own compute; the pool's step agreement is the
@@ -71,6 +74,7 @@ def main():
     p.add_argument("--every", type=int, default=None)
     p.add_argument("--resume")
     p.add_argument("--map", action="store_true")
+    p.add_argument("--global", dest="global_shuffle", action="store_true")
     p.add_argument("--balance", action="store_true")
     args = p.parse_args()
     data, job, fed = args.data, args.job, args.fed is not None
@@ -114,6 +118,11 @@ def main():
         loader = tailcut.pool.PooledLoader(Ids(ids), slot_bytes=1 << 14, num_epochs=epochs,
                                             num_slices=40, name=opts["name"],
                                             queue_options=more or None, **restore, **pool)
+    elif args.global_shuffle:
+        ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8,
+                                        num_epochs=epochs, num_slices=40, shuffle="global",
+                                        seed=5, index_dir=out / "index", **restore, **opts)
+        loader = tailcut.pool.PooledLoader(ds, slot_bytes=BATCH * 8, **pool)
     else:
         ds = tailcut.torch.QueueDataset(files, format="fixed", record_bytes=8,
                                         num_epochs=epochs, num_slices=40, shuffle_buffer=0,

@@ -7,6 +7,7 @@ checkpoint restored in one call."""
 
 import collections
 import io
+import json
 import os
 import subprocess
 import sys
@@ -351,3 +352,107 @@ def test_a_loader_from_another_shell_reads_the_records_by_number(tmp_path, rname
     assert cli.returncode == 0, err
     assert sorted(ids) == list(range(CLASSES * PER_CLASS))
     assert "published 200 batches, 20000 records" in err, err
+
+
+# ---- The files are the queue's configuration: a checkpoint of other files is refused ---------
+
+
+def write_ids(directory, names, first=0):
+    """Files `names` in `directory` of 5000 8-byte ids each, from `first` on."""
+    paths = []
+    for f, name in enumerate(names):
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.arange(first + f * 5000, first + (f + 1) * 5000, dtype="<i8").tofile(path)
+        paths.append(str(path))
+    return paths
+
+
+def global_ids(paths, name, tmp_path, **kw):
+    return tt.QueueDataset(paths, 500, format="fixed", record_bytes=8, shuffle="global",
+                           seed=7, num_epochs=2, name=name, index_dir=tmp_path / "index", **kw)
+
+
+def test_a_checkpoint_of_other_files_with_as_many_records_is_refused_naming_what_differs(
+        tmp_path, qname):
+    """Records are numbered over the files in their order, so a queue state of 20,000
+    records restored onto other files of 20,000 records would read other records. Before,
+    the queue's fingerprint covered only their number and every restore below was taken."""
+    names = [f"part-{f}.bin" for f in range(4)]
+    paths = write_ids(tmp_path / "data", names)
+    ds = global_ids(paths, qname, tmp_path)
+    state = ds.queue.state_dict()
+    ds.close()
+    assert json.loads(state["samples_id"])["files"] == 4
+    refused = [
+        (write_ids(tmp_path / "other", [f"b-{f}.bin" for f in range(4)], first=10**6),
+         r"other files: 'part-0.bin' \.\. 'part-3.bin' there, 'b-0.bin' \.\. 'b-3.bin' here"),
+        ([paths[0], paths[2], paths[1], paths[3]],
+         r"the files between 'part-0.bin' and 'part-3.bin' have other names or are in another "
+         r"order"),
+        (write_ids(tmp_path / "more", ["part-0.bin", "part-1.bin"], first=0)
+         + write_ids(tmp_path / "more" / "x", ["part-2.bin"]) + [paths[3]],
+         "other files"),
+    ]
+    for other, what in refused:
+        with pytest.raises(tailcut.ConfigMismatchError, match=(
+                r"QueueDataset: the checkpoint is of other record files than these: " + what
+                + r".*restore it onto the same files in the same order")):
+            global_ids(other, qname, tmp_path, restore_state=state)
+    # The queue state's bytes alone: the engine refuses them by the fingerprint.
+    with pytest.raises(tailcut.ConfigMismatchError, match="samples_id"):
+        global_ids(refused[0][0], qname, tmp_path, restore_state=state["state"])
+    assert not os.path.exists(tailcut.segment_path(qname))
+
+
+def test_a_live_queue_of_other_files_is_refused(tmp_path, qname):
+    paths = write_ids(tmp_path / "data", ["a.bin", "b.bin"])
+    other = write_ids(tmp_path / "data", ["c.bin", "d.bin"], first=10**6)
+    with global_ids(paths, qname, tmp_path):
+        with pytest.raises(tailcut.ConfigMismatchError, match="the samples differ"):
+            global_ids(other, qname, tmp_path)
+
+
+def test_a_checkpoint_restores_onto_the_same_files_moved_to_another_directory(tmp_path, qname):
+    """What identifies the data set is the files' names from their common directory, their
+    order, record counts and sizes, not their absolute paths: a copy on another mount
+    restores. Epoch 0 read, the state saved, the copy reads epoch 1: every record once."""
+    names = [f"d/part-{f}.bin" for f in range(3)] + ["e/part-3.bin"]
+    paths = write_ids(tmp_path / "data", names)
+    ds = global_ids(paths, qname, tmp_path)
+    ds.set_epoch(0)
+    first = [i for batch in ds for i in ids_of(batch)]
+    state = ds.queue.state_dict()
+    ds.close()
+    copies = write_ids(tmp_path / "mnt" / "copy", names)
+    ds = global_ids(copies, qname, tmp_path, restore_state=state)
+    ds.set_epoch(1)
+    second = [i for batch in ds for i in ids_of(batch)]
+    ds.close()
+    assert sorted(first) == sorted(second) == list(range(20000))
+
+
+def test_a_pooled_checkpoint_of_other_files_is_refused_by_the_one_call_restore(
+        tmp_path, rname):
+    paths = sorted_ids(tmp_path)
+    first, ds = pooled(paths, rname, tmp_path)
+    try:
+        for step, batch in enumerate(first):
+            if step == 5:
+                state = first.state_dict()
+                break
+    finally:
+        first.close()
+        ds.close()
+    other = write_ids(tmp_path / "other", [f"c-{f}.bin" for f in range(4)], first=10**6)
+    again, ds = pooled(other, rname, tmp_path)
+    try:
+        with pytest.raises(tailcut.ConfigMismatchError, match=(
+                r"PooledLoader.load_state_dict\(\): the checkpoint is of other record files "
+                r"than these: other files: 'part-0.bin' \.\. 'part-3.bin' there, 'c-0.bin' \.\. "
+                r"'c-3.bin' here")):
+            again.load_state_dict(state)
+        assert not again.queue.summary()["handed_out"]  # the fresh queue, untouched
+    finally:
+        again.close()
+        ds.close()

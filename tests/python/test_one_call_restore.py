@@ -72,6 +72,12 @@ def test_one_load_state_dict_resumes_a_map_style_job(job):
     killed_then_restored(job, 2, "--map")
 
 
+def test_one_load_state_dict_resumes_a_global_shuffle_job_on_fewer_ranks(job):
+    """QueueDataset(shuffle="global"), whose queue's configuration holds its
+    files (samples_id): the same files restore, on fewer ranks."""
+    killed_then_restored(job, 1, "--global")
+
+
 def test_equal_steps_restores_with_one_load_state_dict(tmp_path):
     """EqualSteps over a QueueDataset: the state taken after epoch 0, loaded
     with one call into a dataset and EqualSteps built as the first (without

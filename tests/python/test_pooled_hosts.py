@@ -96,9 +96,10 @@ def remove_nodes_queues(job, nodes=NODES):
 
 
 def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordinator=None,
-              extra=(), slow=0.002):
+              extra=(), slow=0.002, no_process_left=False):
     """Runs the job on two nodes (start_nodes); returns the ranks' logs and
-    the pid of the loader killed, if any."""
+    the pid of the loader killed, if any. no_process_left: also checks that
+    no process of either launch (torchrun, ranks, loaders) outlives it."""
     data, out = write_data(tmp_path)
     procs = start_nodes(data, out, job, coordinator=coordinator, extra=extra, slow=slow)
     killed = None
@@ -120,6 +121,9 @@ def run_nodes(tmp_path, job, kill_a_loader_of_node_1=False, limit_s=150, coordin
             text, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             logs.append(text)
             assert p.returncode == 0, text[-4000:]
+        if no_process_left:
+            for p in procs:
+                assert not group_alive(p.pid), "a process of the job outlived it"
     finally:
         hung = [p for p in procs if p.poll() is None]
         for p in hung:
@@ -238,6 +242,29 @@ def test_two_nodes_of_a_map_style_dataset_end_every_epoch_at_the_same_step(reque
     job = f"pytest-map-nodes-{os.getpid()}-{int(fed)}"
     ranks, _ = run_nodes(tmp_path, job, coordinator=coordinator, extra=["--map"])
     (check_fed_nodes if fed else check_nodes)(ranks, job)
+
+
+@pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+def test_two_nodes_fed_by_a_coordinator_shuffle_records_globally_every_record_once(  # noqa: F811
+        redis_url, tmp_path):
+    """QueueDataset(files, shuffle="global") on 2 nodes x 2 ranks, one queue over
+    all the files (an index work over the records' numbers) fed to the nodes'
+    queues by a coordinator, a pool per node, node 1's steps slower, 2 epochs:
+    equal steps on every rank, every record of the job once per epoch across
+    the nodes (trained, or left over and reported), each rank's first batch of
+    an epoch drawn from across the files (the files hold ids in order), nothing
+    left in /dev/shm or running."""
+    job = f"pytest-global-nodes-{os.getpid()}"
+    ranks, _ = run_nodes(tmp_path, job, coordinator=redis_url, extra=["--global"],
+                         no_process_left=True)
+    check_fed_nodes(ranks, job)
+    starts = np.cumsum([0] + FILE_RECORDS)
+    for r in ranks:
+        for e in range(EPOCHS):
+            first = r["epochs"][e]["ids"][:64]
+            files = set(np.searchsorted(starts, first, side="right").tolist())
+            # 64 draws over 8 files of 10-15 % each: missing 3 has p < 1e-6.
+            assert len(files) >= 6, (r["node"], e, sorted(files))
 
 
 @pytest.mark.parametrize("fed", [False, True], ids=["static_split", "fed"])

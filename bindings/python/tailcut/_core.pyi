@@ -95,7 +95,7 @@ class _ReaderStats(TypedDict):
     carried_bytes: int
     stale_items: int
 
-class _StateDict(TypedDict):
+class _StateDictFields(TypedDict):
     state: bytes
     name: str
     num_items: int
@@ -103,6 +103,9 @@ class _StateDict(TypedDict):
     seed: int
     done: int
     total: int
+
+class _StateDict(_StateDictFields, total=False):
+    samples_id: str  # only when the queue was opened with one
 
 class _QueueListing(TypedDict):
     name: str
@@ -252,6 +255,7 @@ class WorkQueue:
         format: Optional[_Format] = ...,
         record_bytes: Optional[int] = ...,
         num_samples: int = ...,
+        samples_id: Optional[str] = ...,
         max_clients: int = ...,
         leases_per_client: int = ...,
         attach_timeout: Optional[float] = ...,

@@ -386,9 +386,11 @@ def state_dict(loader):
         # Where a restore starts: the coordinator's done marks are the hosts'.
         first_epoch = _core._states_epoch([h["queue"]["state"] for h in hosts.values()],
                                           host_queue)
+        # The data set, for a restore that names what differs (see WorkQueue.state_dict()).
+        samples = {k: v for k, v in loader.queue.open_args.items() if k == "samples_id"}
         return dict(version=STATE_VERSION, epoch=epoch, step=step,
                     queue=dict(hosts={name: h.pop("queue") for name, h in hosts.items()},
-                               tier=tier, epoch=first_epoch),
+                               tier=tier, epoch=first_epoch, **samples),
                     hosts=hosts, **totals)
     if len(hosts) == 1:  # laid out as in version 1
         (host,) = hosts.values()
@@ -453,8 +455,9 @@ def _fed_host_state(restore_state, name, local):
     parts = [hosts[part]["state"] for part in share_parts(hosts, restoring)[local]]
     host = (_core._merge_states(parts, local) if parts else
             _core._empty_state(next(iter(hosts.values()))["state"], local))
+    samples = {k: v for k, v in restore_state.items() if k == "samples_id"}
     return dict(state=_core._fed_restore_state(restore_state["tier"], host, token),
-                tier=restore_state["tier"], epoch=restore_state["epoch"])
+                tier=restore_state["tier"], epoch=restore_state["epoch"], **samples)
 
 
 def host_queue_state(restore_state, name, host_id=None):

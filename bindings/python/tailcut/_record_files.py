@@ -10,6 +10,8 @@ Both pickle as their arguments (a process that unpickles one loads the
 indexes from the cache), so a loader joining from another shell gets them
 through the pool's description. No torch here (tailcut.torch imports this)."""
 
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -84,6 +86,23 @@ class RecordFiles:
             out = [_core.tar_members(r) for r in out]
         return out
 
+    def samples_id(self):
+        """What these records are, as a checkpoint must find them again: the
+        format, and the files in order with their names relative to the
+        files' common directory, their record counts and their sizes (three
+        digests, with the first and the last name to show). Not the absolute
+        paths: a data set copied to another mount is the same data set. A
+        JSON text (WorkQueueOptions::samples_id, which the queue
+        fingerprints); samples_difference() says what differs between two."""
+        paths = [os.path.abspath(p) for p in self.paths]
+        top = os.path.commonpath([os.path.dirname(p) for p in paths])
+        names = [os.path.relpath(p, top) for p in paths]
+        sizes = [os.stat(p).st_size for p in paths]
+        return json.dumps(dict(
+            format=self.core.format, files=len(paths), records=len(self),
+            names=_digest(names), counts=_digest(self.core.counts()), sizes=_digest(sizes),
+            first=names[0], last=names[-1]), sort_keys=True)
+
     def __reduce__(self):
         # on_notice is the builder's (often a bound method of a dataset): a
         # process that unpickles this prints notices itself.
@@ -91,6 +110,42 @@ class RecordFiles:
 
     def __repr__(self):
         return f"RecordFiles({len(self.paths)} files, format={self.format!r})"
+
+
+def _digest(values):
+    text = json.dumps(values)  # names with undecodable bytes are escaped, never lost
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def samples_difference(saved, here):
+    """What differs between two samples_id() texts, in words (None when
+    they agree): the first of format, number of files, records, the files'
+    names (and order), their record counts, their sizes."""
+    if saved == here:
+        return None
+    try:
+        a, b = json.loads(saved), json.loads(here)
+        a["names"], b["names"]  # noqa: B018 (a samples_id of RecordFiles)
+    except (ValueError, TypeError, KeyError):
+        return f"samples_id {saved!r} there, {here!r} here"
+    if a["format"] != b["format"]:
+        return f"format '{a['format']}' there, '{b['format']}' here"
+    if a["files"] != b["files"]:
+        return (f"{a['files']} files there ('{a['first']}' .. '{a['last']}'), {b['files']} "
+                f"here ('{b['first']}' .. '{b['last']}')")
+    if a["records"] != b["records"]:
+        return f"{a['records']} records there, {b['records']} here"
+    if a["names"] != b["names"]:
+        if (a["first"], a["last"]) != (b["first"], b["last"]):
+            return (f"other files: '{a['first']}' .. '{a['last']}' there, '{b['first']}' .. "
+                    f"'{b['last']}' here (names relative to the files' common directory)")
+        return (f"the files between '{a['first']}' and '{a['last']}' have other names or are "
+                f"in another order")
+    if a["counts"] != b["counts"]:
+        return (f"the {a['files']} files hold as many records in all, but other counts per "
+                f"file (another order, or records moved between files)")
+    return (f"the {a['files']} files have the same names and record counts but other sizes "
+            f"(rewritten since)")
 
 
 class ReadBatch:

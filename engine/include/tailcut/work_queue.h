@@ -86,6 +86,14 @@ struct WorkQueueOptions {
   // (set when empty); num_slices unset gives items of about
   // kSamplesPerItem samples.
   uint64_t num_samples = 0;
+  // What an index work's samples are, when its user knows more than their
+  // number: e.g. the record files they are read from, in order, with their
+  // record counts (QueueDataset(shuffle="global") sets it). Fingerprinted as
+  // works are: a process, a stale queue or a checkpoint of other samples, as
+  // many of them, is refused (kConfigMismatch) rather than read as these.
+  // Empty: the samples are known by their number alone. Only with
+  // num_samples.
+  std::string samples_id;
   uint64_t num_epochs = 1;
   bool shuffle = true;
   std::optional<uint64_t> seed;  // unset: the creator draws one, all use it

@@ -11,7 +11,7 @@ the records of the positions a process takes, a group (a batch, or 64
 records) at a time in one batched call, sorted and coalesced underneath."""
 
 import tailcut
-from tailcut._record_files import ReadBatch
+from tailcut._record_files import ReadBatch, samples_difference
 from tailcut.torch._tensors import from_numpy
 
 # Records per read when records are yielded one by one (batch_size=None).
@@ -103,6 +103,24 @@ def generate(ds, q, epoch):
                 item.give_back()
             except tailcut.StaleItemError:
                 pass  # another process has it now
+
+
+def check_restore(restore_state, samples_id, who):
+    """Refuses, naming what differs, a checkpoint of other record files:
+    records are numbered over the files in their order, so a state of other
+    files with as many records would silently read other records. The queue
+    fingerprints samples_id too (a state without one here is refused by the
+    engine); this says what differs before the queue is touched."""
+    saved = restore_state.get("samples_id") if isinstance(restore_state, dict) else None
+    if saved is None:
+        return
+    what = samples_difference(saved, samples_id)
+    if what is not None:
+        raise tailcut.ConfigMismatchError(
+            f"{who}: the checkpoint is of other record files than these: {what}. Its positions "
+            f"are records numbered over its files in their order, so here it would read other "
+            f"records: restore it onto the same files in the same order (they may have moved: "
+            f"names count from the files' common directory), or start without the checkpoint")
 
 
 class GlobalRecipe:

@@ -328,6 +328,9 @@ class QueueDataset(IterableDataset):
             queue_options = {k: v for k, v in queue_options.items()
                              if k not in ("format", "record_bytes", "prefix")}
             queue_options["shuffle"] = True
+            # The files, as the queue's configuration: a queue or checkpoint of other files
+            # with as many records is refused (docs/checkpoints.md).
+            queue_options["samples_id"] = self._records.samples_id()
         elif index_dir is not None:
             raise tailcut.InvalidArgumentError(
                 "index_dir= is for shuffle='global' (where record indexes are kept)")
@@ -368,6 +371,9 @@ class QueueDataset(IterableDataset):
             self._queue_args["restore_state"] = _pool_state.host_queue_state(
                 queue_options["restore_state"], queue_options["name"],
                 queue_options.get("host_id"))
+            if self._records is not None:
+                _global_shuffle.check_restore(self._queue_args["restore_state"],
+                                              queue_options["samples_id"], "QueueDataset")
         self.batch_size = _args.count("batch_size", batch_size, minimum=1, allow_none=True)
         self.transform = _args.callable_or_none("transform", transform)
         self.copy = _args.flag("copy", copy)
@@ -444,6 +450,9 @@ class QueueDataset(IterableDataset):
                 f"on every rank before the first iteration")
         restore_state = _pool_state.host_queue_state(queue_state, name,
                                                      self._queue_args.get("host_id"))
+        if self._records is not None:  # before any rank closes its queue: every rank raises
+            _global_shuffle.check_restore(restore_state, self._queue_args["samples_id"],
+                                          f"{who}.load_state_dict()")
         barrier()  # every rank of the host opened the fresh queue and uses it no more
         self._notices.quiet = True  # the fresh queue, removed by its last close, is not news
         try:
