@@ -1,5 +1,7 @@
 #include "items.h"
 
+#include <pybind11/numpy.h>
+
 #include <chrono>
 #include <cstdint>
 
@@ -157,7 +159,7 @@ void DefineWorkItem(py::module_& m) {
            "splittable; an item never claimed is never split. Same errors as progress().")
       .def(
           "indices",
-          [](const PyWorkItem& i, py::object start, py::object stop) {
+          [](const PyWorkItem& i, py::object start, py::object stop, py::object out) -> py::object {
             uint64_t n = i.h->queue->num_samples();
             if (n == 0)
               Raise(g_exc.invalid_argument,
@@ -172,16 +174,33 @@ void DefineWorkItem(py::module_& m) {
                                                 ": positions must satisfy start <= stop <= " +
                                                 std::to_string(n) + " (num_samples)");
             tc::SampleOrder order(*i.h->queue, i.item.epoch);
-            py::list out(b - a);
-            for (uint64_t p = a; p < b; ++p)
-              PyList_SET_ITEM(out.ptr(), p - a, PyLong_FromUnsignedLongLong(order[p]));
+            if (out.is_none()) {
+              std::vector<uint64_t> samples(b - a);
+              order.Fill(a, b, samples.data());
+              py::list list(b - a);
+              for (uint64_t k = 0; k < b - a; ++k)
+                PyList_SET_ITEM(list.ptr(), k, PyLong_FromUnsignedLongLong(samples[k]));
+              return std::move(list);
+            }
+            // A batch's indices written in place: no Python int per sample.
+            auto array = py::array_t<uint64_t>::ensure(out);
+            if (!array || !array.is(out) || array.ndim() != 1 || !array.writeable() ||
+                array.strides(0) != static_cast<py::ssize_t>(sizeof(uint64_t)) ||
+                static_cast<uint64_t>(array.shape(0)) != b - a)
+              Raise(g_exc.invalid_argument,
+                    "indices(" + std::to_string(a) + ", " + std::to_string(b) +
+                        ", out=...): out must be a writable contiguous numpy uint64 array of " +
+                        std::to_string(b - a) + " (stop - start) elements");
+            order.Fill(a, b, array.mutable_data());
             return out;
           },
-          py::arg("start") = py::none(), py::arg("stop") = py::none(),
+          py::arg("start") = py::none(), py::arg("stop") = py::none(), py::kw_only(),
+          py::arg("out") = py::none(),
           "Index work (WorkQueue(num_samples=N)): the sample indices at positions [start, stop) "
-          "of the item's epoch order, [begin, end) by default. commit() and progress() take "
-          "positions: after using position p, commit(p + 1). Raises InvalidArgumentError for a "
-          "queue of files.")
+          "of the item's epoch order, [begin, end) by default, as a list; with out= (a "
+          "writable contiguous numpy uint64 array of stop - start elements) written into out, "
+          "which is returned. commit() and progress() take positions: after using position p, "
+          "commit(p + 1). Raises InvalidArgumentError for a queue of files.")
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",

@@ -40,6 +40,29 @@ py::array OwnedArray(std::vector<T>* v) {
   return py::array_t<T>({static_cast<py::ssize_t>(v->size())}, v->data(), owner);
 }
 
+// Record numbers from a 1-d numpy array of (u)int64, copied as one block (a
+// batch's numbers: no Python int per record), or from any sequence of ints.
+std::vector<uint64_t> Positions(const py::object& numbers) {
+  if (py::isinstance<py::array>(numbers)) {
+    py::array a = py::reinterpret_borrow<py::array>(numbers);
+    const char kind = a.dtype().kind();
+    if (a.ndim() == 1 && a.itemsize() == 8 && kind == 'u') {
+      auto c = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+      return std::vector<uint64_t>(c.data(), c.data() + c.shape(0));
+    }
+    if (a.ndim() == 1 && a.itemsize() == 8 && kind == 'i') {
+      auto c = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+      std::vector<uint64_t> out(c.data(), c.data() + c.shape(0));
+      for (py::ssize_t k = 0; k < c.shape(0); ++k)
+        if (c.data()[k] < 0)
+          Raise(g_exc.invalid_argument, "record " + std::to_string(c.data()[k]) +
+                                            " is out of range: record numbers are >= 0");
+      return out;
+    }
+  }
+  return numbers.cast<std::vector<uint64_t>>();
+}
+
 // Prints "tailcut: indexing records: 12 of 40 files, 1.2 GB scanned" at most
 // once a second, from the first second on, and a last line when such a build
 // ends (a build done within a second prints nothing).
@@ -137,8 +160,9 @@ void DefineRecordFiles(py::module_& m) {
           "(file, record in file, payload offset, payload size) of record `record`.")
       .def(
           "read",
-          [](const PyRecordFiles& self, const std::vector<uint64_t>& positions, size_t threads,
+          [](const PyRecordFiles& self, const py::object& numbers, size_t threads,
              uint64_t max_gap) {
+            std::vector<uint64_t> positions = Positions(numbers);
             auto data = std::make_unique<std::string>();
             auto offsets = std::make_unique<std::vector<int64_t>>();
             {
@@ -159,7 +183,9 @@ void DefineRecordFiles(py::module_& m) {
             return py::make_tuple(d, o);
           },
           py::arg("positions"), py::arg("threads") = 1, py::arg("max_gap") = 4096,
-          "The records `positions` (numbers in 0..len - 1, any order), as (data, offsets): "
+          "The records `positions` (numbers in 0..len - 1, any order: a sequence of ints, or "
+          "a 1-d numpy array of uint64 or int64, read without a Python int per record), as "
+          "(data, offsets): "
           "a uint8 and an int64 array, record k = data[offsets[k]:offsets[k + 1]]. Reads "
           "are sorted and coalesced (records at most max_gap bytes apart share one read); "
           "TFRecord data CRCs are checked again. A file changed since it was indexed "

@@ -75,6 +75,57 @@ uint64_t Permutation::Encrypt(uint64_t x) const noexcept {
   return (high << low_width) | low;
 }
 
+void Permutation::Fill(uint64_t begin, uint64_t end, uint64_t* out) const noexcept {
+  if (n_ <= kTableMax) {
+    for (uint64_t p = begin; p < end; ++p) out[p - begin] = table_[p];
+    return;
+  }
+  // lanes: the value each lane encrypts and the slot of out it is for. Each
+  // pass encrypts every live lane once (Encrypt's rounds, interleaved); a
+  // value still >= n walks on in its lane (kept, compacted), the others
+  // leave and free their lanes for the next positions.
+  uint64_t x[kLanes], slot[kLanes];
+  int live = 0;
+  uint64_t next = begin;
+  const uint64_t low_mask = Mask(low_bits_), high_mask = Mask(high_bits_);
+  while (true) {
+    while (live < kLanes && next < end) {
+      x[live] = next;
+      slot[live] = next - begin;
+      ++live;
+      ++next;
+    }
+    if (live == 0) return;
+    uint64_t high[kLanes], low[kLanes];
+    for (int i = 0; i < live; ++i) {
+      high[i] = x[i] >> low_bits_;
+      low[i] = x[i] & low_mask;
+    }
+    // Encrypt(), lane by lane within each round. The widths alternate as
+    // there: after round r the low half is high_bits_ wide for even r.
+    for (int r = 0; r < kRounds; ++r) {
+      const uint64_t mask = (r % 2 == 0) ? high_mask : low_mask;
+      for (int i = 0; i < live; ++i) {
+        const uint64_t next_low = high[i] ^ (SplitMix64(low[i] ^ keys_[r]) & mask);
+        high[i] = low[i];
+        low[i] = next_low;
+      }
+    }
+    int kept = 0;
+    for (int i = 0; i < live; ++i) {
+      const uint64_t v = (high[i] << low_bits_) | low[i];
+      if (v < n_) {
+        out[slot[i]] = v;
+      } else {
+        x[kept] = v;
+        slot[kept] = slot[i];
+        ++kept;
+      }
+    }
+    live = kept;
+  }
+}
+
 uint64_t Permutation::operator()(uint64_t pos) const noexcept {
   if (n_ <= kTableMax) return pos < n_ ? table_[pos] : 0;
   uint64_t x = pos;

@@ -55,9 +55,16 @@ class Permutation {
   Permutation(uint64_t n, uint64_t seed, uint64_t epoch) noexcept;
   // The element at position pos < n. Thread-safe (const), no allocation.
   uint64_t operator()(uint64_t pos) const noexcept;
+  // out[k] = (*this)(begin + k) for k < end - begin, REQUIRES begin <= end
+  // <= n. The same values, about 4x faster: one position's rounds wait on
+  // each other (a multiply chain), so positions are encrypted kLanes at a
+  // time, round by round, and their rounds overlap in the CPU; a position
+  // that cycle-walks stays in its lane for the next pass.
+  void Fill(uint64_t begin, uint64_t end, uint64_t* out) const noexcept;
 
  private:
   static constexpr int kRounds = 8;
+  static constexpr int kLanes = 8;  // positions in flight in Fill
   uint64_t Encrypt(uint64_t x) const noexcept;
   uint64_t n_;
   int high_bits_ = 0;  // the network's state is high_bits_ | low_bits_ wide

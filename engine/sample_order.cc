@@ -34,6 +34,14 @@ SampleOrder::~SampleOrder() = default;
 SampleOrder::SampleOrder(SampleOrder&&) noexcept = default;
 SampleOrder& SampleOrder::operator=(SampleOrder&&) noexcept = default;
 
+void SampleOrder::Fill(uint64_t begin, uint64_t end, uint64_t* out) const noexcept {
+  if (permutation_) {
+    permutation_->Fill(begin, end, out);
+    return;
+  }
+  for (uint64_t p = begin; p < end; ++p) out[p - begin] = p;
+}
+
 uint64_t SampleOrder::operator[](uint64_t position) const noexcept {
   return permutation_ ? (*permutation_)(position) : position;
 }

@@ -51,6 +51,32 @@ uint64_t FixedPoints(const std::vector<uint64_t>& order) {
   return count;
 }
 
+// Fill (positions kLanes at a time, a lane walking on when its value is out
+// of range) gives what operator() gives one by one, for tables and networks,
+// ranges of any length and start, and n just above a power of two (most
+// values walk) or just below (few do).
+TEST(PermutationTest, FillGivesTheValuesOfOneByOne) {
+  for (uint64_t n : {1ull, 2ull, 200ull, 256ull, 257ull, 1000ull, 4097ull, 65535ull, 400000ull,
+                     (1ull << 20) + 1, 123456789ull}) {
+    for (uint64_t seed : {0ull, 3ull}) {
+      Permutation p(n, seed, 2);
+      const uint64_t length = std::min<uint64_t>(n, 3000);
+      for (uint64_t begin : {uint64_t{0}, n / 3, n - length}) {
+        for (uint64_t len : {uint64_t{0}, uint64_t{1}, uint64_t{7}, uint64_t{9}, length}) {
+          const uint64_t end = std::min(n, begin + len);
+          std::vector<uint64_t> filled(end - begin + 1, ~0ull);
+          p.Fill(begin, end, filled.data());
+          for (uint64_t pos = begin; pos < end; ++pos)
+            ASSERT_EQ(filled[pos - begin], p(pos))
+                << "n=" << n << " seed=" << seed << " pos=" << pos << " of [" << begin << ", "
+                << end << ")";
+          EXPECT_EQ(filled[end - begin], ~0ull) << "wrote past end, n=" << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(PermutationTest, IsABijectionForEverySmallN) {
   for (uint64_t n = 1; n <= 300; ++n) {
     for (uint64_t seed : {0ull, 1ull, 0xdeadbeefull}) {

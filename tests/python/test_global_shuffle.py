@@ -456,3 +456,20 @@ def test_a_pooled_checkpoint_of_other_files_is_refused_by_the_one_call_restore(
     finally:
         again.close()
         ds.close()
+
+
+def test_records_read_by_an_array_of_numbers_are_those_of_the_list(tmp_path):
+    """RecordFiles.read takes a batch's numbers as one (u)int64 array (no Python int per
+    record), as the global shuffle passes them; the same records as a list gives."""
+    files = tailcut.RecordFiles(sorted_ids(tmp_path), "fixed", 8, cache_dir=str(tmp_path / "i"))
+    numbers = [19_999, 3, 7_000, 3, 12_345]
+    want = files.read(numbers)[0].view("<i8").tolist()
+    assert want == numbers  # each record is its id
+    for array in (np.array(numbers, np.uint64), np.array(numbers, np.int64),
+                  np.repeat(np.array(numbers, np.uint64), 2)[::2]):
+        data, offsets = files.read(array)
+        assert data.view("<i8").tolist() == numbers and offsets.tolist() == list(range(0, 48, 8))
+    with pytest.raises(tailcut.InvalidArgumentError, match="record -1 is out of range"):
+        files.read(np.array([1, -1], np.int64))
+    with pytest.raises(tailcut.InvalidArgumentError, match="record 20000 is out of range"):
+        files.read(np.array([20_000], np.uint64))

@@ -46,6 +46,26 @@ def test_items_give_their_samples_in_a_shuffled_order_set_by_the_seed(qname):
     assert order(qname + "-other", 2)[0] != a
 
 
+def test_indices_written_into_an_array_are_the_listed_ones(qname):
+    """indices(start, stop, out=array): what a batch of global shuffle reads, one uint64
+    array per batch and no Python int per sample; the same samples as the list."""
+    import numpy as np
+    for n, shuffle in ((100_000, True), (200, True), (1000, False)):
+        with tailcut.WorkQueue(num_samples=n, num_slices=1, seed=3, shuffle=shuffle,
+                               name=f"{qname}-{n}") as q:
+            item = q.take()
+            with item:
+                out = np.full(n + 1, 7, np.uint64)
+                assert item.indices(0, n, out=out[:n]) is not None
+                assert out[:n].tolist() == item.indices() and out[n] == 7
+                assert item.indices(5, 14, out=out[:9]).tolist() == item.indices(5, 14)
+                for bad in (np.empty(9, np.int32), np.empty(8, np.uint64),
+                            np.empty(18, np.uint64)[::2], np.empty(9, np.uint64).reshape(3, 3),
+                            [0] * 9):
+                    with pytest.raises(tailcut.InvalidArgumentError, match="out must be"):
+                        item.indices(5, 14, out=bad)
+
+
 def test_a_commit_counts_positions_and_the_item_resumes_there(qname):
     with tailcut.WorkQueue(num_samples=100, num_slices=1, seed=1, name=qname) as q:
         item = q.take()

@@ -63,9 +63,11 @@ class RecordFiles:
         return self.core.files_scanned
 
     def read(self, positions):
-        """(data, offsets) of records `positions`: record k is
-        data[offsets[k]:offsets[k + 1]] (uint8 and int64 arrays)."""
-        return self.core.read(positions, threads=READ_THREADS)
+        """(data, offsets) of records `positions` (ints, or a 1-d (u)int64
+        array): record k is data[offsets[k]:offsets[k + 1]] (uint8 and int64
+        arrays)."""
+        core = self._core if self._core is not None else self.core  # once per batch: no property
+        return core.read(positions, READ_THREADS)
 
     def layout(self, positions):
         """Records `positions` as a QueueDataset batch of them is laid out:

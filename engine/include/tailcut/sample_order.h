@@ -46,6 +46,10 @@ class TAILCUT_EXPORT SampleOrder {
 
   // The sample at `position`. REQUIRES: position < num_samples().
   uint64_t operator[](uint64_t position) const noexcept;
+  // out[k] = (*this)[begin + k] for k < end - begin: a batch's samples, the
+  // same values several times faster than one by one (hot path too).
+  // REQUIRES: begin <= end <= num_samples().
+  void Fill(uint64_t begin, uint64_t end, uint64_t* out) const noexcept;
   uint64_t num_samples() const noexcept { return num_samples_; }
 
  private:

@@ -10,6 +10,8 @@ pool and several hosts are those of a map-style dataset. This module reads
 the records of the positions a process takes, a group (a batch, or 64
 records) at a time in one batched call, sorted and coalesced underneath."""
 
+import numpy as np
+
 import tailcut
 from tailcut._record_files import ReadBatch, samples_difference
 from tailcut.torch._tensors import from_numpy
@@ -37,36 +39,42 @@ def _take(q, epoch):
 def _groups(q, epoch, want, taken):
     """(record numbers, their items' epoch, items finished with this group)
     in groups of `want` records of one epoch (shorter at an epoch's end and
-    at the end). Every item taken is appended to `taken` (the caller acks or
-    gives it back). Each position is claimed before it is read, so an idle
-    process may split off the unclaimed tail of an item."""
-    numbers, held, group_epoch = [], [], None
+    at the end). The numbers are a uint64 array that the next group
+    overwrites: read them before asking for it (one array per iteration, the
+    permutation written into it in C++: no Python int per record). Every
+    item taken is appended to `taken` (the caller acks or gives it back).
+    Each position is claimed before it is read, so an idle process may split
+    off the unclaimed tail of an item."""
+    numbers = np.empty(want, np.uint64)
+    n, held, group_epoch = 0, [], None
     for item in _take(q, epoch):
         taken.append(item)
-        if numbers and item.epoch != group_epoch:  # one epoch per group
-            yield numbers, group_epoch, held
-            numbers, held = [], []
+        if n and item.epoch != group_epoch:  # one epoch per group
+            yield numbers[:n], group_epoch, held
+            n, held = 0, []
         group_epoch = item.epoch
         held.append(item)
-        position = item.begin
+        position, item_end = item.begin, item.end
         while True:
-            room = want - len(numbers)
-            end = item.claim(min(position + room, item.end))
-            stop = min(end, position + room)
+            stop = position + want - n
+            end = item.claim(stop if stop < item_end else item_end)
+            if end < stop:
+                stop = end
             if position >= stop:
                 break  # the item is read (or its tail split off by another process)
-            numbers.extend(item.indices(position, stop))
+            item.indices(position, stop, out=numbers[n:n + stop - position])
+            n += stop - position
             position = stop
-            if len(numbers) == want:
+            if n == want:
                 done = position >= end
                 finished = held if done else held[:-1]
                 yield numbers, group_epoch, finished  # the caller acks `finished`
                 held = held[len(finished):]
-                numbers = []
+                n = 0
                 if done:
                     break
-    if numbers or held:
-        yield numbers, group_epoch, held
+    if n or held:
+        yield numbers[:n], group_epoch, held
 
 
 def generate(ds, q, epoch):
@@ -87,7 +95,7 @@ def generate(ds, q, epoch):
                     if late:
                         ds.late_records += 1
                     yield record if transform is None else transform(record)
-            elif numbers and not (ds.drop_last and len(numbers) < want):
+            elif len(numbers) and not (ds.drop_last and len(numbers) < want):
                 if late:
                     ds.late_records += len(numbers)
                 piece = records.layout(numbers)
