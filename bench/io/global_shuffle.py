@@ -3,7 +3,7 @@ each order mixes label-sorted data, what it costs to read, and what the record
 index costs to build. The tables of docs/shuffle.md.
 
     PYTHONPATH=build/python python3 bench/io/global_shuffle.py [--records 400000]
-        [--record-bytes 128] [--repeats 3] [--skip-speed]
+        [--record-bytes 128] [--repeats 3] [--skip-speed] [--speed-only]
 
 1. Classes per batch: 20 classes x 1,000 records in 4 files written in class
    order (class c = records 1000c .. 1000c + 999), batches of 256 consecutive
@@ -13,7 +13,9 @@ index costs to build. The tables of docs/shuffle.md.
    and a map-style dataset through IndexDataset (the same permutation).
 2. Records/s, page cache hot, one process, batches of 256: file order against
    the global shuffle (fixed-size and TFRecord records of --record-bytes, in 8
-   files), best of --repeats.
+   files): --repeats runs of each, alternating, a fresh dataset each; the
+   medians, their ratio, the range of the runs' ratios and the load average
+   (the machine may be shared: run it again when it was busy).
 3. Index build: the first QueueDataset(shuffle="global") of the TFRecord files
    (an empty index directory: every file scanned) against `cat files >
    /dev/null` of the same files, both with the page cache hot; then a second
@@ -131,41 +133,50 @@ def write_speed_data(tmp, n, record_bytes):
     return files, per_file * 8
 
 
-def read_rate(paths, fmt, record_bytes, n, repeats, tmp, **options):
-    best = None
-    for r in range(repeats):
-        ds = tailcut.torch.QueueDataset(
-            paths, BATCH, format=fmt, record_bytes=record_bytes if fmt == "fixed" else None,
-            seed=1, name=f"speed-{os.getpid()}-{r}", on_notice=lambda line: None, **options)
-        start = time.perf_counter()
-        got = 0
-        for batch in ds:
-            got += len(batch) if isinstance(batch, torch.Tensor) else len(batch[1]) - 1
-        secs = time.perf_counter() - start
-        ds.close()
-        assert got == n, (got, n)
-        best = secs if best is None else min(best, secs)
-    return n / best
+def read_rate(paths, fmt, record_bytes, n, run, **options):
+    """Records/s of one epoch of a fresh QueueDataset."""
+    ds = tailcut.torch.QueueDataset(
+        paths, BATCH, format=fmt, record_bytes=record_bytes if fmt == "fixed" else None,
+        seed=1, name=f"speed-{os.getpid()}-{run}", on_notice=lambda line: None, **options)
+    start = time.perf_counter()
+    got = 0
+    for batch in ds:
+        got += len(batch) if isinstance(batch, torch.Tensor) else len(batch[1]) - 1
+    secs = time.perf_counter() - start
+    ds.close()
+    assert got == n, (got, n)
+    return n / secs
+
+
+def load():
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def speed_table(tmp, args):
     files, n = write_speed_data(tmp, args.records, args.record_bytes)
     index = os.path.join(tmp, "speed-index")
     print(f"\nRecords/s, one process, batches of {BATCH}, page cache hot ({n} records of "
-          f"{args.record_bytes} B in 8 files; best of {args.repeats})")
-    print(f"{'format':10} {'file order':>12} {'global':>12} {'global / file order':>20}")
+          f"{args.record_bytes} B in 8 files; median of {args.repeats} runs each, alternating)")
+    print(f"{'format':10} {'file order':>12} {'global':>12} {'global / file order':>20} "
+          f"{'runs':>12}  load (1/5/15 min)")
     for fmt, paths in files.items():
         for p in paths:  # the page cache hot
             with open(p, "rb") as f:
                 while f.read(1 << 22):
                     pass
-        file_order = read_rate(paths, fmt, args.record_bytes, n, args.repeats, tmp,
-                               shuffle=False, shuffle_buffer=0, interleave=1)
         tailcut.RecordFiles(paths, fmt, args.record_bytes if fmt == "fixed" else None,
                             cache_dir=index)  # indexed before the timing
-        global_rate = read_rate(paths, fmt, args.record_bytes, n, args.repeats, tmp,
-                                shuffle="global", index_dir=index)
-        print(f"{fmt:10} {file_order:12.0f} {global_rate:12.0f} {global_rate / file_order:19.2f}x")
+        before = load()
+        file_order, global_order = [], []
+        for run in range(args.repeats):
+            file_order.append(read_rate(paths, fmt, args.record_bytes, n, run, shuffle=False,
+                                        shuffle_buffer=0, interleave=1))
+            global_order.append(read_rate(paths, fmt, args.record_bytes, n, run,
+                                          shuffle="global", index_dir=index))
+        ratios = [g / f for f, g in zip(file_order, global_order)]
+        f, g = statistics.median(file_order), statistics.median(global_order)
+        print(f"{fmt:10} {f:12.0f} {g:12.0f} {g / f:19.2f}x {min(ratios):6.2f}-"
+              f"{max(ratios):.2f}x  {before} -> {load()}")
     return files
 
 
@@ -198,12 +209,16 @@ def main():
     parser.add_argument("--record-bytes", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="the records/s table alone (no classes per batch, no index build)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        mixing_table(tmp)
+        if not args.speed_only:
+            mixing_table(tmp)
         if not args.skip_speed:
             files = speed_table(tmp, args)
-            index_table(tmp, files)
+            if not args.speed_only:
+                index_table(tmp, files)
 
 
 if __name__ == "__main__":
