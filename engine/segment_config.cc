@@ -100,8 +100,8 @@ void CompareConfig(const Segment& s, const QueueConfig& config) {
   if (config.num_samples != 0 && h.paths_hash != config.PathsHash())
     throw mismatch(
         "the samples differ: the queue was created over another data set of as many samples "
-        "(its samples_id differs: for QueueDataset(shuffle='global'), other record files, in "
-        "another order or with other record counts)");
+        "(its samples_id differs: for QueueDataset(shuffle='global'), other record files, or "
+        "the same in another order or with other record counts or sizes)");
   if (h.paths_hash != config.PathsHash()) {
     for (uint64_t f = 0; f < h.num_files; ++f) {
       std::string theirs = SegmentPathString(s, f);
