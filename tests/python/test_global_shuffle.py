@@ -393,6 +393,9 @@ def test_a_checkpoint_of_other_files_with_as_many_records_is_refused_naming_what
         (write_ids(tmp_path / "more", ["part-0.bin", "part-1.bin"], first=0)
          + write_ids(tmp_path / "more" / "x", ["part-2.bin"]) + [paths[3]],
          "other files"),
+        # Another data set written the same way: the same names, counts and sizes.
+        (write_ids(tmp_path / "val", names, first=10**6),
+         "the 4 files have the same names, record counts and sizes but other contents"),
     ]
     for other, what in refused:
         with pytest.raises(tailcut.ConfigMismatchError, match=(

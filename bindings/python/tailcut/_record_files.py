@@ -18,6 +18,10 @@ import numpy as np
 
 from tailcut import _core
 
+# Files whose first and last bytes samples_id() reads (spread over the list), and how many
+# bytes at each end: a bounded cost at every start, however many files.
+CONTENT_FILES, CONTENT_BYTES = 64, 64
+
 # Records read in parallel: reads of different runs (files, or parts of one
 # file far apart) at once, for a cold disk; with the page cache hot they are
 # copies and more threads do not help on a small machine.
@@ -91,7 +95,8 @@ class RecordFiles:
     def samples_id(self):
         """What these records are, as a checkpoint must find them again: the
         format, and the files in order with their names relative to the
-        files' common directory, their record counts and their sizes (three
+        files' common directory, their record counts, their sizes and the
+        first and last CONTENT_BYTES of up to CONTENT_FILES of them (four
         digests, with the first and the last name to show). Not the absolute
         paths: a data set copied to another mount is the same data set. A
         JSON text (WorkQueueOptions::samples_id, which the queue
@@ -103,7 +108,8 @@ class RecordFiles:
         return json.dumps(dict(
             format=self.core.format, files=len(paths), records=len(self),
             names=_digest(names), counts=_digest(self.core.counts()), sizes=_digest(sizes),
-            first=names[0], last=names[-1]), sort_keys=True)
+            content=_content_digest(paths, sizes), first=names[0], last=names[-1]),
+            sort_keys=True)
 
     def __reduce__(self):
         # on_notice is the builder's (often a bound method of a dataset): a
@@ -119,10 +125,27 @@ def _digest(values):
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _content_digest(paths, sizes):
+    """A digest of the first and last CONTENT_BYTES of CONTENT_FILES files
+    spread evenly over `paths` (all of them when fewer): other data under
+    the same names, counts and sizes (another split of a data set written
+    the same way) differs there, and a copy does not."""
+    k = min(len(paths), CONTENT_FILES)
+    picks = sorted({round(i * (len(paths) - 1) / max(k - 1, 1)) for i in range(k)})
+    h = hashlib.sha256()
+    for f in picks:
+        with open(paths[f], "rb") as file:
+            h.update(file.read(CONTENT_BYTES))
+            if sizes[f] > CONTENT_BYTES:
+                file.seek(max(CONTENT_BYTES, sizes[f] - CONTENT_BYTES))
+                h.update(file.read(CONTENT_BYTES))
+    return h.hexdigest()[:16]
+
+
 def samples_difference(saved, here):
     """What differs between two samples_id() texts, in words (None when
     they agree): the first of format, number of files, records, the files'
-    names (and order), their record counts, their sizes."""
+    names (and order), their record counts, their sizes, their contents."""
     if saved == here:
         return None
     try:
@@ -146,8 +169,12 @@ def samples_difference(saved, here):
     if a["counts"] != b["counts"]:
         return (f"the {a['files']} files hold as many records in all, but other counts per "
                 f"file (another order, or records moved between files)")
-    return (f"the {a['files']} files have the same names and record counts but other sizes "
-            f"(rewritten since)")
+    if a["sizes"] != b["sizes"]:
+        return (f"the {a['files']} files have the same names and record counts but other sizes "
+                f"(rewritten since)")
+    return (f"the {a['files']} files have the same names, record counts and sizes but other "
+            f"contents (their first and last bytes differ: another data set written the same "
+            f"way, or files rewritten since)")
 
 
 class ReadBatch:
