@@ -302,5 +302,28 @@ TEST(RecordIndex, EmptyFilesAmongOthersAreSkippedByTheNumbering) {
   EXPECT_EQ(ReadAll(*files, {2, 0, 1}), (std::vector<std::string>{"c", "a", "b"}));
 }
 
+// The TFRecord scan reads 256 KiB windows and sizes its vectors from the
+// file's first 256 records: here those are empty (an estimate of a record
+// per 16 bytes, far too high), then records longer than a window (skipped,
+// not read), then short ones again.
+TEST(RecordIndex, ATfrecordOfEmptyHugeAndShortRecordsIsIndexedWhole) {
+  TempDir dir;
+  std::string content;
+  std::vector<std::string> records;
+  for (int i = 0; i < 300; ++i) records.push_back("");
+  for (int i = 0; i < 12; ++i) records.push_back(std::string((300 << 10) + i, char('a' + i)));
+  for (int i = 0; i < 300; ++i) records.push_back("r" + std::to_string(i));
+  for (const std::string& r : records) AppendTfrecord(&content, r);
+  const std::string path = dir.path() + "/mixed.tfrecord";
+  WriteFile(path, content);
+  auto files = RecordFiles::Build({path}, RecordFormat::Parse("tfrecord"), CacheIn(dir.path()));
+  ASSERT_EQ(files->size(), records.size());
+  std::vector<uint64_t> all(records.size());
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(ReadAll(*files, all), records);
+  // The estimate's room was given back: at most twice the records, and some.
+  EXPECT_LE(files->file(0).offsets.capacity(), 2 * records.size() + 1024);
+}
+
 }  // namespace
 }  // namespace tailcut
