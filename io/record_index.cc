@@ -308,7 +308,7 @@ void Scan(int fd, const std::string& path, RecordIndex* index) {
 // kScanBytes windows; a record longer than a window is skipped, not read.
 void ScanTfrecord(int fd, const std::string& path, RecordIndex* index) {
   constexpr uint64_t kHeader = 12, kOverhead = 16;  // u64 length, u32 CRC; u32 data CRC
-  constexpr size_t kSampleRecords = 256;  // records that size the index's vectors
+  constexpr size_t kSampleRecords = 256;            // records that size the index's vectors
   const uint64_t size = index->identity.size;
   auto fail = [&](uint64_t at, const std::string& what) {
     throw Error(ErrorKind::kCorrupt, "tfrecord file '" + Printable(path) + "' at offset " +
