@@ -40,6 +40,8 @@ constexpr uint64_t kTfrecordHeader = 12;  // u64 length, u32 masked CRC of it
 constexpr uint64_t kTfrecordFooter = 4;   // u32 masked CRC of the data
 constexpr uint32_t kDefaultLeases = 8;    // WorkQueueOptions::leases_per_client's default
 constexpr uint32_t kGlobalShuffleLeases = 32;
+constexpr uint64_t kDefaultMinSplit = 64 << 10;  // WorkQueueOptions::min_split_bytes' default
+constexpr uint64_t kIndexMinSplit = 8;
 
 void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) noexcept {
   // Single writer: a relaxed load and store, no locked instruction.
@@ -500,6 +502,9 @@ WorkQueueOptions GlobalOrderReader::QueueOptions(const RecordFiles& files,
     options.num_slices =
         std::min(std::max<uint64_t>(1, n / 256), std::max<uint64_t>((n + 4095) / 4096, 64));
   if (options.leases_per_client == kDefaultLeases) options.leases_per_client = kGlobalShuffleLeases;
+  // The Python WorkQueue's for an index work: a tail of 8 records is worth
+  // another process's time (splits still fall on the engine's split unit).
+  if (options.min_split_bytes == kDefaultMinSplit) options.min_split_bytes = kIndexMinSplit;
   return options;
 }
 

@@ -128,12 +128,15 @@ TEST(GlobalOrderReaderTest, QueueOptionsAreThoseOfQueueDatasetsGlobalShuffle) {
   EXPECT_TRUE(o.works.empty());
   EXPECT_TRUE(o.format.empty());
   EXPECT_EQ(o.leases_per_client, 32u);
+  EXPECT_EQ(o.min_split_bytes, 8u);  // Python's WorkQueue sets it so for an index work
   EXPECT_EQ(o.seed, base.seed);
   base.num_slices = 5;
   base.leases_per_client = 12;
+  base.min_split_bytes = 100;
   o = GlobalOrderReader::QueueOptions(*files, base);
   EXPECT_EQ(*o.num_slices, 5u);
   EXPECT_EQ(o.leases_per_client, 12u);
+  EXPECT_EQ(o.min_split_bytes, 100u);
 }
 
 // Same seed, same order: one process reads the records in ticket order, each

@@ -132,8 +132,9 @@ class TAILCUT_EXPORT GlobalOrderReader {
   // from `options` (name, seed, num_epochs, num_clients, ...): an index work
   // of files.size() samples (works, prefix and format cleared), shuffled,
   // num_slices when unset min(max(1, N / 256), max(ceil(N / 4096), 64)), and
-  // leases_per_client 32 when left at its default (a batch holds its items
-  // open until it is handed on). Pure.
+  // leases_per_client 32 and min_split_bytes 8 (records) when left at their
+  // defaults (a batch holds its items open until it is handed on; Python's
+  // WorkQueue splits an index work's tails down to 8 samples). Pure.
   static WorkQueueOptions QueueOptions(const RecordFiles& files, WorkQueueOptions options);
 
   // Takes no item yet. Throws tailcut::Error (kInvalidArgument): files null,
