@@ -3,7 +3,8 @@
 // epoch; one killed with kill -9 mid-epoch loses nothing (the records of
 // items it acked are read by nobody else, those of the item it held are read
 // again by the others); idle processes split the tail of a slow process's
-// item and every record is still read once.
+// item and every record is still read once; a reader that stalls past the
+// lease timeout loses its item and counts it as stale.
 //
 // The test process itself never builds a RecordFiles nor opens a queue
 // before it forks (both start threads, and a child forked from a process with
@@ -15,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -341,6 +343,66 @@ TEST(GlobalOrderReaderProcessTest, IdleProcessesSplitASlowProcessesItemAndEveryR
   }
   EXPECT_LT(slow_count, 21000u) << "the slow process read its whole item: nothing was split off";
   ExpectEachOnce(counts, all, data, 1);
+}
+
+// A reader that stalls past the lease timeout loses its item to another
+// process; when it goes on, it stops reading it at the next claim, counts it
+// in stale_items, says so, and ends without hanging. The records it handed
+// out before the stall are read again by the new owner (at least once).
+TEST(GlobalOrderReaderProcessTest, AnItemReassignedAfterALeaseTimeoutIsCountedAsStale) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 2, 600, 27);  // 1,200 records
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  WorkQueueOptions qo = Options(name, 1, 2);
+  qo.num_samples = data.records.size();
+  qo.num_slices = 8;
+  qo.lease_timeout = std::chrono::milliseconds(200);
+  // Forked now, while this process has no thread: it takes (and acks) every
+  // item once cued, ours too once its lease has expired.
+  ChildOnCue other_process([&] {
+    auto other = WorkQueue::Open(GlobalOrderReader::QueueOptions(
+        *RecordFiles::Build(data.paths, data.format, RecordIndexOptions{}), qo));
+    int n = 0;
+    WorkItem item;
+    TakeStatus status;
+    while ((status = other->Take(&item, std::chrono::steady_clock::now() +
+                                            std::chrono::seconds(20))) == TakeStatus::kOk) {
+      if (other->Ack(item) != ItemStatus::kOk) return 101;
+      ++n;
+    }
+    other->Close();
+    return status == TakeStatus::kEnd ? n : 100;
+  });
+  RecordIndexOptions index;
+  index.cache_dir = dir.path() + "/index";
+  auto files = RecordFiles::Build(data.paths, data.format, index);
+  auto queue = WorkQueue::Open(GlobalOrderReader::QueueOptions(*files, qo));
+  std::vector<std::string> notices;
+  GlobalOrderReaderOptions options;
+  options.on_notice = [&](const std::string& line) { notices.push_back(line); };
+  auto reader = GlobalOrderReader::Open(*queue, files, options);
+  Record batch[10];
+  size_t n = 0;
+  ASSERT_EQ(reader->NextBatch(batch, 10, &n), ReadStatus::kOk) << reader->error();
+  ASSERT_EQ(n, 10u);
+  ASSERT_EQ(reader->items_held(), 1u);
+
+  ASSERT_EQ(other_process.RunAndWait(), 8) << "the other process took every item, ours included";
+
+  size_t after = 0;
+  ReadStatus status;
+  while ((status = reader->NextBatch(batch, 10, &n)) == ReadStatus::kOk) after += n;
+  EXPECT_EQ(status, ReadStatus::kEnd) << reader->error();
+  EXPECT_EQ(after, 0u) << "every item was the other process's by then";
+  EXPECT_EQ(reader->stats().stale_items, 1u);
+  EXPECT_EQ(reader->stats().items_acked, 0u);
+  EXPECT_EQ(reader->items_held(), 0u);
+  bool said = false;
+  for (const std::string& line : notices)
+    said |= line.find("was reassigned (lease timeout)") != std::string::npos &&
+            line.find("its new owner reads it again") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 }  // namespace
