@@ -2,8 +2,8 @@
 // queue's permutation (what QueueDataset(shuffle="global") reads), batches
 // span items of one epoch, a checkpoint resumes mid-item exactly, a corrupt
 // TFRecord is an error naming file and offset, tar samples come whole, the
-// end of the data waits for another process's item, a forked child is
-// refused, and bad arguments are errors naming what is wrong.
+// end of the data waits for another process's item, two threads at once and
+// a forked child are refused, and bad arguments are errors naming what is wrong.
 // tests/io/global_order_reader_process_test.cc has the multi-process ones.
 #include "tailcut/global_order_reader.h"
 
@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fork_child.h"
@@ -383,6 +384,43 @@ TEST(GlobalOrderReaderTest, EmptyAtTheDeadlineWhileAnotherProcessHoldsAnItemThen
   got.clear();
   ASSERT_EQ(ReadSome(*reader, 32, &got), ReadStatus::kEnd) << reader->error();
   EXPECT_EQ(got.size(), 100u);
+}
+
+// Two threads in Next* at once: the second is refused at once, the first
+// ends with the sticky error, its items given back.
+TEST(GlobalOrderReaderTest, TwoThreadsCallingAtOnceFailTheReaderSayingSo) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kFixed, 2, 100);  // 600 records
+  std::string name = UniqueQueueName();
+  QueueCleanup cleanup{name};
+  WorkQueueOptions qo = BaseOptions(name);
+  qo.num_samples = data.records.size();
+  qo.num_slices = 6;
+  qo.num_clients = 2;
+  ItemHolder holder(qo);  // so that the first call waits at the end of the data
+  ASSERT_TRUE(holder.ok());
+  auto files = RecordFiles::Build(data.paths, data.format, CacheIn(dir.path()));
+  auto queue = WorkQueue::Open(qo);
+  auto reader = GlobalOrderReader::Open(*queue, files);
+  std::vector<Got> got;
+  ASSERT_EQ(ReadSome(*reader, 100, &got, 500), ReadStatus::kOk);
+  // Each call waits at most 1.5 s; whichever enters second is refused at
+  // once, and the one waiting in Take then ends with the sticky error.
+  auto call = [&] {
+    Record record;
+    return reader->NextRecord(&record,
+                              std::chrono::steady_clock::now() + std::chrono::milliseconds(1500));
+  };
+  ReadStatus first = ReadStatus::kOk;
+  std::thread waiter([&] { first = call(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the waiter is in Take
+  EXPECT_EQ(call(), ReadStatus::kError);
+  waiter.join();
+  EXPECT_EQ(first, ReadStatus::kError);
+  EXPECT_NE(reader->error().find("two threads at once"), std::string::npos) << reader->error();
+  EXPECT_EQ(reader->error_kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(reader->items_held(), 0u);
+  holder.GiveBack();
 }
 
 TEST(GlobalOrderReaderTest, AForkedChildIsRefusedAndItsCopyGivesNothingBack) {
