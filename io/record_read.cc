@@ -302,26 +302,61 @@ detail::DeviceFile OpenForReads(const RecordIndex& index, bool direct, const Not
   return out;
 }
 
-// This thread's io_uring, set up on first use and kept for the next batch. A
+// This thread's io_uring (and pread threads, where io_uring is unavailable
+// or not asked for), set up on first use and kept for the next batch. A
 // forked child does not use its parent's: it sets up its own.
 struct ThreadRing {
   pid_t pid = 0;
   uint32_t depth = 0;
   std::unique_ptr<detail::IoBackend> ring;
   bool unavailable = false;  // setup failed in this thread: pread from now on
+  uint32_t pread_depth = 0;
+  size_t pread_threads = 0;
+  std::unique_ptr<detail::IoBackend> pread;
+
+  // After a fork the pread threads are the parent's: none of them runs here,
+  // so they would never take a read. They are let go of, not stopped.
+  void Forget() {
+    (void)pread.release();
+    pread_depth = 0;
+    pread_threads = 0;
+    // The ring's pages and fd are this process's copies: unmapping and
+    // closing them leaves the parent's ring alone.
+    ring.reset();
+    depth = 0;
+    unavailable = false;
+  }
+  ~ThreadRing() {
+    if (pid != 0 && pid != ::getpid()) Forget();
+  }
 };
 thread_local ThreadRing t_ring;
 
 // The ring for queue_depth reads, or null (with a notice once per process)
 // when io_uring cannot be set up.
+// This thread's pread threads for queue_depth reads (kept like the ring).
+detail::IoBackend* PreadThreads(uint32_t queue_depth, size_t threads) {
+  ThreadRing& t = t_ring;
+  const pid_t pid = ::getpid();
+  if (t.pid != pid) {
+    t.Forget();
+    t.pid = pid;
+  }
+  if (!t.pread || t.pread_depth < queue_depth || t.pread_threads != threads) {
+    t.pread.reset();
+    t.pread = detail::MakePreadBackend(static_cast<uint32_t>(threads), queue_depth);
+    t.pread_depth = queue_depth;
+    t.pread_threads = threads;
+  }
+  return t.pread.get();
+}
+
 detail::IoBackend* Ring(uint32_t queue_depth, size_t pread_threads, bool by_env,
                         const Notice& notice) {
   ThreadRing& t = t_ring;
   const pid_t pid = ::getpid();
   if (t.pid != pid) {
-    // The parent's ring (after fork): unmapping it here leaves the parent's alone.
-    t.ring.reset();
-    t.unavailable = false;
+    t.Forget();
     t.pid = pid;
   }
   if (t.unavailable) return nullptr;
@@ -425,12 +460,8 @@ void ReadThroughBackend(const RecordFiles& files, const std::vector<Want>& wants
   for (detail::DeviceRead& r : reads) r.buf = staging.get() + reinterpret_cast<uintptr_t>(r.buf);
 
   detail::IoBackend* backend = nullptr;
-  std::unique_ptr<detail::IoBackend> pread;
   if (path == RecordReadPath::kUring) backend = Ring(depth, pread_threads, by_env, notice);
-  if (backend == nullptr) {
-    pread = detail::MakePreadBackend(static_cast<uint32_t>(pread_threads), depth);
-    backend = pread.get();
-  }
+  if (backend == nullptr) backend = PreadThreads(depth, pread_threads);
   auto refuse_direct = [&](size_t s) {
     const RecordIndex& index = files.file(file_of_slot[s]);
     WorkFile buffered = OpenWorkFile(index.path, &index.identity);
@@ -444,11 +475,13 @@ void ReadThroughBackend(const RecordFiles& files, const std::vector<Want>& wants
   detail::DeviceReadFailure failure;
   if (!detail::RunDeviceReads(*backend, depth, &open, &reads, refuse_direct, &failure)) {
     if (failure.backend_failed) {
-      // Reads may still land in the staging buffer: it and the ring are let go of.
+      // Reads may still land in the staging buffer: it and the backend are let go of.
+      const std::string name = backend->name();
       (void)staging.release();
-      if (backend != pread.get()) (void)t_ring.ring.release();
-      throw Error(ErrorKind::kIo, std::string("record reads: ") + backend->name() +
-                                      " failed: " + std::strerror(failure.error));
+      (void)(backend == t_ring.ring.get() ? t_ring.ring : t_ring.pread).release();
+      t_ring.depth = t_ring.pread_depth = 0;
+      throw Error(ErrorKind::kIo,
+                  "record reads: " + name + " failed: " + std::strerror(failure.error));
     }
     const RecordIndex& index = files.file(file_of_slot[reads[failure.read].file]);
     if (failure.error == 0) ThrowTruncated(index, failure.offset);
