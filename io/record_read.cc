@@ -385,7 +385,7 @@ detail::IoBackend* Ring(uint32_t queue_depth, size_t pread_threads, bool by_env,
                                        : "";
     notice("tailcut: io_uring unavailable for record reads: " + problem + hint + "; reading with " +
            std::to_string(pread_threads) + " pread threads (" +
-           (by_env ? "TAILCUT_IO=pread" : "path kPread") + " silences this)");
+           (by_env ? "unset TAILCUT_IO to read from mappings" : "path kPread silences this") + ")");
   }
   return nullptr;
 }
@@ -495,15 +495,19 @@ void ReadThroughBackend(const RecordFiles& files, const std::vector<Want>& wants
             spans[k].file_offset, out_at, out);
 }
 
-// The path asked for: options.path, else TAILCUT_IO, else the mapping.
+// The path asked for: options.path, else kUring where TAILCUT_IO=uring,
+// else the mapping. TAILCUT_IO=pread keeps the mapping: it is set for the
+// Reader's hot reads (docs/io.md), where pread threads for records would be
+// 4x to 30x slower than copies from a mapping (docs/shuffle.md).
 RecordReadPath ChoosePath(RecordReadPath asked, bool* by_env) {
   *by_env = false;
   if (asked != RecordReadPath::kDefault) return asked;
   const char* env = std::getenv("TAILCUT_IO");
-  if (env == nullptr || *env == '\0') return RecordReadPath::kMap;
-  *by_env = true;
-  if (std::strcmp(env, "uring") == 0) return RecordReadPath::kUring;
-  if (std::strcmp(env, "pread") == 0) return RecordReadPath::kPread;
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "pread") == 0) return RecordReadPath::kMap;
+  if (std::strcmp(env, "uring") == 0) {
+    *by_env = true;
+    return RecordReadPath::kUring;
+  }
   throw Error(ErrorKind::kInvalidArgument,
               std::string("TAILCUT_IO='") + env + "' is not 'uring' or 'pread'");
 }

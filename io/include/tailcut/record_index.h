@@ -99,8 +99,10 @@ TAILCUT_EXPORT std::shared_ptr<const RecordIndex> LoadOrBuildRecordIndex(
 // How ReadRecords reaches the records' bytes (docs/shuffle.md, "Reads", has
 // the numbers behind the default).
 enum class RecordReadPath {
-  // TAILCUT_IO="uring" or "pread" when set (the variable the Reader honours),
-  // else kMap.
+  // kUring where the environment has TAILCUT_IO=uring (the variable the
+  // Reader honours), else kMap: TAILCUT_IO=pread, which makes the Reader's
+  // hot reads faster, would make records' slower, so it keeps the mapping.
+  // Another value of TAILCUT_IO is kInvalidArgument, as for the Reader.
   kDefault,
   // Copies from a mapping of each file: the fastest with the page cache hot
   // (a copy per record, no system call); on a cold disk each copy faults in
