@@ -498,7 +498,7 @@ void ReadThroughBackend(const RecordFiles& files, const std::vector<Want>& wants
 // The path asked for: options.path, else kUring where TAILCUT_IO=uring,
 // else the mapping. TAILCUT_IO=pread keeps the mapping: it is set for the
 // Reader's hot reads (docs/io.md), where pread threads for records would be
-// 4x to 30x slower than copies from a mapping (docs/shuffle.md).
+// 4x to 33x slower than copies from a mapping (docs/shuffle.md).
 RecordReadPath ChoosePath(RecordReadPath asked, bool* by_env) {
   *by_env = false;
   if (asked != RecordReadPath::kDefault) return asked;
