@@ -472,6 +472,9 @@ void ReadThroughBackend(const RecordFiles& files, const std::vector<Want>& wants
     open[s].fd = buffered.fd;
     open[s].direct = false;
   };
+  // refuse_direct adds at most one fd per file, while reads are in flight:
+  // no allocation may throw then.
+  fds.reserve(fds.size() + open.size());
   detail::DeviceReadFailure failure;
   if (!detail::RunDeviceReads(*backend, depth, &open, &reads, refuse_direct, &failure)) {
     if (failure.backend_failed) {
