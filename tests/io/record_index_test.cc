@@ -270,17 +270,26 @@ TEST(RecordIndex, AFileTruncatedUnderItsMappingIsAnErrorNotACrash) {
   TempDir dir;
   DataSet data = MakeData(dir.path(), RecordFormatKind::kFixed, 1, 4000);  // 1.2 MB
   auto files = RecordFiles::Build(data.paths, data.format, CacheIn(dir.path()));
-  ReadAll(*files, {0});  // the file is mapped now
+  // The mapping, whatever TAILCUT_IO says.
+  auto read_mapped = [](const RecordFiles& f, const std::vector<uint64_t>& positions) {
+    ReadRecordsOptions options;
+    options.path = RecordReadPath::kMap;
+    std::string data;
+    std::vector<uint64_t> ends;
+    ReadRecords(f, positions, &data, &ends, options);
+    return std::vector<std::string>{data.substr(0, ends.empty() ? 0 : ends[0])};
+  };
+  read_mapped(*files, {0});  // the file is mapped now
   ASSERT_EQ(::truncate(data.paths[0].c_str(), 4096), 0);
   try {
-    ReadAll(*files, {files->size() - 1});
+    read_mapped(*files, {files->size() - 1});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
     EXPECT_NE(std::string(e.what()).find(data.paths[0]), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(ReadAll(*files, {1})[0], std::string(data.contents[0], 100, 100));  // still usable
+  EXPECT_EQ(read_mapped(*files, {1})[0], std::string(data.contents[0], 100, 100));  // still usable
 }
 
 TEST(RecordIndex, APositionOutOfRangeIsAnError) {
