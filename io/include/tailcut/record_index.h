@@ -21,8 +21,9 @@
 //
 // RecordFiles joins the indexes of several files into one numbering: record
 // r of the data set is record r - first(f) of file f. ReadRecords reads any
-// set of them with as few reads as possible: positions sorted, records that
-// touch or nearly touch coalesced into one read, reads issued in parallel.
+// set of them: copied from mappings of the files, or with as few reads as
+// possible (positions sorted, records that touch or nearly touch coalesced
+// into one read, reads issued in parallel).
 //
 // Contract
 //  * Control path throughout: functions allocate, make system calls and
@@ -178,16 +179,19 @@ class TAILCUT_EXPORT RecordFiles {
 // The payloads of records `positions` (numbers of `files`, any order,
 // repeats allowed), in the order asked, appended to *data: record k is
 // data[ends[k] - size_k, ends[k]), *ends gets one entry per position (the
-// end of each in *data). The records are sorted by file and offset, and
-// records at most options.max_gap bytes apart share one read (or one walk
-// through a mapping); options.path says how bytes are read (see
+// end of each in *data). options.path says how bytes are read (see
 // RecordReadPath). A TFRecord's data CRC is checked as it is read.
 //
 // kMap: each file is mapped (read-only, shared) on first use and records are
-// copied from the mapping. A file truncated under a mapping faults (SIGBUS)
+// copied from the mapping in the order asked (sorting pays for reads, not
+// for copies). A file that cannot be mapped is read as below: records sorted
+// by file and offset, those at most options.max_gap bytes apart in one
+// read. A file truncated under a mapping faults (SIGBUS)
 // on the copy: the copy catches that fault (a handler that passes every
 // other SIGBUS on to the one it replaced) and throws.
-// kUring, kPread: reads go to the device through a staging buffer; short
+// kUring, kPread: records sorted by file and offset, those at most
+// options.max_gap bytes apart in one read; reads go to the device through a
+// staging buffer; short
 // reads are continued, -EAGAIN/-EINTR retried, a read that fails or ends
 // early is an error naming file and offset, after every read in flight has
 // completed.
