@@ -35,7 +35,11 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'C', 'R', 'I', 'D', 'X', '0', '1'};
 constexpr uint32_t kVersion = 1;
-constexpr size_t kScanBytes = 4 << 20;  // bytes per read of the scan, at least
+// Bytes per read of the scan, at least. Small enough that the window stays in
+// the core's L2 cache between the read's copy and the scan's look at it (as
+// cat's 128 KiB buffer does): with 4 MiB the scan of 128-byte TFRecords ran at
+// half cat's speed, a third of it in the copy.
+constexpr size_t kScanBytes = 256 << 10;
 
 class Fd {
  public:
@@ -304,6 +308,7 @@ void Scan(int fd, const std::string& path, RecordIndex* index) {
 // kScanBytes windows; a record longer than a window is skipped, not read.
 void ScanTfrecord(int fd, const std::string& path, RecordIndex* index) {
   constexpr uint64_t kHeader = 12, kOverhead = 16;  // u64 length, u32 CRC; u32 data CRC
+  constexpr size_t kSampleRecords = 256;            // records that size the index's vectors
   const uint64_t size = index->identity.size;
   auto fail = [&](uint64_t at, const std::string& what) {
     throw Error(ErrorKind::kCorrupt, "tfrecord file '" + Printable(path) + "' at offset " +
@@ -343,8 +348,22 @@ void ScanTfrecord(int fd, const std::string& path, RecordIndex* index) {
     index->offsets.push_back(pos + kHeader);
     index->sizes.push_back(length);
     pos += kOverhead + length;
+    if (index->offsets.size() == kSampleRecords) {
+      // The file's records as long as its first ones on average: reserved
+      // once, where growing by doubling copied the vectors and faulted in
+      // new pages several times (a tenth of a scan of 128-byte records). An
+      // estimate too high reserves address space, not memory (pages are
+      // touched as records are appended), and is given back below.
+      const uint64_t estimate = size / (pos / kSampleRecords) + 1;
+      index->offsets.reserve(estimate);
+      index->sizes.reserve(estimate);
+    }
   }
   index->count = index->offsets.size();
+  if (index->offsets.capacity() > 2 * index->count + 1024) {  // the estimate was far off
+    index->offsets.shrink_to_fit();
+    index->sizes.shrink_to_fit();
+  }
 }
 
 }  // namespace
@@ -484,10 +503,12 @@ std::shared_ptr<const RecordFiles> RecordFiles::Build(const std::vector<std::str
 }
 
 void RecordFiles::Locate(uint64_t r, size_t* file, uint64_t* record_in_file) const noexcept {
-  // The last file whose first record is <= r (files with no records are skipped over).
+  // The last file whose first record is <= r. It holds r: the next file's
+  // first record is > r, and files with no records share their first with
+  // the file after them, so the last of those equal firsts is never empty.
+  // (No look at the file's own index: that was a cache miss per record.)
   auto it = std::upper_bound(first_.begin(), first_.end(), r);
-  size_t f = static_cast<size_t>(it - first_.begin()) - 1;
-  while (files_[f]->count == 0 || r - first_[f] >= files_[f]->count) ++f;
+  const size_t f = static_cast<size_t>(it - first_.begin()) - 1;
   *file = f;
   *record_in_file = r - first_[f];
 }

@@ -16,10 +16,11 @@ index costs to build. The tables of docs/shuffle.md.
    files): --repeats runs of each, alternating, a fresh dataset each; the
    medians, their ratio, the range of the runs' ratios and the load average
    (the machine may be shared: run it again when it was busy).
-3. Index build: the first QueueDataset(shuffle="global") of the TFRecord files
-   (an empty index directory: every file scanned) against `cat files >
-   /dev/null` of the same files, both with the page cache hot; then a second
-   one (every index loaded).
+3. Index build: the first tailcut.RecordFiles of the TFRecord files (an empty
+   index directory: every file scanned), on one thread and on the default
+   threads, against `cat files > /dev/null` of the same files, alternating,
+   the page cache hot, median of max(--repeats, 5); then a second one (every
+   index loaded).
 """
 
 import argparse
@@ -180,27 +181,35 @@ def speed_table(tmp, args):
     return files
 
 
-def index_table(tmp, files):
+def index_table(tmp, files, repeats):
+    """cat against a first build (a fresh index directory: every file scanned) on
+    one thread and on the default (a thread per core, at most 8), alternating,
+    median of `repeats`; then a second build (every index loaded)."""
     paths = files["tfrecord"]
     size = sum(os.path.getsize(p) for p in paths)
-    index = os.path.join(tmp, "build-index")
-    cat = []
-    for _ in range(3):
+    times = {"cat": [], "scan, 1 thread": [], "scan, default threads": []}
+    for r in range(repeats):
         start = time.perf_counter()
         subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
-        cat.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    first = tailcut.RecordFiles(paths, "tfrecord", cache_dir=index)
-    build = time.perf_counter() - start
+        times["cat"].append(time.perf_counter() - start)
+        for label, threads in (("scan, 1 thread", 1), ("scan, default threads", 0)):
+            index = tempfile.mkdtemp(dir=tmp)
+            start = time.perf_counter()
+            first = tailcut.RecordFiles(paths, "tfrecord", cache_dir=index, threads=threads)
+            times[label].append(time.perf_counter() - start)
+            assert first.files_scanned == len(paths)
     start = time.perf_counter()
     second = tailcut.RecordFiles(paths, "tfrecord", cache_dir=index)
     again = time.perf_counter() - start
-    assert first.files_scanned == len(paths) and second.files_scanned == 0
+    assert second.files_scanned == 0
+    cat = statistics.median(times["cat"])
     print(f"\nRecord index of {len(paths)} TFRecord files ({size / 1e6:.0f} MB, "
-          f"{len(first)} records), page cache hot")
-    print(f"  cat files > /dev/null   {min(cat) * 1e3:8.1f} ms")
-    print(f"  first build (scan)      {build * 1e3:8.1f} ms   {build / min(cat):.2f}x cat")
-    print(f"  second build (loaded)   {again * 1e3:8.1f} ms")
+          f"{len(first)} records), page cache hot, median of {repeats} (min-max)")
+    for label, t in times.items():
+        ratio = "" if label == "cat" else f"   {statistics.median(t) / cat:.2f}x cat"
+        print(f"  {label:24} {statistics.median(t) * 1e3:8.1f} ms ({min(t) * 1e3:.1f}-"
+              f"{max(t) * 1e3:.1f}){ratio}")
+    print(f"  second build (loaded)    {again * 1e3:8.1f} ms")
 
 
 def main():
@@ -218,7 +227,7 @@ def main():
         if not args.skip_speed:
             files = speed_table(tmp, args)
             if not args.speed_only:
-                index_table(tmp, files)
+                index_table(tmp, files, max(args.repeats, 5))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ by reference (the job's main script cannot be)."""
 
 import os
 import signal
+import socket
 import time
 
 import numpy as np
@@ -78,3 +79,11 @@ def tailcut_cli():
             return cli
     import pytest
     pytest.skip("the tailcut command is not built beside the package")
+
+
+def free_port():
+    """A TCP port free now on the loopback: a torchrun rendezvous or an exporter of its own
+    (torchrun --standalone always takes 29400, which another job of the host may hold)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

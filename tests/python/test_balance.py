@@ -5,7 +5,6 @@ one slow rank, and the allocation, joining and argument checks alone."""
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import tailcut.torch  # noqa: E402
 from tailcut.pool import Balance, PooledLoader  # noqa: E402
 from tailcut.pool._balance import allocate, join  # noqa: E402
 
-from _pool_helpers import write_ids  # noqa: E402
+from _pool_helpers import free_port, write_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RECORDS = 480
@@ -193,12 +192,6 @@ def test_a_balanced_rank_restored_from_its_state_reads_every_record_once(tmp_pat
 
 
 # ---- Real jobs: torchrun, one slow rank ------------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(tmp_path, ranks, mode, epochs):

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,7 @@ torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 import tailcut.pool  # noqa: E402
 
-from _pool_helpers import RECORD, Slow, tailcut_cli, write_ids  # noqa: E402
+from _pool_helpers import RECORD, Slow, free_port, tailcut_cli, write_ids  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -167,12 +166,6 @@ def test_the_next_attempt_removes_the_status_a_killed_one_left(rname, tmp_path, 
     loader.close()
     ds.close()
     assert left_in_shm(rname) == []
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_balanced_job_shows_its_ranks_shares_and_speeds_in_top(tmp_path):

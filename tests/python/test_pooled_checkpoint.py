@@ -10,7 +10,6 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,19 +22,13 @@ from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
-from _pool_helpers import write_ids  # noqa: E402,F401 (pooled_ckpt_stress.py uses it too)
+from _pool_helpers import free_port, write_ids  # noqa: E402,F401 (the stress script uses write_ids too)
 
 HERE = pathlib.Path(__file__).resolve().parent
 RANKS = 2
 RECORDS = 2400
 BATCH = 16
 EPOCHS = 3
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(data, out, name, *extra):

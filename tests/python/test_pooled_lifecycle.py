@@ -13,7 +13,6 @@ import os
 import pathlib
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from tailcut.pool import loader as pool_loader
 
 pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
+from _pool_helpers import free_port  # noqa: E402
 from _torch_workers import write_records  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -170,12 +170,6 @@ class Job:
                 assert gone - since <= 2.0, f"rank {rank} ran {gone - since:.2f} s on"
         assert first is not None, "no rank raised"
         return raised
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(fn, timeout=60):

@@ -19,13 +19,7 @@ torch = pytest.importorskip("torch")
 import tailcut.torch as tt  # noqa: E402
 import tailcut.pool  # noqa: E402
 
-from _pool_helpers import RECORD, Slow, ids_of, tailcut_cli, write_ids  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _pool_helpers import RECORD, Slow, free_port, ids_of, tailcut_cli, write_ids  # noqa: E402
 
 
 def start_exporter(port):

@@ -21,8 +21,9 @@
 //
 // RecordFiles joins the indexes of several files into one numbering: record
 // r of the data set is record r - first(f) of file f. ReadRecords reads any
-// set of them with as few reads as possible: positions sorted, records that
-// touch or nearly touch coalesced into one read, reads issued in parallel.
+// set of them: copied from mappings of the files, or with as few reads as
+// possible (positions sorted, records that touch or nearly touch coalesced
+// into one read, reads issued in parallel).
 //
 // Contract
 //  * Control path throughout: functions allocate, make system calls and
@@ -96,6 +97,46 @@ TAILCUT_EXPORT std::shared_ptr<const RecordIndex> LoadOrBuildRecordIndex(
     const std::string& path, const RecordFormat& format, const RecordIndexOptions& options,
     bool* scanned = nullptr);
 
+// How ReadRecords reaches the records' bytes (docs/shuffle.md, "Reads", has
+// the numbers behind the default).
+enum class RecordReadPath {
+  // kUring where the environment has TAILCUT_IO=uring (the variable the
+  // Reader honours), else kMap: TAILCUT_IO=pread, which makes the Reader's
+  // hot reads faster, would make records' slower, so it keeps the mapping.
+  // Another value of TAILCUT_IO is kInvalidArgument, as for the Reader.
+  kDefault,
+  // Copies from a mapping of each file: the fastest with the page cache hot
+  // (a copy per record, no system call); on a cold disk each copy faults in
+  // its page, one fault at a time. A file that cannot be mapped is read with
+  // pread, `threads` reads at once.
+  kMap,
+  // One io_uring per thread: the batch's reads (sorted, coalesced) submitted
+  // together, up to queue_depth in flight, so a cold disk serves them in
+  // parallel. Where io_uring is unavailable (old kernel, seccomp,
+  // kernel.io_uring_disabled), the same reads by pread threads, with a
+  // one-line notice once per process.
+  kUring,
+  // The reads of kUring by pread threads (max(threads, 2) of them).
+  kPread,
+};
+
+struct ReadRecordsOptions {
+  RecordReadPath path = RecordReadPath::kDefault;
+  // kMap's pread fallback: reads at once; kPread: pread threads (at least 2).
+  size_t threads = 1;
+  // Records at most max_gap bytes apart are read by one read.
+  uint64_t max_gap = 4096;
+  // kUring and kPread: reads in flight at once (1 to 4096).
+  uint32_t queue_depth = 64;
+  // kUring and kPread: O_DIRECT reads (offsets, lengths and buffers aligned
+  // to the file's direct-I/O alignment), bypassing the page cache. A file
+  // whose filesystem refuses O_DIRECT is read buffered, with a notice once
+  // per filesystem.
+  bool direct = false;
+  // Where one-line notices go (the fallbacks above). Default: stderr.
+  std::function<void(const std::string&)> on_notice;
+};
+
 // Several files numbered as one data set.
 namespace detail {
 class RecordMaps;
@@ -132,22 +173,38 @@ class TAILCUT_EXPORT RecordFiles {
   const std::unique_ptr<detail::RecordMaps> maps_;
 
   friend void ReadRecords(const RecordFiles&, const std::vector<uint64_t>&, std::string*,
-                          std::vector<uint64_t>*, size_t, uint64_t);
+                          std::vector<uint64_t>*, const ReadRecordsOptions&);
 };
 
 // The payloads of records `positions` (numbers of `files`, any order,
 // repeats allowed), in the order asked, appended to *data: record k is
 // data[ends[k] - size_k, ends[k]), *ends gets one entry per position (the
-// end of each in *data). Each file is mapped (read-only, shared) on first
-// use and records are copied from the mapping: with the page cache hot a
-// record costs a copy, not a system call. A file that cannot be mapped
-// (vm.max_map_count reached, a file system without mmap) is read with
-// pread instead: sorted by offset, records at most max_gap bytes apart in
-// one read; up to `threads` reads at once. A file truncated under a mapping
-// faults (SIGBUS) on the copy: the copy catches that fault (a handler that
-// passes every other SIGBUS on to the one it replaced) and throws. Throws tailcut::Error:
-// kInvalidArgument for a position out of range, the file's error when it cannot be opened or
-// changed, kCorrupt naming file and offset for a TFRecord whose data CRC fails.
+// end of each in *data). options.path says how bytes are read (see
+// RecordReadPath). A TFRecord's data CRC is checked as it is read.
+//
+// kMap: each file is mapped (read-only, shared) on first use and records are
+// copied from the mapping in the order asked (sorting pays for reads, not
+// for copies). A file that cannot be mapped is read as below: records sorted
+// by file and offset, those at most options.max_gap bytes apart in one
+// read. A file truncated under a mapping faults (SIGBUS)
+// on the copy: the copy catches that fault (a handler that passes every
+// other SIGBUS on to the one it replaced) and throws.
+// kUring, kPread: records sorted by file and offset, those at most
+// options.max_gap bytes apart in one read; reads go to the device through a
+// staging buffer; short
+// reads are continued, -EAGAIN/-EINTR retried, a read that fails or ends
+// early is an error naming file and offset, after every read in flight has
+// completed.
+//
+// Throws tailcut::Error: kInvalidArgument for a position out of range or a
+// bad option, the file's error when it cannot be opened or changed, kIo
+// naming file and offset for a failed read or a file that ends early,
+// kCorrupt naming file and offset for a TFRecord whose data CRC fails.
+TAILCUT_EXPORT void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& positions,
+                                std::string* data, std::vector<uint64_t>* ends,
+                                const ReadRecordsOptions& options);
+
+// The same with path kDefault.
 TAILCUT_EXPORT void ReadRecords(const RecordFiles& files, const std::vector<uint64_t>& positions,
                                 std::string* data, std::vector<uint64_t>* ends, size_t threads = 1,
                                 uint64_t max_gap = 4096);
