@@ -336,7 +336,9 @@ ReadStatus GlobalOrderReader::Impl::Fill(size_t want, Deadline deadline) noexcep
     const uint64_t serial = front_serial_ + held_.size() - 1;
     segs_.push_back(
         Seg{serial, numbers_.size(), back->next, static_cast<size_t>(stop - back->next)});
-    for (uint64_t p = back->next; p < stop; ++p) numbers_.push_back((*order_)[p]);
+    const size_t at = numbers_.size();
+    numbers_.resize(at + static_cast<size_t>(stop - back->next));
+    order_->Fill(back->next, stop, numbers_.data() + at);
     back->next = stop;
   }
   data_.clear();
