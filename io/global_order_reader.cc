@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "engine/process_owner.h"
+#include "io/call_guard.h"
 #include "tailcut/sample_order.h"
 
 namespace tailcut {
@@ -60,20 +61,16 @@ class GlobalOrderReader::Impl {
   ReadStatus Produce(Record* out, size_t max, size_t* n, Deadline deadline) noexcept;
   void Close() noexcept;
 
-  bool Enter() noexcept {
-    // Relaxed: the flag only detects overlap and orders nothing (as the Reader's).
-    if (!in_use_.exchange(true, std::memory_order_relaxed)) return true;
-    overlapped_.store(true, std::memory_order_relaxed);
-    return false;
-  }
+  // A Next* call begins and ends (io/call_guard.h), as the Reader's.
+  bool Enter() noexcept { return calls_.Enter(); }
   ReadStatus Leave(ReadStatus status) noexcept {
-    if (overlapped_.load(std::memory_order_relaxed)) {
+    if (calls_.overlapped()) {
       status = Fail(
           "global order reader: NextRecord/NextBatch called from two threads at once; a reader "
           "is used by one thread at a time: open one per thread",
           ErrorKind::kInvalidArgument);
     }
-    in_use_.store(false, std::memory_order_relaxed);
+    calls_.Leave();
     return status;
   }
 
@@ -179,8 +176,7 @@ class GlobalOrderReader::Impl {
   TakeStatus gone_ = TakeStatus::kOk;
   std::string error_;
   ErrorKind error_kind_ = ErrorKind::kIo;
-  std::atomic<bool> in_use_{false};
-  std::atomic<bool> overlapped_{false};
+  detail::CallGuard calls_;
   Stats stats_;
 };
 

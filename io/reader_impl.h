@@ -40,6 +40,7 @@
 
 #include "engine/process_owner.h"
 #include "io/buffer_arena.h"
+#include "io/call_guard.h"
 #include "io/io_backend.h"
 #include "tailcut/reader.h"
 
@@ -167,23 +168,17 @@ class Reader::Impl {
   // How long the Next* call under way may wait for other processes' items;
   // set at each call (a member, so the per-record loop does not carry it).
   void set_deadline(Deadline deadline) noexcept { deadline_ = deadline; }
-  // A Next* call begins: false if another is under way in another thread
-  // (the contract says one thread at a time), which then fails the Reader as
-  // it ends. Relaxed: the flag only detects overlap and orders nothing; the
-  // caller's own synchronisation hands a Reader from thread to thread.
-  bool Enter() noexcept {
-    if (!in_use_.exchange(true, std::memory_order_relaxed)) return true;
-    overlapped_.store(true, std::memory_order_relaxed);
-    return false;
-  }
+  // A Next* call begins and ends (io/call_guard.h): a second call under way
+  // at once fails the Reader as the first ends.
+  bool Enter() noexcept { return calls_.Enter(); }
   ReadStatus Leave(ReadStatus status) noexcept {
-    if (overlapped_.load(std::memory_order_relaxed)) {
+    if (calls_.overlapped()) {
       status = Fail(
           "reader: NextRecord/NextBatch/NextChunk called from two threads at once; a Reader is "
           "used by one thread at a time: open one per thread",
           ErrorKind::kInvalidArgument);
     }
-    in_use_.store(false, std::memory_order_relaxed);
+    calls_.Leave();
     return status;
   }
   void Close() noexcept;
@@ -371,8 +366,7 @@ class Reader::Impl {
   Deadline deadline_ = Deadline::max();  // of the Next* call under way
   std::string error_;
   Stats stats_;
-  std::atomic<bool> in_use_{false};      // a Next* call is under way (Enter/Leave)
-  std::atomic<bool> overlapped_{false};  // two were: the Reader fails
+  detail::CallGuard calls_;
 };
 
 }  // namespace tailcut
