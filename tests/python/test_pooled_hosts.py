@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import tailcut
 
 torch = pytest.importorskip("torch")
 
+from _pool_helpers import free_port  # noqa: E402
 from test_global import REDIS, redis_url  # noqa: E402,F401 (the fixture)
 
 
@@ -35,12 +35,6 @@ NODES, PER_NODE, EPOCHS = 2, 2, 2
 def file_ids(f):
     first = sum(FILE_RECORDS[:f])
     return range(first, first + FILE_RECORDS[f])
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_data(tmp_path):
