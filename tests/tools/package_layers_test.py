@@ -11,7 +11,9 @@ Each module of bindings/python/tailcut sits in a layer:
 as PyTorch's torch/utils/data keeps _utils/ from importing dataloader.py.
 An import of a module of the package, at the top of a file or inside a
 function, may not go to a higher layer, and no chain of imports may come back
-to where it started (a circle), without exception. And `import tailcut`
+to where it started (a circle), without exception; `from tailcut.torch import
+_x` inside tailcut.torch counts as an import of tailcut.torch too (the name
+is looked up in a package whose __init__ may be half run). And `import tailcut`
 must not import torch: no module reached from tailcut/__init__.py
 by the imports that run when it is imported may import torch.
 
@@ -54,6 +56,10 @@ def imports(tree, package, modules):
                 for a in child.names:  # a submodule, else the module that holds the name
                     name = f"{base}.{a.name}"
                     found.append((name if name in modules else base, child.lineno, function))
+                    if name in modules and base in modules and (package + ".").startswith(base + "."):
+                        # `from tailcut.torch import _x` inside tailcut.torch: a name
+                        # looked up in the package, whose __init__ may be half run.
+                        found.append((base, child.lineno, function))
             visit(child, inner)
 
     visit(tree, None)

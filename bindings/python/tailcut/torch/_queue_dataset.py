@@ -14,7 +14,10 @@ from tailcut import _args, _attempts, _core, _pool_state
 from tailcut._file_record import FileRecord
 from tailcut._job import default_name as _default_name, env_int
 from tailcut._record_files import RecordFiles
-from tailcut.torch import _global_shuffle
+from tailcut.torch._global_shuffle import RECORD_GROUP as GLOBAL_RECORD_GROUP
+from tailcut.torch._global_shuffle import check_restore as check_global_restore
+from tailcut.torch._global_shuffle import generate as generate_global
+from tailcut.torch._global_shuffle import recipe as global_recipe
 from tailcut.torch._tensors import from_numpy
 
 # Records per read in per-record mode (batch_size=None).
@@ -347,7 +350,7 @@ class QueueDataset(IterableDataset):
             if "max_clients" not in queue_options:
                 queue_options.setdefault("leases_per_client", SHUFFLE_LEASES)
             smallest = n // queue_options["num_slices"]  # records of the smallest item
-            spans = min(-(-(batch_size or _global_shuffle.RECORD_GROUP) // max(smallest, 1)) + 1,
+            spans = min(-(-(batch_size or GLOBAL_RECORD_GROUP) // max(smallest, 1)) + 1,
                         queue_options["num_slices"])
             leases = queue_options.get("leases_per_client", 8)
             if spans > leases:
@@ -372,7 +375,7 @@ class QueueDataset(IterableDataset):
                 queue_options["restore_state"], queue_options["name"],
                 queue_options.get("host_id"))
             if self._records is not None:
-                _global_shuffle.check_restore(self._queue_args["restore_state"],
+                check_global_restore(self._queue_args["restore_state"],
                                               queue_options["samples_id"], "QueueDataset")
         self.batch_size = _args.count("batch_size", batch_size, minimum=1, allow_none=True)
         self.transform = _args.callable_or_none("transform", transform)
@@ -451,7 +454,7 @@ class QueueDataset(IterableDataset):
         restore_state = _pool_state.host_queue_state(queue_state, name,
                                                      self._queue_args.get("host_id"))
         if self._records is not None:  # before any rank closes its queue: every rank raises
-            _global_shuffle.check_restore(restore_state, self._queue_args["samples_id"],
+            check_global_restore(restore_state, self._queue_args["samples_id"],
                                           f"{who}.load_state_dict()")
         barrier()  # every rank of the host opened the fresh queue and uses it no more
         self._notices.quiet = True  # the fresh queue, removed by its last close, is not news
@@ -538,7 +541,7 @@ class QueueDataset(IterableDataset):
         q = self.queue
         epoch = self._next_epoch(q)
         if self._records is not None:
-            return _global_shuffle.generate(self, q, epoch)
+            return generate_global(self, q, epoch)
         worker = get_worker_info()
         in_worker = worker is not None
         shuffle = {}
@@ -563,7 +566,7 @@ class QueueDataset(IterableDataset):
         if self._records is None:
             raise AttributeError("recipe: a QueueDataset's own pooled recipe is for "
                                  "shuffle='global'")
-        return functools.partial(_global_shuffle.recipe, self)
+        return functools.partial(global_recipe, self)
 
     def _buffer_for(self, worker):
         """shuffle_buffer, at most a quarter of this process's even share of an
