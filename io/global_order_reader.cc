@@ -30,6 +30,7 @@
 
 #include "engine/process_owner.h"
 #include "io/call_guard.h"
+#include "io/reader_counters.h"
 #include "tailcut/sample_order.h"
 
 namespace tailcut {
@@ -44,10 +45,7 @@ constexpr uint32_t kGlobalShuffleLeases = 32;
 constexpr uint64_t kDefaultMinSplit = 64 << 10;  // WorkQueueOptions::min_split_bytes' default
 constexpr uint64_t kIndexMinSplit = 8;
 
-void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) noexcept {
-  // Single writer: a relaxed load and store, no locked instruction.
-  counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-}
+using detail::Bump;
 
 }  // namespace
 
@@ -84,17 +82,7 @@ class GlobalOrderReader::Impl {
   uint64_t epoch() const noexcept { return group_epoch_; }
   WorkItem current_item() const noexcept { return current_; }
   const RecordFiles& files() const noexcept { return *files_; }
-  ReaderStats stats() const noexcept {
-    ReaderStats s;
-    s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
-    s.records = stats_.records.load(std::memory_order_relaxed);
-    s.items_taken = stats_.items_taken.load(std::memory_order_relaxed);
-    s.items_acked = stats_.items_acked.load(std::memory_order_relaxed);
-    s.items_given_back = stats_.items_given_back.load(std::memory_order_relaxed);
-    s.reads = stats_.reads.load(std::memory_order_relaxed);
-    s.stale_items = stats_.stale_items.load(std::memory_order_relaxed);
-    return s;
-  }
+  ReaderStats stats() const noexcept { return stats_.Snapshot(); }
 
  private:
   struct Held {
@@ -111,10 +99,6 @@ class GlobalOrderReader::Impl {
     size_t first;
     uint64_t begin;
     size_t count;
-  };
-  struct Stats {
-    std::atomic<uint64_t> bytes_read{0}, records{0}, items_taken{0}, items_acked{0},
-        items_given_back{0}, reads{0}, stale_items{0};
   };
 
   Held& BySerial(uint64_t serial) noexcept { return held_[serial - front_serial_]; }
@@ -177,7 +161,7 @@ class GlobalOrderReader::Impl {
   std::string error_;
   ErrorKind error_kind_ = ErrorKind::kIo;
   detail::CallGuard calls_;
-  Stats stats_;
+  detail::ReaderCounters stats_;
 };
 
 void GlobalOrderReader::Impl::Open() {

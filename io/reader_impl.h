@@ -42,6 +42,7 @@
 #include "io/buffer_arena.h"
 #include "io/call_guard.h"
 #include "io/io_backend.h"
+#include "io/reader_counters.h"
 #include "tailcut/reader.h"
 
 namespace tailcut {
@@ -61,11 +62,6 @@ constexpr std::chrono::seconds kStallNotice{30};
 
 inline uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-inline void Bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
-  // Single writer: a relaxed load and store, no locked instruction.
-  counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-}
 
 enum class ChunkState : uint8_t { kFree, kInFlight, kReady, kFailed, kConsumer };
 
@@ -219,20 +215,7 @@ class Reader::Impl {
     return closed || forked;
   }
   ReadStatus FailGone() noexcept;
-  ReaderStats stats() const noexcept {
-    ReaderStats s;
-    s.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed);
-    s.records = stats_.records.load(std::memory_order_relaxed);
-    s.items_taken = stats_.items_taken.load(std::memory_order_relaxed);
-    s.items_acked = stats_.items_acked.load(std::memory_order_relaxed);
-    s.items_given_back = stats_.items_given_back.load(std::memory_order_relaxed);
-    s.reads = stats_.reads.load(std::memory_order_relaxed);
-    s.short_reads = stats_.short_reads.load(std::memory_order_relaxed);
-    s.retries = stats_.retries.load(std::memory_order_relaxed);
-    s.carried_bytes = stats_.carried_bytes.load(std::memory_order_relaxed);
-    s.stale_items = stats_.stale_items.load(std::memory_order_relaxed);
-    return s;
-  }
+  ReaderStats stats() const noexcept { return stats_.Snapshot(); }
   const std::string& memory_state() const noexcept { return memory_state_; }
   std::string_view backend_name() const noexcept { return backend_->name(); }
   uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
@@ -240,11 +223,6 @@ class Reader::Impl {
   uint32_t queue_depth() const noexcept { return queue_depth_; }
 
  private:
-  struct Stats {
-    std::atomic<uint64_t> bytes_read{0}, records{0}, items_taken{0}, items_acked{0},
-        items_given_back{0}, reads{0}, short_reads{0}, retries{0}, carried_bytes{0}, stale_items{0};
-  };
-
   void Notice(const std::string& line) noexcept {
     try {
       if (options_.on_notice) {
@@ -365,7 +343,7 @@ class Reader::Impl {
   bool queue_end_ = false;               // TryTake said kEnd
   Deadline deadline_ = Deadline::max();  // of the Next* call under way
   std::string error_;
-  Stats stats_;
+  detail::ReaderCounters stats_;
   detail::CallGuard calls_;
 };
 
