@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tailcut/crc32c.h"
@@ -134,6 +135,31 @@ TEST(RecordIndex, SecondBuildLoadsTheCacheAndScansNothing) {
   for (size_t f = 0; f < 3; ++f) {
     EXPECT_EQ(second->file(f).offsets, first->file(f).offsets);
     EXPECT_EQ(second->file(f).sizes, first->file(f).sizes);
+  }
+}
+
+// Progress: one call per file, files done counting up to all of them and
+// the bytes of the files scanned; a second build loads every index and
+// reports no bytes scanned.
+TEST(RecordIndex, ABuildReportsItsProgressFileByFile) {
+  TempDir dir;
+  DataSet data = MakeData(dir.path(), RecordFormatKind::kLines, 5, 200);
+  uint64_t total = 0;
+  for (const std::string& path : data.paths) total += fs::file_size(path);
+  for (uint64_t want_bytes : {total, uint64_t{0}}) {
+    std::vector<std::pair<size_t, uint64_t>> calls;
+    RecordIndexOptions options = CacheIn(dir.path());
+    options.progress = [&](size_t done, size_t of, uint64_t bytes) {
+      EXPECT_EQ(of, 5u);
+      calls.emplace_back(done, bytes);
+    };
+    RecordFiles::Build(data.paths, data.format, options);
+    ASSERT_EQ(calls.size(), 5u);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(calls[i].first, i + 1);
+      if (i > 0) EXPECT_GE(calls[i].second, calls[i - 1].second);
+    }
+    EXPECT_EQ(calls.back().second, want_bytes);
   }
 }
 
