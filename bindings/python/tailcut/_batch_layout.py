@@ -196,3 +196,18 @@ def batch_ranges(data, header):
                                    f"the {limit} bytes that may hold them")
     table = np.frombuffer(where, dtype="<u8", count=3 * count, offset=at).reshape(-1, 3)
     return [tuple(int(v) for v in row) for row in table]
+
+
+def ranges_mark(data, header):
+    """What it takes to know a batch's ranges once its slot is reused: a copy
+    of the header, read by marked_ranges only when it is needed, or the
+    ranges themselves when they lie in the data."""
+    header = bytes(header)
+    if header[_RANGE_AT:_RANGE_AT + 4] == _IN_HEADER:
+        return header
+    return batch_ranges(data, header)
+
+
+def marked_ranges(mark):
+    """The ranges a ranges_mark stands for."""
+    return batch_ranges(b"", mark) if isinstance(mark, bytes) else mark

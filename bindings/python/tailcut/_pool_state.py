@@ -61,7 +61,7 @@ import uuid
 
 import tailcut
 from tailcut import _core
-from tailcut._batch_layout import batch_ranges
+from tailcut._batch_layout import batch_ranges, marked_ranges
 
 # Version 2: a pool that spans hosts has a state too (every host's queue under its name); a
 # one-host state is laid out as in version 1, which is still read.
@@ -191,13 +191,23 @@ def _unused(loader):
     return ranges, len(held), records
 
 
+# Batches a rank remembers as used (_batch_layout.ranges_mark), its last ones: enough for
+# loaders descheduled between a publish and its commit for that many of the
+# rank's steps.
+RECENT_USED = 64
+
+
 def _used(loader):
-    """The ranges of the batches this rank used at its last step. A loader
-    commits a batch's records right after it publishes the batch, so a rank
-    may have used one before that commit: the queue's state would have its
-    records read again, and the checkpoint counts them as consumed
-    (_core._consume_state)."""
+    """The ranges of the batches this rank used at its last steps (its last
+    RECENT_USED batches and the one it holds). A loader commits a batch's
+    records right after it publishes the batch, so a rank may have used one
+    before that commit, and the loader may stay descheduled there while the
+    ranks go on for a few steps: the queue's state would have those records
+    read again, and the checkpoint counts them as consumed
+    (_core._consume_state; a range already committed is consumed already)."""
     ranges = list(loader._balanced_ranges)
+    for mark in loader._recent_used:
+        ranges += marked_ranges(mark)
     for batch in loader._current:
         ranges += batch_ranges(batch.data, batch.header)
     return ranges

@@ -3,6 +3,7 @@ host's ring, whichever loader made it, and agrees with the other ranks on
 equal steps; local rank 0 starts the host's loaders (tailcut.pool._loader)."""
 
 import atexit
+import collections
 import functools
 import os
 import sys
@@ -11,7 +12,7 @@ import weakref
 
 import tailcut
 from tailcut import _args, _core, _job, _pool_state, _steps
-from tailcut._batch_layout import decode_batch
+from tailcut._batch_layout import decode_batch, ranges_mark
 import tailcut.pool._autoscale as _autoscale
 import tailcut.pool._balance as _balance
 import tailcut.pool._dataloader_args as _dataloader_args
@@ -377,6 +378,9 @@ class PooledLoader:
         # Under balance, the record ranges of the units of the last step (their
         # slots are released within the step): what state_dict() counts as used.
         self._balanced_ranges = []
+        # Ranges marks of this rank's last used batches (_pool_state.RECENT_USED): what
+        # state_dict() counts as used, with the batch it holds.
+        self._recent_used = collections.deque(maxlen=_pool_state.RECENT_USED)
         self._stash = None
         self._failure_check_at = 0.0  # monotonic time of the next look at failures (_pop)
         self._position = (self.epoch, 0)  # (epoch, steps done in it), for state_dict()
@@ -515,6 +519,8 @@ class PooledLoader:
     def _next(self, epoch, report):
         """The next batch of `epoch` (or, with carry_over, a late one of an
         earlier epoch), or None at its end."""
+        for batch in self._current:  # asking for the next: the batch held was used
+            self._recent_used.append(ranges_mark(batch.data, batch.header))
         self._release_current()
         while True:
             if self._stash is not None:
@@ -563,6 +569,7 @@ class PooledLoader:
         """This rank's batch of a step under balance: its units joined (a
         copy), their slots released (the records count as used, as those of
         the batch a rank holds do); sets weight."""
+        self._recent_used.append(self._balanced_ranges)  # the last step's: used
         self._current = [p for p in parts if not isinstance(p, _Held)]
         self._balanced_ranges = [r for p in self._current
                                  for r in _pool_state.batch_ranges(p.data, p.header)]
