@@ -172,6 +172,25 @@ def _publish_then_stall(worker_id):
     ring.publish = late
 
 
+def _first_loader_stalls_after_its_first_publish(worker_id):
+    """worker_init_fn: loader 0's first publish returns 2 s late, so that
+    batch stays uncommitted while loader 1 feeds the rank's next steps."""
+    if worker_id != 0:
+        return
+    ring = tailcut._core.BatchRing
+    publish = ring.publish
+    calls = []
+
+    def late(self, *args):
+        done = publish(self, *args)
+        if not calls:
+            calls.append(1)
+            time.sleep(2.0)
+        return done
+
+    ring.publish = late
+
+
 def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path):
     """A loader commits a batch's records right after it publishes the batch;
     a rank that used the batch in between and then saved the state must not
@@ -205,3 +224,38 @@ def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path)
                 pass
     assert not set(rest) & set(used), sorted(set(rest) & set(used))
     assert sorted(rest + used) == list(range(N))
+
+
+def test_a_batch_used_steps_before_its_loader_committed_it_is_not_read_again(tmp_path):
+    """As above, with the loader stalled between the publish and the commit
+    for several of the rank's steps: the batch was used at an earlier step
+    than the one the state was saved at (one batch came back)."""
+    name = f"pytest-latecommit2-{os.getpid()}"
+    MANY = 4000  # more than the ring holds: the loaders cannot publish both epochs ahead
+
+    def build(init=None):
+        return tailcut.pool.PooledLoader(Squares(MANY), 10, name=name, num_epochs=2,
+                                          loaders_per_host=2, rank=0, world_size=1,
+                                          local_rank=0, worker_init_fn=init)
+
+    try:
+        first = build(_first_loader_stalls_after_its_first_publish)
+        it = iter(first)
+        used = [int(i) for _ in range(6) for i in next(it)[:, 0]]
+        state = first.state_dict()
+        del it
+        first.close()
+        loader = build()
+        loader.load_state_dict(state)
+        loader.set_epoch(0)
+        rest = [int(i) for batch in loader for i in batch[:, 0]]
+        loader.close()
+    finally:
+        for remove, what in ((tailcut.remove_queue, name),
+                             (tailcut.remove_batch_ring, name + ".pool")):
+            try:
+                remove(what)
+            except tailcut.NotFoundError:
+                pass
+    assert not set(rest) & set(used), sorted(set(rest) & set(used))
+    assert sorted(rest + used) == list(range(MANY))
