@@ -679,6 +679,7 @@ int BatchRing::PeekReady(const std::function<void(const ReadyBatch&)>& fn) const
     // the loader's writes to the header and the data before it are visible.
     uint64_t w = sh.word.load(std::memory_order_acquire);
     if (detail::SlotStateOf(w) != detail::kSlotReady) continue;
+    d.core.AnnounceTaken(i);
     ReadyBatch b;
     // relaxed: ordered by the acquire above.
     uint64_t bytes = sh.bytes.load(std::memory_order_relaxed);

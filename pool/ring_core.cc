@@ -25,7 +25,46 @@ const char* StateName(uint64_t s) {
   return "?";
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define TAILCUT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TAILCUT_TSAN 1
+#endif
+#endif
+
+#ifdef TAILCUT_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+
+// ThreadSanitizer pairs a release with an acquire by address. A process
+// that maps the ring more than once (a loader handle and a trainer handle,
+// as the thread tests do) sees each cell and slot word at several
+// addresses, so a slot that goes loader -> trainer -> loader through two
+// mappings looks unordered to it, though the same physical words order it.
+// These keys stand for a slot whatever the mapping: the ring's creation
+// time (the same in every mapping) and the slot's index pick one.
+char tsan_slot_keys[4096];
+
+void* TsanKey(const RingHeader& h, uint64_t slot) {
+  uint64_t ring = h.created_unix_ns * 0x9E3779B97F4A7C15ull;
+  return &tsan_slot_keys[(ring ^ slot) % sizeof(tsan_slot_keys)];
+}
+#endif
+
 }  // namespace
+
+void RingCore::AnnounceTaken([[maybe_unused]] uint64_t slot) const noexcept {
+#ifdef TAILCUT_TSAN
+  __tsan_acquire(TsanKey(header(), slot));
+#endif
+}
+
+void RingCore::AnnouncePushed([[maybe_unused]] uint64_t slot) const noexcept {
+#ifdef TAILCUT_TSAN
+  __tsan_release(TsanKey(header(), slot));
+#endif
+}
 
 void RingCore::Initialize(char* base, const RingGeometry& g) {
   // relaxed throughout: not yet shared; the creator's release store of READY (BatchRing::Open)
@@ -135,6 +174,7 @@ bool RingCore::Push(Which which, uint64_t slot_id, uint64_t generation) noexcept
       // Release pairs with the popper's acquire load of this cell: the slot header and data the
       // author wrote before pushing are visible to whoever pops. On failure, acquire: the loop
       // looks again.
+      AnnouncePushed(slot_id);
       if (cell.compare_exchange_strong(c, FullCell(lap, slot_id, generation),
                                        std::memory_order_acq_rel, std::memory_order_acquire)) {
         // release: pairs with the acquire loads of tail here and in ValidateRing; a hint (R4), so a
@@ -204,6 +244,7 @@ RingCore::Result RingCore::Pop(Which which, uint64_t new_state, uint64_t self, u
       if (!word.compare_exchange_strong(w, taken, std::memory_order_acq_rel,
                                         std::memory_order_acquire))
         continue;
+      AnnounceTaken(id);
       // acq_rel: EMPTY for the next lap; pairs with the next pusher's acquire load of the cell.
       // relaxed on failure: someone else emptied it. The head CAS is release, as above.
       if (cell.compare_exchange_strong(c, EmptyCell(lap + 1), std::memory_order_acq_rel,

@@ -60,6 +60,11 @@ class RingCore {
   // *reclaimed and *redelivered the moves it made. Idempotent.
   void RecoverClient(uint64_t client, uint64_t* reclaimed, uint64_t* redelivered) noexcept;
 
+  // For ThreadSanitizer only (no code without it): the slot's header and
+  // data, read after this, were written before the slot's last push (Push
+  // announces them). See ring_core.cc for why the atomics alone do not tell it.
+  void AnnounceTaken(uint64_t slot) const noexcept;
+
   RingHeader& header() const { return *At<RingHeader>(0); }
   RingCounters& counters() const { return *At<RingCounters>(g_.counters); }
   RingClient& client(uint64_t i) const { return At<RingClient>(g_.clients)[i]; }
@@ -84,6 +89,9 @@ class RingCore {
   // ring's state, by push then CAS (R3).
   Result MoveOwned(Which which, uint64_t state, uint64_t self, uint32_t slot,
                    uint64_t generation) noexcept;
+
+  // ThreadSanitizer's release before a push of `slot` (see AnnounceTaken).
+  void AnnouncePushed(uint64_t slot) const noexcept;
 
   template <typename T>
   T* At(size_t offset) const {
