@@ -271,6 +271,17 @@ std::vector<tc::detail::Piece> ToPieces(const py::iterable& ranges, const std::s
   return pieces;
 }
 
+// The lowest ticket with an open piece of work in checkpoint `s` (UINT64_MAX
+// if none): its done bit is set, and the piece is what is left of it (a
+// range a rank never used, reopened). Pieces at or past the cursor, and
+// empty ones, mean nothing (engine/checkpoint.cc).
+uint64_t LowestOpenPiece(const tc::detail::SavedState& s) {
+  uint64_t low = UINT64_MAX;
+  for (const tc::detail::Piece& p : s.pieces)
+    if (p.begin < p.end && p.ticket < s.cursor) low = std::min(low, p.ticket);
+  return low;
+}
+
 void CloseHandle(QueueHandle& h) {
   if (::getpid() != h.pid) return;                             // a forked child: not ours to close
   if (ItemPtr last = h.last_taken.lock()) last->AckQuietly();  // auto_ack: the last is done
@@ -659,24 +670,24 @@ void DefineQueueFunctions(py::module_& m) {
         for (const tc::detail::SavedState& s : saved) {
           uint64_t t = s.low;
           while (done(t)) ++t;
-          low = std::min(low, t);
+          low = std::min({low, t, LowestOpenPiece(s)});
         }
         return saved.empty() ? 0 : low / num_items;
       },
       py::arg("states"), py::arg("queue"),
       "The epoch a job restored from the hosts' checkpoints `states` (WorkQueue._host_state()) "
-      "starts in: that of the lowest ticket none of them has done. `queue` names the queue in "
+      "starts in: that of the lowest ticket none of them has done, or with an open piece. `queue` names the queue in "
       "errors. Raises CorruptError.");
   m.def(
       "_state_epoch",
       [](const py::object& state, const py::object& queue_name) {
         tc::detail::SavedState s = tc::detail::DeserializeState(
             ToQueueName(queue_name), ToBytes(state, "_state_epoch: state"));
-        return s.low / s.num_items;
+        return std::min(s.low, LowestOpenPiece(s)) / s.num_items;
       },
       py::arg("state"), py::arg("queue"),
       "The epoch a queue restored from checkpoint `state` starts in: that of its lowest ticket "
-      "not done. `queue` names the queue in errors. Raises CorruptError.");
+      "with work left (not done, or with an open piece). `queue` names the queue in errors. Raises CorruptError.");
   m.def(
       "_close_all",
       []() {

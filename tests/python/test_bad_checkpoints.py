@@ -259,3 +259,47 @@ def test_a_batch_used_steps_before_its_loader_committed_it_is_not_read_again(tmp
                 pass
     assert not set(rest) & set(used), sorted(set(rest) & set(used))
     assert sorted(rest + used) == list(range(MANY))
+
+
+def test_a_state_taken_while_loaders_hold_every_epoch_restores_every_record_once(tmp_path):
+    """One item an epoch and two loaders: the second takes the last epoch's
+    item at once, and both fill the ring, so the queue state saved at step 6
+    has every ticket handed out and what is left in open pieces. Its restore
+    was refused ("state['epoch'] is 0, but its queue state starts in epoch
+    2"); it must resume both epochs, each record once."""
+    name = f"pytest-aheadloaders-{os.getpid()}"
+
+    def build():
+        return tailcut.pool.PooledLoader(Squares(N), 10, name=name, num_epochs=2,
+                                          loaders_per_host=2, rank=0, world_size=1,
+                                          local_rank=0)
+
+    try:
+        first = build()
+        it = iter(first)
+        used = [int(i) for _ in range(6) for i in next(it)[:, 0]]
+        # Both loaders hold their epoch's item once the ring is full.
+        deadline = time.monotonic() + 60
+        while (tailcut.inspect_batch_ring(name + ".pool")["free"] > 0
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        state = first.state_dict()
+        del it
+        first.close()
+        loader = build()
+        loader.load_state_dict(state)
+        epochs = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            epochs.append([int(i) for batch in loader for i in batch[:, 0]])
+        loader.close()
+    finally:
+        for remove, what in ((tailcut.remove_queue, name),
+                             (tailcut.remove_batch_ring, name + ".pool")):
+            try:
+                remove(what)
+            except tailcut.NotFoundError:
+                pass
+    assert not set(epochs[0]) & set(used), sorted(set(epochs[0]) & set(used))
+    assert sorted(epochs[0] + used) == list(range(N))
+    assert sorted(epochs[1]) == list(range(N))
