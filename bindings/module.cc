@@ -21,13 +21,14 @@
 // One file per concept: errors, conversions, queue (the handle, WorkQueue),
 // stats, items (WorkItem, take, agree_step), producer (input_dataset,
 // input_producer), reader_state and readers (records, batches), batch_ring
-// (BatchRing), slice_records (the records of one item), tar_sample (a tar
-// record's members), record_files (record indexes and reads in any order). This file only
-// registers them.
+// (BatchRing), batch_layout (a pooled batch's arrays), slice_records (the records of one item),
+// tar_sample (a tar record's members), record_files (record indexes and reads in any order). This
+// file only registers them.
 #include "module.h"
 
 #include <pybind11/pybind11.h>
 
+#include "batch_layout.h"
 #include "batch_ring.h"
 #include "record_files.h"
 #include "slice_records.h"
@@ -56,6 +57,7 @@ PYBIND11_MODULE(_core, m) {
   tp::DefineReaderMethods(queue);
   tp::DefineQueueFunctions(m);
   tp::DefineBatchRing(m);
+  tp::DefineBatchLayout(m);
   tp::DefineSliceRecords(m);
   tp::DefineTarSample(m);
   tp::DefineRecordFiles(m);

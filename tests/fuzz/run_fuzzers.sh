@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the record-parser, segment and batch ring fuzzers with clang (libFuzzer, ASan, UBSan) in a
-# build directory of their own and runs each for a bounded time.
+# Builds the record-parser, segment, batch ring and batch layout fuzzers with
+# clang (libFuzzer, ASan, UBSan) in a build directory of their own and runs
+# each for a bounded time.
 #
 #   tests/fuzz/run_fuzzers.sh [SECONDS_PER_TARGET]    (default 60)
 #
@@ -14,7 +15,7 @@ seconds=${1:-60}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 targets=(fuzz_record_parser_fixed fuzz_record_parser_lines fuzz_record_parser_tfrecord
-         fuzz_record_parser_file fuzz_segment_attach fuzz_batch_ring_attach)
+         fuzz_record_parser_file fuzz_segment_attach fuzz_batch_ring_attach fuzz_batch_layout)
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTAILCUT_BUILD_FUZZERS=ON \

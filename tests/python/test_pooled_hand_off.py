@@ -1,5 +1,5 @@
 """A rank's hand-off of a pooled batch, on its short path: the slot header's
-array table read once per layout (tailcut._batch_layout), a ready batch taken
+array table read in C++ (tailcut._batch_layout.decode_batch), a ready batch taken
 without a look at the loaders' failure record (PooledLoader._pop), and the
 caller's own copy made as the arrays are read."""
 
@@ -52,6 +52,55 @@ def test_a_known_layout_over_too_few_bytes_is_refused_with_the_header_s_message(
     decode_batch(data, header)  # the layout is known now
     with pytest.raises(tailcut.CorruptError, match="is beyond the batch's"):
         decode_batch(data[:nbytes // 2], header)
+
+
+def test_views_keep_their_buffer_and_follow_its_writability():
+    data, header = slot()
+    encode_batch((np.arange(6, dtype=np.int16).reshape(2, 3), np.ones(3, dtype=np.float64)),
+                 data, header)
+    a, b = decode_batch(data, header)
+    assert a.flags.writeable and a.base is b.base
+    a[0, 0] = 7
+    assert decode_batch(data, header)[0][0, 0] == 7  # a view, no copy
+    owner = data.obj
+    data.release()  # the slot's view let go (as BatchRing.release() does) ...
+    del owner
+    assert a.tolist() == [[7, 1, 2], [3, 4, 5]] and b.sum() == 3  # ... the views still hold it
+    c = decode_batch(bytes(64), _header_of(np.ones(8, dtype=np.uint8)))
+    assert not c.flags.writeable  # over bytes: read-only
+
+
+def _header_of(array):
+    data, header = slot(256)
+    encode_batch(array, data, header)
+    return bytes(header)
+
+
+def test_mangled_headers_raise_corrupt_error_and_never_reach_past_the_data():
+    """Random bytes over a valid header (and its table in the data): each
+    decode gives arrays inside the data, or CorruptError naming the batch."""
+    rng = np.random.default_rng(7)
+    layouts = (np.ones((4, 4), dtype=np.int32),
+               tuple(np.zeros((2, i + 1), dtype=np.float32) for i in range(12)))  # table in data
+    for batch in layouts:
+        data, header = slot(4096)
+        nbytes = encode_batch(batch, data, header)
+        good_data, good_header = bytes(data), bytes(header)
+        for _ in range(3000):
+            h, d = bytearray(good_header), bytearray(good_data[:nbytes])
+            for _ in range(int(rng.integers(1, 4))):
+                where = h if rng.random() < 0.8 else d
+                at = int(rng.integers(0, 64 if where is h else len(d)))
+                where[at] = int(rng.integers(0, 256))
+            try:
+                got = decode_batch(bytes(d), bytes(h))
+            except tailcut.CorruptError as e:
+                assert str(e).startswith("pooled batch: "), e
+                continue
+            for a in got if isinstance(got, tuple) else (got,):
+                start = a.__array_interface__["data"][0] - np.frombuffer(
+                    a.base, dtype=np.uint8).__array_interface__["data"][0]
+                assert 0 <= start and start + a.nbytes <= len(d)
 
 
 def test_a_bad_magic_is_refused_after_its_layout_was_known():

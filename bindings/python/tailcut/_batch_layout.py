@@ -17,12 +17,12 @@ b"TCRD" (in the data), u32 count, u64 offset. A reader checks every field
 against the bytes that hold it.
 """
 
-import math
 import struct
 
 import numpy as np
 
 import tailcut
+from tailcut import _core
 
 HEADER_BYTES = 256
 _MAGIC = b"TCB2"
@@ -94,71 +94,11 @@ def encode_batch(batch, data, header, ranges=()):
     return _write_ranges(out, offset, header, header_used, ranges)
 
 
-# Array tables already read (a header's table bytes -> (count, the arrays'
-# (dtype, shape, offset), the data bytes they need)): a loader writes the same table for
-# every batch of one shape, so a rank reads it once, then checks only the
-# batch's size per batch. Bounded: cleared when full.
-_LAYOUTS = {}
-_LAYOUTS_MAX = 64
-
-
-def decode_batch(data, header):
-    """The arrays of a batch, read-only numpy views over `data` (no copy): one
-    array, or a tuple if the batch was a tuple/list."""
-    magic, count, where, at, size = _TOP.unpack_from(header)
-    if where == 0 and magic == _MAGIC and at + size <= _RANGE_AT:
-        known = _LAYOUTS.get(bytes(header[at:at + size]))
-        if known is not None and known[0] == count and known[2] <= len(data):
-            views = [np.ndarray(shape, dtype, buffer=data, offset=offset)
-                     for dtype, shape, offset in known[1]]
-            return views[0] if count == 1 else tuple(views)
-    return _decode_read(data, header)
-
-
-def _decode_read(data, header):
-    """decode_batch, every field of the header read and checked; remembers
-    a table in the header for the next batch (_LAYOUTS)."""
-    h = bytes(header[:_RANGE_AT])
-    magic, count, where, at, size = _TOP.unpack_from(h)
-    if magic != _MAGIC:
-        raise tailcut.CorruptError(f"pooled batch: bad header magic {magic!r} (a loader of "
-                                   f"another tailcut version?)")
-    n = len(data)
-    if where == 0:
-        table, limit = h, _RANGE_AT
-    elif where == 1:
-        table, limit = data, n
-    else:
-        raise tailcut.CorruptError(f"pooled batch: bad array table place {where}")
-    if at % 8 or at + size > limit or count * _ENTRY.size > size:
-        raise tailcut.CorruptError(f"pooled batch: a table of {count} arrays in {size} bytes at "
-                                   f"{at} is beyond the {limit} bytes that may hold it")
-    pos, end, arrays = at, at + size, []
-    layout, need = [], 0
-    for i in range(count):
-        if pos + _ENTRY.size > end:
-            raise tailcut.CorruptError(f"pooled batch: its array table ends before array {i}")
-        code, ndim, offset = _ENTRY.unpack_from(table, pos)
-        pos += _ENTRY.size
-        if code >= len(_DTYPES) or ndim > _MAX_NDIM or pos + 8 * ndim > end:
-            raise tailcut.CorruptError(f"pooled batch: bad entry of array {i} (dtype {code}, "
-                                       f"ndim {ndim})")
-        shape = struct.unpack_from(f"<{ndim}Q", table, pos)
-        pos += 8 * ndim
-        dtype = _DTYPES[code]
-        nbytes = dtype.itemsize * math.prod(shape)
-        if offset + nbytes > n:
-            raise tailcut.CorruptError(f"pooled batch: array {i} at {offset} of {nbytes} bytes "
-                                       f"is beyond the batch's {n} bytes")
-        arrays.append(np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize,
-                                    offset=offset).reshape(shape))
-        layout.append((dtype, shape, offset))
-        need = max(need, offset + nbytes)
-    if where == 0 and count and all(a.nbytes for a in arrays):
-        if len(_LAYOUTS) >= _LAYOUTS_MAX:
-            _LAYOUTS.clear()
-        _LAYOUTS[bytes(h[at:at + size])] = (count, tuple(layout), need)
-    return arrays[0] if count == 1 else tuple(arrays)
+# The arrays of a batch, read-only numpy views over `data` (no copy): one
+# array, or a tuple if the batch was a tuple/list. Read in C++ (every field
+# checked against the bytes that hold it: tailcut/batch_layout.h), as it is
+# on a rank's path for every batch.
+decode_batch = _core._decode_batch
 
 
 def _write_ranges(out, offset, header, meta_bytes, ranges):
