@@ -241,12 +241,17 @@ def load(queue, ring, recipe, leave, poll):
             else:
                 records, ends = item_records(item.path, item.begin, item.end, fmt,
                                               with_ends=True, item=item)
-            start = item.begin
+            start, at, count = item.begin, 0, len(records)
             try:
-                for record, end in zip(records, ends):
-                    pending.append(record)
+                # The records up to the next batch's end at a time (a batch of small
+                # records or indices is a slice, not a Python step per record): their
+                # range ends past the last one's (spans merge consecutive ranges).
+                while at < count:
+                    upto = min(count, at + recipe.batch_size - len(pending))
+                    pending.extend(records[at:upto])
+                    end = ends[upto - 1]
                     spans.add(item.ticket, start, min(end, item.end))
-                    start = end
+                    start, at = end, upto
                     if len(pending) == recipe.batch_size:
                         flush((item, end))
             except _Fenced:
