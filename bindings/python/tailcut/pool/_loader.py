@@ -178,21 +178,23 @@ def load(queue, ring, recipe, leave, poll):
                     f"had records of it (was the ring ended by hand?)")
             counts["batches"] += 1
             counts["records"] += len(pending)
-        for item in done_items:  # every record of these is in a published batch
-            try:
-                item.ack()
-            except tailcut.StaleItemError:
-                stale(item, "ack")
         reading_lost = False
         if reading is not None:
-            # Its records up to offset are published: should this loader die
-            # now, the item is read again from there, not from its start.
+            # Its records up to offset are published: should this loader die (or
+            # stop past its stop_timeout) now, the item is read again from there,
+            # not from its start. First, right after the publish: a death between
+            # the two repeats the batch (docs/reliability.md), so the gap is kept short.
             item, offset = reading
             try:
                 item.commit(min(offset, item.end))
             except tailcut.StaleItemError:
                 stale(item, "commit")
                 reading_lost = True  # the rest of it is another loader's
+        for item in done_items:  # every record of these is in a published batch
+            try:
+                item.ack()
+            except tailcut.StaleItemError:
+                stale(item, "ack")
         counts["items"] += len(done_items)
         pending, done_items = [], []
         spans.clear()
