@@ -676,7 +676,8 @@ void DefineQueueFunctions(py::module_& m) {
       },
       py::arg("states"), py::arg("queue"),
       "The epoch a job restored from the hosts' checkpoints `states` (WorkQueue._host_state()) "
-      "starts in: that of the lowest ticket none of them has done, or with an open piece. `queue` names the queue in "
+      "starts in: that of the lowest ticket none of them has done, or with an open piece. `queue` "
+      "names the queue in "
       "errors. Raises CorruptError.");
   m.def(
       "_state_epoch",
@@ -687,7 +688,8 @@ void DefineQueueFunctions(py::module_& m) {
       },
       py::arg("state"), py::arg("queue"),
       "The epoch a queue restored from checkpoint `state` starts in: that of its lowest ticket "
-      "with work left (not done, or with an open piece). `queue` names the queue in errors. Raises CorruptError.");
+      "with work left (not done, or with an open piece). `queue` names the queue in errors. Raises "
+      "CorruptError.");
   m.def(
       "_close_all",
       []() {
