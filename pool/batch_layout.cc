@@ -13,7 +13,8 @@ namespace {
 // reach.
 constexpr char kMagic[4] = {'T', 'C', 'B', '2'};
 constexpr uint64_t kRangeAt = 240;
-constexpr uint64_t kEntryBytes = 16;  // dtype code, ndim, 6 bytes padding, offset
+constexpr uint64_t kEntryBytes = 16;        // dtype code, ndim, 6 bytes padding, offset
+constexpr char kWhat[] = "pooled batch: ";  // every message's start (strings made on errors only)
 
 uint64_t U64(const std::byte* p) {
   uint64_t v;
@@ -59,37 +60,37 @@ std::string ReadBatchArrays(std::span<const std::byte> header, std::span<const s
                             uint32_t* count,
                             const std::function<void(uint32_t, const BatchArray&)>& each) {
   *count = 0;
-  const std::string what = "pooled batch: ";
   if (header.size() < kBatchHeaderBytes)
-    return what + "a header of " + std::to_string(header.size()) + " bytes, where the layout has " +
-           std::to_string(kBatchHeaderBytes);
+    return std::string(kWhat) + "a header of " + std::to_string(header.size()) +
+           " bytes, where the layout has " + std::to_string(kBatchHeaderBytes);
   const std::byte* h = header.data();
   if (std::memcmp(h, kMagic, 4) != 0)
-    return what + "bad header magic " + BytesRepr(h) + " (a loader of another tailcut version?)";
+    return std::string(kWhat) + "bad header magic " + BytesRepr(h) +
+           " (a loader of another tailcut version?)";
   const uint32_t n = U32(h + 4);
   const auto where = static_cast<uint8_t>(h[8]);
   const uint64_t at = U64(h + 12), size = U64(h + 20);
-  if (where > 1) return what + "bad array table place " + std::to_string(where);
+  if (where > 1) return std::string(kWhat) + "bad array table place " + std::to_string(where);
   const std::span<const std::byte> table = where == 0 ? header.first(kRangeAt) : data;
   const uint64_t limit = table.size();
   if (at % 8 != 0 || at > limit || size > limit - at || n * kEntryBytes > size)
-    return what + "a table of " + std::to_string(n) + " arrays in " + std::to_string(size) +
-           " bytes at " + std::to_string(at) + " is beyond the " + std::to_string(limit) +
-           " bytes that may hold it";
+    return std::string(kWhat) + "a table of " + std::to_string(n) + " arrays in " +
+           std::to_string(size) + " bytes at " + std::to_string(at) + " is beyond the " +
+           std::to_string(limit) + " bytes that may hold it";
   *count = n;
   const uint64_t end = at + size;
   uint64_t pos = at;
   BatchArray a;
   for (uint32_t i = 0; i < n; ++i) {
     if (end - pos < kEntryBytes)
-      return what + "its array table ends before array " + std::to_string(i);
+      return std::string(kWhat) + "its array table ends before array " + std::to_string(i);
     const auto code = static_cast<uint8_t>(table[pos]);
     const auto ndim = static_cast<uint8_t>(table[pos + 1]);
     a.offset = U64(&table[pos + 8]);
     pos += kEntryBytes;
     if (code >= kBatchDtypes || ndim > kBatchMaxDims || end - pos < 8ull * ndim)
-      return what + "bad entry of array " + std::to_string(i) + " (dtype " + std::to_string(code) +
-             ", ndim " + std::to_string(ndim) + ")";
+      return std::string(kWhat) + "bad entry of array " + std::to_string(i) + " (dtype " +
+             std::to_string(code) + ", ndim " + std::to_string(ndim) + ")";
     a.dtype = static_cast<BatchDtype>(code);
     a.ndim = ndim;
     // The bytes, saturating; an empty array's other dimensions still count
@@ -103,13 +104,13 @@ std::string ReadBatchArrays(std::span<const std::byte> header, std::span<const s
     }
     pos += 8ull * ndim;
     if (overflow || nonzero > (uint64_t{1} << 62))
-      return what + "array " + std::to_string(i) + " at " + std::to_string(a.offset) +
+      return std::string(kWhat) + "array " + std::to_string(i) + " at " + std::to_string(a.offset) +
              " has dimensions of more than 2**62 bytes, beyond the batch's " +
              std::to_string(data.size()) + " bytes";
     if (a.offset > data.size() || bytes > data.size() - a.offset)
-      return what + "array " + std::to_string(i) + " at " + std::to_string(a.offset) + " of " +
-             std::to_string(bytes) + " bytes is beyond the batch's " + std::to_string(data.size()) +
-             " bytes";
+      return std::string(kWhat) + "array " + std::to_string(i) + " at " + std::to_string(a.offset) +
+             " of " + std::to_string(bytes) + " bytes is beyond the batch's " +
+             std::to_string(data.size()) + " bytes";
     a.bytes = bytes;
     each(i, a);
   }
