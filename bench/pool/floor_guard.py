@@ -50,7 +50,8 @@ def run_once(name, pkg, args, port, out):
            f"localhost:{port}", "--redirects", "1", "--tee", "2",
            os.path.join(HERE, "ddp_pooled.py"), "--cases", "a", "--repeats", "1",
            "--epochs", str(args.epochs), "--mean-ms", str(args.mean_ms), "--step-ms",
-           str(args.step_ms), "--workers-per-rank", str(args.workers_per_rank), "--format",
+           str(args.step_ms), "--workers-per-rank", str(args.workers_per_rank), "--slots",
+           str(args.slots), "--format",
            "tfrecord", "--records", str(args.records), "--out", out]
     load0 = os.getloadavg()[0]
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
@@ -88,6 +89,7 @@ def main():
     p.add_argument("--mean-ms", type=float, default=50.0)
     p.add_argument("--step-ms", type=float, default=5.0)
     p.add_argument("--workers-per-rank", type=int, default=2)
+    p.add_argument("--slots", type=int, default=32, help="the pooled ring's batch slots")
     p.add_argument("--port", type=int, default=29611, help="the rendezvous port")
     p.add_argument("--run-timeout", type=float, default=600.0)
     p.add_argument("--out", default=None,
