@@ -29,6 +29,15 @@ class Squares(torch.utils.data.Dataset):
         return torch.tensor([i, i * i])
 
 
+def remove_job(name):
+    """Removes what a job of queue `name` may have left: its queue and its ring."""
+    for remove, what in ((tailcut.remove_queue, name), (tailcut.remove_batch_ring, name + ".pool")):
+        try:
+            remove(what)
+        except tailcut.NotFoundError:
+            pass
+
+
 @pytest.fixture
 def saved(tmp_path):
     """A map-style loader's state after 3 steps, and a factory of fresh loaders
@@ -53,11 +62,7 @@ def saved(tmp_path):
     yield state, build
     for loader in made:
         loader.close()
-    for remove, what in ((tailcut.remove_queue, name), (tailcut.remove_batch_ring, name + ".pool")):
-        try:
-            remove(what)
-        except tailcut.NotFoundError:
-            pass
+    remove_job(name)
 
 
 def mangled(state, change):
@@ -216,12 +221,7 @@ def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path)
         rest = [int(i) for batch in loader for i in batch[:, 0]]
         loader.close()
     finally:
-        for remove, what in ((tailcut.remove_queue, name),
-                             (tailcut.remove_batch_ring, name + ".pool")):
-            try:
-                remove(what)
-            except tailcut.NotFoundError:
-                pass
+        remove_job(name)
     assert not set(rest) & set(used), sorted(set(rest) & set(used))
     assert sorted(rest + used) == list(range(N))
 
@@ -251,12 +251,7 @@ def test_a_batch_used_steps_before_its_loader_committed_it_is_not_read_again(tmp
         rest = [int(i) for batch in loader for i in batch[:, 0]]
         loader.close()
     finally:
-        for remove, what in ((tailcut.remove_queue, name),
-                             (tailcut.remove_batch_ring, name + ".pool")):
-            try:
-                remove(what)
-            except tailcut.NotFoundError:
-                pass
+        remove_job(name)
     assert not set(rest) & set(used), sorted(set(rest) & set(used))
     assert sorted(rest + used) == list(range(MANY))
 
@@ -294,12 +289,7 @@ def test_a_state_taken_while_loaders_hold_every_epoch_restores_every_record_once
             epochs.append([int(i) for batch in loader for i in batch[:, 0]])
         loader.close()
     finally:
-        for remove, what in ((tailcut.remove_queue, name),
-                             (tailcut.remove_batch_ring, name + ".pool")):
-            try:
-                remove(what)
-            except tailcut.NotFoundError:
-                pass
+        remove_job(name)
     assert not set(epochs[0]) & set(used), sorted(set(epochs[0]) & set(used))
     assert sorted(epochs[0] + used) == list(range(N))
     assert sorted(epochs[1]) == list(range(N))
