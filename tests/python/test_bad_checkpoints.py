@@ -196,32 +196,44 @@ def _first_loader_stalls_after_its_first_publish(worker_id):
     ring.publish = late
 
 
-def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path):
-    """A loader commits a batch's records right after it publishes the batch;
-    a rank that used the batch in between and then saved the state must not
-    have it read again after the restore (it was: 10 of the first 30 samples
-    came back)."""
-    name = f"pytest-latecommit-{os.getpid()}"
-
+def used_then_restored(name, n, loaders, steps, init=None, before_save=None, epochs=(0,)):
+    """A map-style job of n Squares in batches of 10 over two epochs: `steps`
+    batches used (loaders started with worker_init_fn `init`), before_save()
+    run, the state saved, and a fresh loader restored from it run through
+    `epochs`. Returns (the records used, the records of each epoch after)."""
     def build(init=None):
-        return tailcut.pool.PooledLoader(Squares(N), 10, name=name, num_epochs=2,
-                                          loaders_per_host=1, rank=0, world_size=1,
+        return tailcut.pool.PooledLoader(Squares(n), 10, name=name, num_epochs=2,
+                                          loaders_per_host=loaders, rank=0, world_size=1,
                                           local_rank=0, worker_init_fn=init)
 
     try:
-        first = build(_publish_then_stall)
+        first = build(init)
         it = iter(first)
-        used = [int(i) for _ in range(3) for i in next(it)[:, 0]]
+        used = [int(i) for _ in range(steps) for i in next(it)[:, 0]]
+        if before_save is not None:
+            before_save()
         state = first.state_dict()
         del it
         first.close()
         loader = build()
         loader.load_state_dict(state)
-        loader.set_epoch(0)
-        rest = [int(i) for batch in loader for i in batch[:, 0]]
+        after = []
+        for epoch in epochs:
+            loader.set_epoch(epoch)
+            after.append([int(i) for batch in loader for i in batch[:, 0]])
         loader.close()
     finally:
         remove_job(name)
+    return used, after
+
+
+def test_a_batch_used_before_its_loader_committed_it_is_not_read_again(tmp_path):
+    """A loader commits a batch's records right after it publishes the batch;
+    a rank that used the batch in between and then saved the state must not
+    have it read again after the restore (it was: 10 of the first 30 samples
+    came back)."""
+    used, (rest,) = used_then_restored(f"pytest-latecommit-{os.getpid()}", N, loaders=1,
+                                       steps=3, init=_publish_then_stall)
     assert not set(rest) & set(used), sorted(set(rest) & set(used))
     assert sorted(rest + used) == list(range(N))
 
@@ -230,28 +242,9 @@ def test_a_batch_used_steps_before_its_loader_committed_it_is_not_read_again(tmp
     """As above, with the loader stalled between the publish and the commit
     for several of the rank's steps: the batch was used at an earlier step
     than the one the state was saved at (one batch came back)."""
-    name = f"pytest-latecommit2-{os.getpid()}"
     MANY = 4000  # more than the ring holds: the loaders cannot publish both epochs ahead
-
-    def build(init=None):
-        return tailcut.pool.PooledLoader(Squares(MANY), 10, name=name, num_epochs=2,
-                                          loaders_per_host=2, rank=0, world_size=1,
-                                          local_rank=0, worker_init_fn=init)
-
-    try:
-        first = build(_first_loader_stalls_after_its_first_publish)
-        it = iter(first)
-        used = [int(i) for _ in range(6) for i in next(it)[:, 0]]
-        state = first.state_dict()
-        del it
-        first.close()
-        loader = build()
-        loader.load_state_dict(state)
-        loader.set_epoch(0)
-        rest = [int(i) for batch in loader for i in batch[:, 0]]
-        loader.close()
-    finally:
-        remove_job(name)
+    used, (rest,) = used_then_restored(f"pytest-latecommit2-{os.getpid()}", MANY, loaders=2,
+                                       steps=6, init=_first_loader_stalls_after_its_first_publish)
     assert not set(rest) & set(used), sorted(set(rest) & set(used))
     assert sorted(rest + used) == list(range(MANY))
 
@@ -264,32 +257,14 @@ def test_a_state_taken_while_loaders_hold_every_epoch_restores_every_record_once
     2"); it must resume both epochs, each record once."""
     name = f"pytest-aheadloaders-{os.getpid()}"
 
-    def build():
-        return tailcut.pool.PooledLoader(Squares(N), 10, name=name, num_epochs=2,
-                                          loaders_per_host=2, rank=0, world_size=1,
-                                          local_rank=0)
-
-    try:
-        first = build()
-        it = iter(first)
-        used = [int(i) for _ in range(6) for i in next(it)[:, 0]]
-        # Both loaders hold their epoch's item once the ring is full.
+    def ring_full():  # both loaders hold their epoch's item once the ring is full
         deadline = time.monotonic() + 60
         while (tailcut.inspect_batch_ring(name + ".pool")["free"] > 0
                and time.monotonic() < deadline):
             time.sleep(0.05)
-        state = first.state_dict()
-        del it
-        first.close()
-        loader = build()
-        loader.load_state_dict(state)
-        epochs = []
-        for epoch in (0, 1):
-            loader.set_epoch(epoch)
-            epochs.append([int(i) for batch in loader for i in batch[:, 0]])
-        loader.close()
-    finally:
-        remove_job(name)
+
+    used, epochs = used_then_restored(name, N, loaders=2, steps=6, before_save=ring_full,
+                                      epochs=(0, 1))
     assert not set(epochs[0]) & set(used), sorted(set(epochs[0]) & set(used))
     assert sorted(epochs[0] + used) == list(range(N))
     assert sorted(epochs[1]) == list(range(N))
