@@ -271,17 +271,6 @@ std::vector<tc::detail::Piece> ToPieces(const py::iterable& ranges, const std::s
   return pieces;
 }
 
-// The lowest ticket with an open piece of work in checkpoint `s` (UINT64_MAX
-// if none): its done bit is set, and the piece is what is left of it (a
-// range a rank never used, reopened). Pieces at or past the cursor, and
-// empty ones, mean nothing (engine/checkpoint.cc).
-uint64_t LowestOpenPiece(const tc::detail::SavedState& s) {
-  uint64_t low = UINT64_MAX;
-  for (const tc::detail::Piece& p : s.pieces)
-    if (p.begin < p.end && p.ticket < s.cursor) low = std::min(low, p.ticket);
-  return low;
-}
-
 void CloseHandle(QueueHandle& h) {
   if (::getpid() != h.pid) return;                             // a forked child: not ours to close
   if (ItemPtr last = h.last_taken.lock()) last->AckQuietly();  // auto_ack: the last is done
@@ -670,7 +659,7 @@ void DefineQueueFunctions(py::module_& m) {
         for (const tc::detail::SavedState& s : saved) {
           uint64_t t = s.low;
           while (done(t)) ++t;
-          low = std::min({low, t, LowestOpenPiece(s)});
+          low = std::min({low, t, tc::detail::LowestOpenPiece(s)});
         }
         return saved.empty() ? 0 : low / num_items;
       },
@@ -684,7 +673,7 @@ void DefineQueueFunctions(py::module_& m) {
       [](const py::object& state, const py::object& queue_name) {
         tc::detail::SavedState s = tc::detail::DeserializeState(
             ToQueueName(queue_name), ToBytes(state, "_state_epoch: state"));
-        return std::min(s.low, LowestOpenPiece(s)) / s.num_items;
+        return std::min(s.low, tc::detail::LowestOpenPiece(s)) / s.num_items;
       },
       py::arg("state"), py::arg("queue"),
       "The epoch a queue restored from checkpoint `state` starts in: that of its lowest ticket "

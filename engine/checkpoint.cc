@@ -230,6 +230,13 @@ std::string MergeStates(const std::string& name, const std::vector<std::string>&
   return SerializeState(out);
 }
 
+uint64_t LowestOpenPiece(const SavedState& s) {
+  uint64_t low = UINT64_MAX;
+  for (const Piece& p : s.pieces)
+    if (p.begin < p.end && p.ticket < s.cursor) low = std::min(low, p.ticket);
+  return low;
+}
+
 std::string EmptyState(const std::string& name, const std::string& like) {
   const SavedState s = DeserializeState(name, like);
   return SerializeState({.fingerprint = s.fingerprint,

@@ -84,6 +84,12 @@ TAILCUT_EXPORT std::string ConsumeRanges(const std::string& name, const std::str
 TAILCUT_EXPORT std::string MergeStates(const std::string& name,
                                        const std::vector<std::string>& states);
 
+// The lowest ticket with an open piece of work in `s` (UINT64_MAX if none):
+// its done bit is set, and the piece is what is left of it (a range a rank
+// never used, reopened). A restore starts no later than that ticket's epoch.
+// Pieces at or past the cursor, and empty ones, mean nothing.
+TAILCUT_EXPORT uint64_t LowestOpenPiece(const SavedState& s);
+
 // A checkpoint of the job of checkpoint `like` with nothing handed out: what
 // a host with no part of an exact checkpoint of a fed job restores from (a
 // restore on more hosts than the checkpoint's). The queue it opens is empty,
