@@ -66,7 +66,8 @@ inline constexpr uint64_t kSegmentMagic = 0x3155434c49415421ull;  // "!TAILCU1"
 // the fed block table and the skip bitmap; orphan_seq on a line of its own.
 // 5: a lease's resume point (floor) apart from its progress; the progress
 // word carries whether its owner committed; anchor is 32 bits.
-inline constexpr uint32_t kLayoutVersion = 5;
+// 6: SplitUnit starts at 1 (was 4 KiB): an extent's units mean other offsets.
+inline constexpr uint32_t kLayoutVersion = 6;
 inline constexpr size_t kCacheLine = 64;
 
 enum SegmentState : uint32_t { kCreating = 0, kReady = 1, kRemoved = 2 };
@@ -143,9 +144,13 @@ struct Extent {
 };
 static_assert(kMaxLeases < (uint64_t{1} << 14));
 inline constexpr uint64_t kMaxExtentUnits = (uint64_t{1} << 20) - 1;
-// Smallest power of two >= 4 KiB that expresses `length` in 20 bits.
+// Smallest power of two that expresses `length` in 20 bits: 1 (a byte, or a
+// sample of an index work) for items under 1 MiB (or 2^20 samples), so that
+// a small item splits where its records are, not in 4 KiB steps that put
+// items of a few batches (a pool loader's, an index work's 256 samples)
+// below any split.
 inline uint64_t SplitUnit(uint64_t length) {
-  uint64_t unit = 4096;
+  uint64_t unit = 1;
   while (length / unit >= kMaxExtentUnits) unit *= 2;
   return unit;
 }

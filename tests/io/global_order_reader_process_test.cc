@@ -358,6 +358,8 @@ TEST(GlobalOrderReaderProcessTest, AnItemReassignedAfterALeaseTimeoutIsCountedAs
   qo.num_samples = data.records.size();
   qo.num_slices = 8;
   qo.lease_timeout = std::chrono::milliseconds(200);
+  // Ours is lost whole to the lease timeout, not in pieces split off its tail.
+  qo.split_tail = false;
   // Forked now, while this process has no thread: it takes (and acks) every
   // item once cued, ours too once its lease has expired.
   ChildOnCue other_process([&] {

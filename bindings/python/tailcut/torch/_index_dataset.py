@@ -42,10 +42,9 @@ class IndexDataset(QueueDataset):
     a process with nothing left to take while others still hold items ends
     its iteration. An item is acked once its last sample was handed on;
     before each sample the process claims it, so an idle process may split
-    off the unread tail of a slow one's item (items of more than 8192
-    samples: the engine splits in units of 4096 positions). A worker that dies, or an
-    iteration left early, gives its open item back: its samples are read
-    again whole. An exception of dataset[i] propagates with a note naming i.
+    off the unread tail of a slow one's item (parts of 8 samples at least).
+    A worker that dies, or an iteration left early, gives its open item
+    back: its samples are read again whole. An exception of dataset[i] propagates with a note naming i.
     """
 
     def __init__(self, dataset, *, name=None, num_epochs=None, shuffle=None, seed=None,
