@@ -245,6 +245,36 @@ void DefineTake(QueueClass& queue) {
           "Releases the GIL while it waits. With WorkQueue(..., auto_ack=True) it first acks the "
           "item the previous take() returned, if that is still open (PAI code never acks).")
       .def(
+          "take_split",
+          [](const HandlePtr& h, py::object below_epoch) -> py::object {
+            const uint64_t below = ToU64(below_epoch, "below_epoch");
+            tc::WorkItem item;
+            tc::TakeStatus status;
+            {
+              Use use(*h);
+              status = h->queue->TakeSplit(&item, below);
+            }
+            switch (status) {
+              case tc::TakeStatus::kOk:
+                return py::cast(std::make_shared<PyWorkItem>(h, item));
+              case tc::TakeStatus::kClosed:
+                throw h->ClosedError();
+              case tc::TakeStatus::kForked:
+                h->CheckPid();
+                break;
+              default:  // kTimeout: no tail worth splitting
+                break;
+            }
+            return py::none();
+          },
+          py::arg("below_epoch"),
+          "Tail splitting on demand: splits the unclaimed tail off the open item of an epoch "
+          "below `below_epoch` with the most left (items whose owner claims as it reads), as "
+          "take() does once it has nothing else to hand out, and returns it as a WorkItem (a "
+          "piece); None when no such tail is worth splitting (twice min_split_bytes). For a "
+          "process that take() hands the next epoch's items while the last ones of this epoch "
+          "are still read elsewhere (take() then never splits). Never waits.")
+      .def(
           "agree_step",
           [](const HandlePtr& h, py::object rank, py::object ranks, py::object step,
              py::object has_batch, py::object timeout) {

@@ -163,6 +163,7 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
   h->name = name;
   py::object format = py::none(), record_bytes = py::none();
   bool attach_forever = false;
+  std::optional<uint64_t> min_split_bytes;
   for (auto kv : more) {
     std::string key = py::str(kv.first);
     py::object v = py::reinterpret_borrow<py::object>(kv.second);
@@ -181,6 +182,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
       o.keep_unfinished = ToFlag(v, "keep_unfinished");
     } else if (key == "auto_ack") {
       h->auto_ack = ToFlag(v, "auto_ack");
+    } else if (key == "min_split_bytes") {
+      min_split_bytes = ToU64(v, "min_split_bytes", 1);
     } else if (key == "leases_per_client") {
       o.leases_per_client = ToU32(v, "leases_per_client");
     } else if (key == "attach_timeout") {
@@ -227,7 +230,11 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
   }
   // An index work splits in samples, not bytes: a tail of 8 samples is worth
   // another process's time (WorkQueueOptions::min_split_bytes).
-  if (o.num_samples != 0) o.min_split_bytes = kIndexMinSplitSamples;
+  if (min_split_bytes) {
+    o.min_split_bytes = *min_split_bytes;
+  } else if (o.num_samples != 0) {
+    o.min_split_bytes = kIndexMinSplitSamples;
+  }
   if (!format.is_none()) {
     h->format = ParseFormat(ToText(format, "format"), record_bytes);
     o.format = h->format->Tag();

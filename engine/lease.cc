@@ -575,7 +575,7 @@ double ClientLeases::ClientRate(uint64_t slot) const noexcept {
   return static_cast<double>(bytes) / static_cast<double>(now - joined - idle);
 }
 
-bool ClientLeases::TrySplit(WorkItem* out) noexcept {
+bool ClientLeases::TrySplit(WorkItem* out, uint64_t below_ticket) noexcept {
   if (!options_.split_tail) return false;
   const uint64_t min_part = std::max<uint64_t>(options_.min_split_bytes, 1);
   for (int attempt = 0; attempt < 4; ++attempt) {
@@ -604,6 +604,7 @@ bool ClientLeases::TrySplit(WorkItem* out) noexcept {
       // move on to another owner while its fields were read.
       if (ls.word.load(std::memory_order_acquire) != w || ticket >= table_->total() || begin > end)
         continue;
+      if (ticket >= below_ticket) continue;
       uint64_t unit = SplitUnit(end - begin);
       uint64_t claimed = std::min(end, begin + x.claim * unit);
       uint64_t current_end = std::min(end, begin + x.end * unit);

@@ -210,7 +210,8 @@ class ClientLeases {
   bool ClaimOrphan(WorkItem* out) noexcept;
   // Splits the unread tail of the open item with the most left (never this
   // client's own) into a piece of its own. False when none is worth it.
-  bool TrySplit(WorkItem* out) noexcept;
+  // Only items of tickets below below_ticket are split.
+  bool TrySplit(WorkItem* out, uint64_t below_ticket = UINT64_MAX) noexcept;
   // Whether an orphan may have been published since this client's last
   // scan that found none (orphan_seq moved): a sleeping Take looks again.
   bool OrphanSeqMoved() const noexcept;

@@ -59,6 +59,12 @@ class WorkQueue::Impl {
   void Open();
   TakeStatus Take(WorkItem* item, bool wait,
                   std::chrono::steady_clock::time_point deadline) noexcept;
+  TakeStatus TakeSplit(WorkItem* out, uint64_t below_epoch) noexcept {
+    if (closed_) return TakeStatus::kClosed;
+    const uint64_t n = table_->num_items();
+    const uint64_t below = below_epoch >= UINT64_MAX / n ? UINT64_MAX : below_epoch * n;
+    return leases_->TrySplit(out, below) ? TakeStatus::kOk : TakeStatus::kTimeout;
+  }
   // The item calls: kInvalid unless the queue is open and its table has the
   // item's lease; then the lease's transition (lease.h).
   ItemStatus Ack(const WorkItem& item) noexcept {
@@ -731,6 +737,11 @@ TakeStatus WorkQueue::TryTake(WorkItem* item) noexcept {
   if (impl_->handle.Refused(impl_->closed(), &s)) return s;
   return item ? impl_->Take(item, false, std::chrono::steady_clock::time_point::min())
               : TakeStatus::kInvalidArgument;
+}
+TakeStatus WorkQueue::TakeSplit(WorkItem* item, uint64_t below_epoch) noexcept {
+  TakeStatus s;
+  if (impl_->handle.Refused(impl_->closed(), &s)) return s;
+  return item ? impl_->TakeSplit(item, below_epoch) : TakeStatus::kInvalidArgument;
 }
 ItemStatus WorkQueue::Ack(const WorkItem& item) noexcept {
   return impl_->ItemCall(item, true, [&] { return impl_->Ack(item); });

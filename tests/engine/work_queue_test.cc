@@ -234,6 +234,47 @@ TEST_F(WorkQueueTest, IdleClientSplitsTheUnclaimedTailOfAClaimedItem) {
   EXPECT_EQ(by_clients, 2u);
 }
 
+// At an epoch's end Take hands out the next epoch's items, so it never
+// splits this epoch's last one; TakeSplit does, and only below the epoch
+// asked for. Items under 1 MiB split at any byte (the split unit is 1).
+TEST_F(WorkQueueTest, TakeSplitSplitsAnEarlierEpochsItemWhereTakeHandsOutTheNextEpoch) {
+  auto o = Options("takesplit", dir_.Files("f", 2, {64 << 10}));
+  o.num_epochs = 2;
+  o.shuffle = false;
+  o.min_split_bytes = 100;
+  o.num_clients = 2;
+  auto a = WorkQueue::Open(o);
+  auto b = WorkQueue::Open(o);
+  WorkItem slow, fast, next, piece;
+  ASSERT_EQ(a->TryTake(&slow), TakeStatus::kOk);
+  ASSERT_EQ(b->TryTake(&fast), TakeStatus::kOk);
+  ASSERT_EQ(b->Ack(fast), ItemStatus::kOk);
+  EXPECT_EQ(b->TakeSplit(&piece, 1), TakeStatus::kTimeout) << "never claimed, never split";
+  uint64_t end = 0;
+  ASSERT_EQ(a->Claim(slow, slow.begin + 1000, &end), ItemStatus::kOk);
+  ASSERT_EQ(b->TryTake(&next), TakeStatus::kOk);
+  EXPECT_EQ(next.epoch, 1u) << "Take hands out the next epoch rather than split";
+  ASSERT_EQ(b->GiveBack(next), ItemStatus::kOk);
+  EXPECT_EQ(b->TakeSplit(&piece, 0), TakeStatus::kTimeout) << "no open item below epoch 0";
+  ASSERT_EQ(b->TakeSplit(&piece, 1), TakeStatus::kOk);
+  EXPECT_TRUE(piece.piece);
+  EXPECT_EQ(piece.epoch, 0u);
+  EXPECT_EQ(piece.ticket, slow.ticket);
+  EXPECT_EQ(piece.end, slow.end);
+  EXPECT_GT(piece.begin, slow.begin + 1000);
+  EXPECT_LT(piece.begin, slow.end);
+  EXPECT_NE((piece.begin - slow.begin) % 4096, 0u) << "split in bytes, not 4 KiB units";
+  ASSERT_EQ(a->Claim(slow, slow.end, &end), ItemStatus::kOk);
+  EXPECT_EQ(end, piece.begin);
+  EXPECT_EQ(a->Ack(slow), ItemStatus::kOk);
+  EXPECT_EQ(b->Ack(piece), ItemStatus::kOk);
+  EXPECT_EQ(a->Stats().done, 2u) << "epoch 0 done, its split item counted once";
+  WorkItem null;
+  EXPECT_EQ(b->TakeSplit(nullptr, 1), TakeStatus::kInvalidArgument);
+  a->Close();
+  EXPECT_EQ(a->TakeSplit(&null, 1), TakeStatus::kClosed);
+}
+
 TEST_F(WorkQueueTest, NoSplitWhenDisabledOrTheTailIsSmall) {
   const uint64_t size = 16 * kMiB;
   const std::string big = dir_.File("big", size);

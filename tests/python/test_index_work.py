@@ -193,16 +193,15 @@ def test_ranks_with_dataloader_workers_run_equal_steps_and_use_every_sample_once
 
 
 def test_an_idle_process_splits_the_unread_tail_of_an_index_item(qname):
-    """Index works split in positions, in the engine's split units of 4096 (so items of
-    more than 8192 samples), and parts of at least 8 samples, not 64 KiB: a claimed item
-    gives its tail to a process with nothing to take."""
+    """Index works split in positions, not bytes, in parts of at least 8 samples (not
+    64 KiB): a claimed item gives its tail to a process with nothing to take."""
     owner = tailcut.WorkQueue(num_samples=10000, num_slices=1, seed=1, name=qname)
     thief = tailcut.WorkQueue(num_samples=10000, num_slices=1, seed=1, name=qname)
     item = owner.take()
     order = item.indices()
     assert item.claim(1000) == 10000
     piece = thief.take(timeout=1)
-    assert 1000 <= piece.begin < 10000 and piece.begin % 4096 == 0 and piece.end == 10000
+    assert 1000 < piece.begin < 10000 and piece.end == 10000
     end = item.claim(10000)
     assert end == piece.begin
     assert sorted(item.indices(0, end) + piece.indices()) == list(range(10000))
@@ -211,3 +210,28 @@ def test_an_idle_process_splits_the_unread_tail_of_an_index_item(qname):
     piece.ack()
     owner.close()
     thief.close()
+
+
+def test_a_small_item_splits_and_min_split_bytes_is_the_thiefs_own(qname):
+    """An item of 256 samples (the default size) splits too: the engine's split unit
+    is one position below 2^20 of them, no longer 4096. min_split_bytes is the
+    thief's: a process that wants parts of 200 samples at least leaves a tail of
+    224 whole, one that takes the default 8 splits it."""
+    owner = tailcut.WorkQueue(num_samples=256, num_slices=1, seed=1, name=qname)
+    picky = tailcut.WorkQueue(num_samples=256, num_slices=1, seed=1, name=qname,
+                              min_split_bytes=200)
+    thief = tailcut.WorkQueue(num_samples=256, num_slices=1, seed=1, name=qname)
+    item = owner.take()
+    assert item.claim(32) == 256
+    with pytest.raises(tailcut.Empty):
+        picky.take(timeout=0)
+    piece = thief.take(timeout=1)
+    assert 32 < piece.begin < 256 and piece.end == 256
+    assert item.claim(256) == piece.begin
+    assert sorted(item.indices(0, piece.begin) + piece.indices()) == list(range(256))
+    item.ack()
+    piece.ack()
+    for q in (owner, picky, thief):
+        q.close()
+    with pytest.raises(tailcut.InvalidArgumentError, match="min_split_bytes"):
+        tailcut.WorkQueue(num_samples=256, name=qname + "-bad", min_split_bytes=0)

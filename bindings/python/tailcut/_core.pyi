@@ -265,6 +265,7 @@ class WorkQueue:
         attach_timeout: Optional[float] = ...,
         lease_timeout: Optional[float] = ...,
         stop_timeout: Optional[float] = ...,
+        min_split_bytes: int = ...,
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
         auto_ack: bool = ...,
@@ -275,6 +276,7 @@ class WorkQueue:
         global_block_size: int = ...,
     ) -> None: ...
     def take(self, timeout: Optional[float] = None) -> Optional[WorkItem]: ...
+    def take_split(self, below_epoch: int) -> Optional[WorkItem]: ...
     def agree_step(
         self, rank: int, ranks: int, step: int, has_batch: bool, timeout: Optional[float] = None
     ) -> Literal["all_have_batch", "end_epoch", "timeout"]: ...

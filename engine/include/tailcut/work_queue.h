@@ -314,6 +314,16 @@ class TAILCUT_EXPORT WorkQueue {
   TakeStatus Take(WorkItem* item, Deadline deadline = Deadline::max()) noexcept;
   // Take that never waits: kTimeout when nothing can be handed out right now.
   TakeStatus TryTake(WorkItem* item) noexcept;
+  // Tail splitting on demand: splits the unclaimed tail off the open item of
+  // an epoch below `below_epoch` with the most left (see split_tail), as Take
+  // does once it has nothing else to hand out, and hands it out as a piece.
+  // For a process that Take hands the next epoch's items while this epoch's
+  // last ones are still read elsewhere, and that may not use those yet (a
+  // pool loader at an epoch's end): Take then never splits. kOk; kTimeout
+  // when no such item has a tail worth splitting (twice min_split_bytes);
+  // kClosed, kInvalidArgument (item null), kForked. Never waits,
+  // thread-safe, noexcept.
+  TakeStatus TakeSplit(WorkItem* item, uint64_t below_epoch) noexcept;
 
   // Marks a held item done. kStale if it was reassigned meanwhile,
   // kAlreadyDone if this process acked or gave it back before.
