@@ -598,6 +598,81 @@ def test_item_records_cut_anywhere_yield_every_record_of_every_format_once(tmp_p
         pool_loader.item_records(str(tmp_path / "none"), 0, 1, "lines")
 
 
+def test_claimed_records_stop_where_an_idle_loader_split_the_tail_off(tmp_path, qname):
+    """A loader hands out an item's records a batch at a time, claiming each batch first;
+    a process with nothing to take splits off the unclaimed rest, mid-record in any format
+    (split offsets are bytes), and the owner stops at the first record that starts past
+    the split: between the two, every record once, in order."""
+    from tailcut.pool._claimed_records import ClaimedRecords
+    rng = np.random.default_rng(7)
+    payloads = [bytes(rng.integers(0, 256, int(rng.integers(1, 300)), dtype=np.uint8))
+                for _ in range(300)]
+    tfr = tmp_path / "a.tfrecord"
+    tfr.write_bytes(b"".join(tailcut.encode_tfrecord(p) for p in payloads))
+    lines = tmp_path / "a.txt"
+    lines.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
+    fixed = tmp_path / "a.bin"
+    fixed.write_bytes(bytes(range(256)) * 40)
+    cases = [(tfr, "tfrecord", None, payloads),
+             (lines, "lines", None, [b"line %d" % i for i in range(2000)]),
+             (fixed, "fixed", 16, [fixed.read_bytes()[i:i + 16] for i in range(0, 10240, 16)])]
+    for k, (path, fmt, size, expected) in enumerate(cases):
+        opts = dict(num_epochs=1, name=f"{qname}-{k}", format=fmt)
+        if size:
+            opts["record_bytes"] = size
+        owner_q = tailcut.WorkQueue([str(path)], **opts)
+        thief_q = tailcut.WorkQueue([str(path)], min_split_bytes=1, **opts)
+        item = owner_q.take()
+        owner = ClaimedRecords(item, owner_q.format, False)
+        mine, _ = owner.take(7)
+        piece = thief_q.take(timeout=1)  # splits off half of what the owner has not claimed
+        assert piece is not None and piece.begin > item.begin, fmt
+        while True:
+            got, end = owner.take(7)
+            if not got:
+                break
+            assert len(got) <= 7
+            mine += got
+        assert owner.end == piece.begin, fmt
+        theirs, reader = [], ClaimedRecords(piece, thief_q.format, False)
+        while True:
+            got, _ = reader.take(50)
+            if not got:
+                break
+            theirs += got
+        assert mine + theirs == expected, fmt
+        assert len(mine) > 7 and theirs, fmt
+        item.ack()
+        piece.ack()
+        owner_q.close()
+        thief_q.close()
+
+
+def test_loaders_share_a_single_file_by_splitting_its_tail(tmp_path, qname):
+    """One file is one item: the pool's loaders split it between them rather than leave it
+    to the loader that took it, and every record still comes once."""
+    n = 64 * 32
+    path = write_ids(tmp_path / "one.bin", n)
+    ds = tt.QueueDataset([path], format="fixed", record_bytes=RECORD, num_epochs=1, name=qname)
+    loader = tailcut.pool.PooledLoader(ds, batch_size=32, loaders_per_host=4,
+                                       transform=PidOf(0.02))
+    ids, pids = [], set()
+    for batch, pid in loader:
+        ids += ids_of(batch.numpy())
+        pids.add(int(pid[0]))
+    loader.close()
+    ds.close()
+    assert sorted(ids) == list(range(n))
+    assert len(pids) >= 2, "one loader read the whole file"
+
+
+class PidOf(Slow):
+    """Slow, and says which loader made the batch."""
+
+    def __call__(self, batch):
+        return super().__call__(batch), np.array([os.getpid()], np.int64)
+
+
 def test_pooled_loaders_read_tfrecord(rname, tmp_path, monkeypatch):
     n = 700
     path = tmp_path / "ids.tfrecord"

@@ -25,6 +25,13 @@ as a kill between a publish and its commit does.
 Epochs: a loader never acks an item of epoch e + 1 before every item of epoch
 e is acked; the loader whose ack completes epoch e (WorkQueue summary 'done')
 ends it in the ring, so trainers see the end of every epoch.
+
+Sharing: a loader claims an item's records a batch at a time
+(_claimed_records.py), so a loader with nothing to take splits the
+unclaimed tail off the open item with the most left: one file is read by
+every loader, and an epoch's last items by all of them. At an epoch's end
+take() hands out the next epoch's items, which a loader may not use yet, so
+there it asks for a tail of the open epoch (take_split) instead.
 """
 
 import inspect
@@ -37,7 +44,8 @@ import tailcut
 from tailcut import _args, _core, _pool_state
 import tailcut.pool._lifecycle as _lifecycle
 from tailcut._batch_layout import encode_batch
-from tailcut.pool._recipe import item_records, recipe_for
+from tailcut.pool._claimed_records import ClaimedRecords
+from tailcut.pool._recipe import recipe_for
 
 RING_MAX_CLIENTS = 64
 # A loader that has not run for this long (stopped) loses its items to the
@@ -47,6 +55,9 @@ STOP_TIMEOUT = 10.0
 # A loader with nothing to do looks for a leave request (and a closed ring)
 # this often; it bounds how long SIGTERM takes to be noticed.
 _WAIT_SLICE = 0.1
+# The smallest tail a loader splits off another's item, in bytes, where a
+# batch's bytes are not known before reading (records of varying size).
+MIN_SPLIT_BYTES = 4096
 _ACQUIRE_SLICE = 1.0
 
 
@@ -109,6 +120,7 @@ def load(queue, ring, recipe, leave, poll):
     queue has no item left, leave() says so, or the ring is closed. Returns
     its counts and why it stopped ('end', 'left' or 'ring closed')."""
     fmt = queue.format
+    index_work = queue.num_samples is not None  # records are sample indices
     gate = _EpochGate(queue, ring)
     gate.try_end()  # a loader that joins late starts at the job's epoch
     counts = dict(batches=0, records=0, items=0, stopped="end", fenced=0, stale=0)
@@ -147,6 +159,16 @@ def load(queue, ring, recipe, leave, poll):
             "one was stopped past its stop_timeout; up to one batch of it may be used twice",
             os.getpid(), call, item.index, item.epoch)
 
+    def fence(held, lost=None):
+        # Some of `held` went to other loaders: drop what this loader read of them
+        # (nothing of it is published) and give back those still its own.
+        nonlocal pending, done_items
+        _let_go(held, _lost(held) if lost is None else lost)
+        counts["fenced"] += 1
+        pending, done_items = [], []
+        spans.clear()
+        raise _Fenced()
+
     def flush(reading=None):
         # reading: (item, offset) of the item whose records are being read,
         # the offset just past its last record in `pending`.
@@ -164,11 +186,7 @@ def load(queue, ring, recipe, leave, poll):
             lost = _lost(held)
             if lost:
                 ring.abandon(slot)
-                _let_go(held, lost)
-                counts["fenced"] += 1
-                pending, done_items = [], []
-                spans.clear()
-                raise _Fenced()
+                fence(held, lost)
             if not ring.publish(slot, epoch, len(pending), nbytes):
                 ring.abandon(slot)
                 if ring.stats()["closed"]:
@@ -224,36 +242,43 @@ def load(queue, ring, recipe, leave, poll):
                     continue
             if item is None:
                 break
+            if item.epoch > gate.ended + 1:
+                # Epoch item.epoch - 1 has items open elsewhere: hand this one
+                # back (an item of that epoch may come back from a dead loader,
+                # and must be read by someone), and help with the open ones: take
+                # the unclaimed tail off the one with the most left, which take()
+                # would not split while it has later epochs' items to hand out.
+                _let_go([item], [])
+                item = queue.take_split(gate.ended + 2)
+                if item is None:
+                    try:
+                        flush()  # what it holds of the open epoch, which waits for it
+                    except _Fenced:
+                        pass
+                    time.sleep(poll)
+                    gate.try_end()
+                    continue
             if epoch is not None and item.epoch != epoch:
                 try:
                     flush()
                 except _Fenced:
                     pass
-            if item.epoch > gate.ended + 1:
-                # Epoch item.epoch - 1 has items open elsewhere: hand this one
-                # back and look again (an item of that epoch may come back from
-                # a dead loader, and must be read by someone).
-                _let_go([item], [])
-                time.sleep(poll)
-                gate.try_end()
-                continue
             epoch = item.epoch
-            if queue.num_samples is not None:  # an index work: records are sample indices
-                records, ends = item.indices(), range(item.begin + 1, item.end + 1)
-            else:
-                records, ends = item_records(item.path, item.begin, item.end, fmt,
-                                              with_ends=True, item=item)
-            start, at, count = item.begin, 0, len(records)
+            source = ClaimedRecords(item, fmt, index_work)
+            start = item.begin
             try:
-                # The records up to the next batch's end at a time (a batch of small
-                # records or indices is a slice, not a Python step per record): their
-                # range ends past the last one's (spans merge consecutive ranges).
-                while at < count:
-                    upto = min(count, at + recipe.batch_size - len(pending))
-                    pending.extend(records[at:upto])
-                    end = ends[upto - 1]
+                # A batch's worth at a time, claimed first: another loader with
+                # nothing to take may split off what this one has not claimed.
+                while True:
+                    try:
+                        records, end = source.take(recipe.batch_size - len(pending))
+                    except tailcut.StaleItemError:
+                        fence(done_items + [item])  # stopped past stop_timeout: it is another's
+                    if not records:
+                        break
+                    pending.extend(records)
                     spans.add(item.ticket, start, min(end, item.end))
-                    start, at = end, upto
+                    start = end
                     if len(pending) == recipe.batch_size:
                         flush((item, end))
             except _Fenced:
@@ -298,7 +323,7 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
         _args.callable_or_none(key, fn)
     _args.seconds("stop_timeout", stop_timeout, allow_none=True)
     recipe = recipe_for(dataset, batch_size, collate_fn, transform)
-    _open_as_loader(dataset, stop_timeout)
+    _open_as_loader(dataset, stop_timeout, recipe.batch_size)
     ring = _core.BatchRing(ring_name, slot_bytes, num_slots, "loader", max_clients=max_clients)
     try:
         with _lifecycle.LeaveOnSignals((signal.SIGTERM,)) as signals:
@@ -310,12 +335,23 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
     return counts["batches"]
 
 
-def _open_as_loader(dataset, stop_timeout):
+def _open_as_loader(dataset, stop_timeout, batch_size):
     """Opens this process's queue of `dataset` (a QueueDataset) as a loader's:
-    with its stop_timeout. A queue this process opened before keeps its own."""
+    with its stop_timeout, and tails split off other loaders' items in pieces
+    of about a batch at least (min_split_bytes: a batch's bytes for fixed-size
+    records, its samples for an index work, 4 KiB otherwise; the queue's own
+    64 KiB would leave an item of a few batches whole to one loader). A queue
+    this process opened before keeps its own."""
     args = getattr(dataset, "_queue_args", None)
     if args is not None and getattr(dataset, "_queue_pid", None) != os.getpid():
         args["stop_timeout"] = stop_timeout
+        fmt = args.get("format") or ""
+        if args.get("num_samples") is not None or args.get("works") is None:
+            args.setdefault("min_split_bytes", batch_size)
+        elif fmt == "fixed" and args.get("record_bytes"):
+            args.setdefault("min_split_bytes", batch_size * args["record_bytes"])
+        else:
+            args.setdefault("min_split_bytes", MIN_SPLIT_BYTES)
     return dataset.queue
 
 
