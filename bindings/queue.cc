@@ -440,6 +440,9 @@ QueueClass DefineWorkQueue(py::module_& m) {
       .def_property_readonly(
           "num_epochs", [](const HandlePtr& h) { return h->queue->num_epochs(); }, "Epochs.")
       .def_property_readonly(
+          "leases_per_client", [](const HandlePtr& h) { return h->leases_per_client; },
+          "Open items this process may hold at once (take() refuses one more).")
+      .def_property_readonly(
           "num_samples",
           [](const HandlePtr& h) -> py::object {
             if (h->queue->num_samples() == 0) return py::none();

@@ -666,6 +666,21 @@ def test_loaders_share_a_single_file_by_splitting_its_tail(tmp_path, qname):
     assert len(pids) >= 2, "one loader read the whole file"
 
 
+def test_a_batch_of_more_items_than_a_loader_may_hold_goes_out_short(tmp_path, qname):
+    """Items smaller than a batch (or pieces split off others' items) each hold a lease
+    until their batch is out: a loader at its leases_per_client hands its batch on short
+    rather than fail in take() ("already holds 3 open items")."""
+    n = 64
+    path = write_ids(tmp_path / "small.bin", n)
+    ds = tt.QueueDataset([path], format="fixed", record_bytes=RECORD, num_epochs=1, name=qname,
+                         num_slices=n, leases_per_client=3)
+    loader = tailcut.pool.PooledLoader(ds, batch_size=8, loaders_per_host=2)
+    ids = [i for batch in loader for i in ids_of(batch.numpy())]
+    loader.close()
+    ds.close()
+    assert sorted(ids) == list(range(n))
+
+
 class PidOf(Slow):
     """Slow, and says which loader made the batch."""
 

@@ -227,6 +227,13 @@ def load(queue, ring, recipe, leave, poll):
                 break
             if ring_closed():
                 raise RingClosed()
+            if len(done_items) + 1 >= queue.leases_per_client:
+                # Its batch holds as many items (pieces split off others') as this
+                # loader may hold open: hand it on short, so that take() may take another.
+                try:
+                    flush()
+                except _Fenced:
+                    pass
             try:
                 item = queue.take(timeout=0)
             except tailcut.Empty:
