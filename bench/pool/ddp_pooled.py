@@ -94,6 +94,7 @@ class BatchCost:
         self.rank, self.workers_per_rank, self.slow_rank = rank, workers_per_rank, slow_rank
         self.counter, self.num_slow = counter, num_slow
         self.rng, self.factor = None, 1.0
+        self.trace = None  # a path prefix: each process appends its batches' (start, end)
 
     def _start(self):
         if self.counter is None:
@@ -112,7 +113,11 @@ class BatchCost:
         if self.rng is None:
             self._start()
         z = self.rng.standard_normal() if self.sigma > 0 else 0.0
+        t0 = time.time()
         time.sleep(self.factor * self.median * math.exp(self.sigma * z))
+        if self.trace:
+            with open(f"{self.trace}.{os.getpid()}", "a") as f:
+                f.write(f"{t0} {time.time()}\n")
         return batch
 
     def __getstate__(self):  # spawned workers: no shared counter (per_rank only)
@@ -120,6 +125,16 @@ class BatchCost:
         if state["counter"] is not None and multiprocessing.get_start_method() != "fork":
             raise RuntimeError("the pooled cost needs forked loaders")
         return state
+
+
+def loaders_busy(trace, start, end, loaders):
+    """The share of the loaders' time in [start, end) (wall clock) spent in the
+    transform, from their traces: 1.0 when no loader ever idled."""
+    busy = 0.0
+    for path in glob.glob(glob.escape(trace) + ".*"):
+        a = np.loadtxt(path, ndmin=2)
+        busy += float((np.clip(a[:, 1], start, end) - np.clip(a[:, 0], start, end)).sum())
+    return busy / (loaders * (end - start))
 
 
 def smaps_rollup(pid):
@@ -194,7 +209,7 @@ def run(case, mode, rep, args, path, model, opt):
     name = f"ddp-pooled-{case}{rep}-{mode}-{os.getppid()}"
     sigma = args.sigma if case == "a" else 0.0
     slow_factor = args.slow_factor if case == "b" else 1.0
-    seed = [rep, ord(case)]
+    seed = [args.seed + rep, ord(case)]
     common = dict(name=name, num_slices=args.slices, num_epochs=args.epochs, seed=1)
     if args.format == "fixed":
         common.update(format="fixed", record_bytes=args.record_bytes)
@@ -217,6 +232,8 @@ def run(case, mode, rep, args, path, model, opt):
         counter = multiprocessing.get_context("fork").Value("i", 0)
         cost = BatchCost(args.mean_ms, sigma, seed, slow_factor, counter=counter,
                          num_slow=args.workers_per_rank)
+        if args.trace_loaders and rank == 0:  # rank 0's loaders are the host's
+            cost.trace = os.path.join(args.trace_loaders, name)
         ds = opened_first_by_rank0(lambda: tt.QueueDataset([path], **common))
         # The host's loader processes: loaders_per_host= since the DataLoader-shaped
         # signature, num_workers= before it (a build of an older version: floor_guard.py).
@@ -232,7 +249,7 @@ def run(case, mode, rep, args, path, model, opt):
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         dist.barrier()
-        waits, start = [], time.perf_counter()
+        waits, start, wall = [], time.perf_counter(), time.time()
         it = iter(loader)
         while True:
             if epoch == 0 and len(waits) == args.memory_step:
@@ -245,6 +262,8 @@ def run(case, mode, rep, args, path, model, opt):
             train_step(batch, step_s, model, opt)
         dist.barrier()
         seconds = time.perf_counter() - start
+        busy = (None if mode != "pooled" or cost.trace is None else
+                round(loaders_busy(cost.trace, wall, time.time(), args.workers_per_rank * world), 4))
         gathered = [None] * world
         dist.all_gather_object(gathered, waits)
         if rank == 0:
@@ -256,11 +275,13 @@ def run(case, mode, rep, args, path, model, opt):
                              wait_mean_ms=round(float(w.mean()), 3),
                              wait_p50_ms=round(float(np.percentile(w, 50)), 3),
                              wait_p99_ms=round(float(np.percentile(w, 99)), 3),
-                             wait_max_ms=round(float(w.max()), 3)))
+                             wait_max_ms=round(float(w.max()), 3), loaders_busy=busy))
             r = rows[-1]
             print(f"  {case} rep {rep} {mode:8s} epoch {epoch}: {seconds:6.2f} s, {r['steps']} "
                   f"steps, data wait mean {r['wait_mean_ms']:6.1f} p50 {r['wait_p50_ms']:7.1f} "
-                  f"p99 {r['wait_p99_ms']:7.1f} ms", file=sys.stderr, flush=True)
+                  f"p99 {r['wait_p99_ms']:7.1f} ms"
+                  + ("" if busy is None else f", loaders in the transform {busy:.1%}"),
+                  file=sys.stderr, flush=True)
     if mode == "pooled":
         loader.close()
     else:
@@ -316,7 +337,7 @@ def run_floor(rep, args, model, opt):
         seconds = time.perf_counter() - start
         rows.append(dict(case="floor", rep=rep, mode="no_data", epoch=epoch,
                          seconds=round(seconds, 4), steps=steps, wait_mean_ms=0.0,
-                         wait_p50_ms=0.0, wait_p99_ms=0.0, wait_max_ms=0.0))
+                         wait_p50_ms=0.0, wait_p99_ms=0.0, wait_max_ms=0.0, loaders_busy=None))
         if dist.get_rank() == 0:
             print(f"  floor rep {rep} no_data  epoch {epoch}: {seconds:6.2f} s, {steps} steps",
                   file=sys.stderr, flush=True)
@@ -486,6 +507,8 @@ def main():
                    help="the records' file format (tfrecord: records of --record-bytes "
                         "each, framed)")
     p.add_argument("--slices", type=int, default=64, help="work items per epoch")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the transform costs' seed (repeat r draws from seed + r)")
     p.add_argument("--slots", type=int, default=32, help="batch slots in the pooled ring")
     p.add_argument("--workers-per-rank", type=int, default=2)
     p.add_argument("--mean-ms", type=float, default=30.0, help="mean transform cost per batch")
@@ -498,6 +521,10 @@ def main():
     p.add_argument("--reader-budget-mib", type=int, default=None,
                    help="per_rank: the Reader's buffer budget in each DataLoader worker "
                         "(default: the Reader's, 64 MiB); pooled loaders read with plain reads")
+    p.add_argument("--trace-loaders", default=None, metavar="DIR",
+                   help="pooled: the loaders write each batch's transform (start, end) to files "
+                        "in DIR, and each epoch reports the share of the loaders' time spent in "
+                        "the transform (loaders_busy: 1.0 when none ever idled)")
     p.add_argument("--out", default=None, help="directory for results.json, epochs.csv, png")
     args = p.parse_args()
     if args.step_ms is None:

@@ -18,11 +18,16 @@ DDP, TFRecord input, a heavy-tailed per-batch transform (lognormal, mean
 DataLoader(num_workers=2) per rank, and the floor (the same steps over a batch
 already in memory). Every round runs each version once, the order
 alternating round by round; each run is one ddp_pooled.py repeat of --epochs
-epochs (epoch 0, which starts the loaders, is left out: the median of the
-others is the run's epoch).
+epochs (epoch 0, which starts the loaders, is left out: the mean of the
+others is the run's epoch). The transform's costs are drawn from the round's
+seed: every version of a round gets the same draws, and the rounds differ
+(with one seed for all, as before, every run of a version repeated the same
+epochs to within 1 %, and three rounds were one sample).
 
 Prints per version and round: floor, pooled and per-rank epochs, pooled /
-floor and per_rank / pooled; then per version the median over rounds
+floor, per_rank / pooled and the share of the pooled loaders' time spent in
+the transform (ddp_pooled.py --trace-loaders: 1.0 when no loader ever idled,
+so pooled / (the loaders' bound) is about 1 / that share); then per version the median over rounds
 (min-max), and per round each version's pooled epoch over the first
 version's (the same round: the machine's load cancels). Targets: pooled /
 floor <= 1.10 (median), per_rank / pooled >= 1.8, and no version slower
@@ -42,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def run_once(name, pkg, args, port, out):
+def run_once(name, pkg, args, port, out, seed):
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=os.path.abspath(pkg),
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
@@ -52,7 +57,9 @@ def run_once(name, pkg, args, port, out):
            "--epochs", str(args.epochs), "--mean-ms", str(args.mean_ms), "--step-ms",
            str(args.step_ms), "--workers-per-rank", str(args.workers_per_rank), "--slots",
            str(args.slots), "--format",
-           "tfrecord", "--records", str(args.records), "--out", out]
+           "tfrecord", "--records", str(args.records), "--seed", str(seed),
+           "--trace-loaders", out + ".trace", "--out", out]
+    os.makedirs(out + ".trace", exist_ok=True)
     load0 = os.getloadavg()[0]
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=args.run_timeout)
@@ -65,12 +72,16 @@ def run_once(name, pkg, args, port, out):
               f"last lines:\n" + "\n".join(first[-25:]), file=sys.stderr, flush=True)
         return None
     with open(os.path.join(out, "results.json")) as f:
-        summary = json.load(f)["summary"]
-    floor = summary["floor"]["seconds"][0]
-    pooled = summary["a"]["seconds"]["pooled"][0]
-    per_rank = summary["a"]["seconds"]["per_rank"][0]
+        rows = json.load(f)["epochs"]
+
+    def epoch(case, mode):  # the mean of epochs 1..: the run's pace over all of them
+        return statistics.mean(r["seconds"] for r in rows
+                               if r["case"] == case and r["mode"] == mode and r["epoch"] >= 1)
+    floor, pooled, per_rank = epoch("floor", "no_data"), epoch("a", "pooled"), epoch("a", "per_rank")
+    busy = statistics.mean(r["loaders_busy"] for r in rows
+                           if r["mode"] == "pooled" and r["epoch"] >= 1)
     return dict(floor=floor, pooled=pooled, per_rank=per_rank, over_floor=pooled / floor,
-                per_rank_over_pooled=per_rank / pooled, load=(load0, load1))
+                per_rank_over_pooled=per_rank / pooled, loaders_busy=busy, load=(load0, load1))
 
 
 def med_range(v, fmt="{:.2f}"):
@@ -84,7 +95,7 @@ def main():
                    help="a built Python package to measure; the first is the baseline")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--records", type=int, default=12800)
     p.add_argument("--mean-ms", type=float, default=50.0)
     p.add_argument("--step-ms", type=float, default=5.0)
@@ -111,22 +122,25 @@ def main():
     for rnd in range(args.rounds):
         order = versions if rnd % 2 == 0 else versions[::-1]
         for name, pkg in order:
-            r = run_once(name, pkg, args, args.port, os.path.join(tmp, f"{name}-{rnd}"))
+            out = os.path.join(tmp, f"{name}-{rnd}")
+            r = run_once(name, pkg, args, args.port, out, rnd)
             if r is None:
                 failed[name] += 1
-                r = run_once(name, pkg, args, args.port, os.path.join(tmp, f"{name}-{rnd}b"))
+                r = run_once(name, pkg, args, args.port, out + "b", rnd)
                 if r is None:
                     sys.exit(f"{name} failed twice in round {rnd}")
             runs[name].append(r)
             print(f"  round {rnd} {name:10s}: floor {r['floor']:.2f} s, pooled "
                   f"{r['pooled']:.2f} s, per-rank {r['per_rank']:.2f} s; pooled/floor "
-                  f"{r['over_floor']:.2f}, per_rank/pooled {r['per_rank_over_pooled']:.2f} "
+                  f"{r['over_floor']:.2f}, per_rank/pooled {r['per_rank_over_pooled']:.2f}, "
+                  f"loaders in the transform {r['loaders_busy']:.1%} "
                   f"(load {r['load'][0]:.1f} -> {r['load'][1]:.1f})",
                   file=sys.stderr, flush=True)
     base = versions[0][0]
     print(f"\n{args.rounds} rounds, alternating; median (min-max) over rounds", file=sys.stderr)
     print(f"{'version':12s} {'floor s':>18s} {'pooled s':>18s} {'pooled/floor':>18s} "
-          f"{'per_rank/pooled':>18s} {'pooled / ' + base:>20s}", file=sys.stderr)
+          f"{'per_rank/pooled':>18s} {'pooled / ' + base:>20s} {'loaders busy':>18s}",
+          file=sys.stderr)
     for name, _ in versions:
         rs = runs[name]
         vs_base = [r["pooled"] / b["pooled"] for r, b in zip(rs, runs[base])]
@@ -134,7 +148,8 @@ def main():
               f"{med_range([r['pooled'] for r in rs]):>18s} "
               f"{med_range([r['over_floor'] for r in rs]):>18s} "
               f"{med_range([r['per_rank_over_pooled'] for r in rs]):>18s} "
-              f"{med_range(vs_base, '{:.3f}'):>20s}", file=sys.stderr)
+              f"{med_range(vs_base, '{:.3f}'):>20s} "
+              f"{med_range([r['loaders_busy'] for r in rs], '{:.3f}'):>18s}", file=sys.stderr)
     print("targets: pooled/floor <= 1.10, per_rank/pooled >= 1.8, no version slower than "
           f"{base} in the same round", file=sys.stderr)
     for name, _ in versions:
