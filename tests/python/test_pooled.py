@@ -567,7 +567,9 @@ def test_replacing_a_dataloader_keeps_the_datasets_batch_size_and_transform(rnam
 # ---- The records of one item ------------------------------------------------------------------
 
 
-def test_item_records_cut_anywhere_yield_every_record_of_every_format_once(tmp_path):
+def three_formats(tmp_path):
+    """[(path, format tag, its records)]: a TFRecord file (empty records among them), lines
+    ending in \\n or \\r\\n and a last one unterminated, fixed-size records of 16 bytes."""
     rng = np.random.default_rng(5)
     payloads = [bytes(rng.integers(0, 256, int(rng.integers(0, 300)), dtype=np.uint8))
                 for _ in range(200)]
@@ -578,9 +580,15 @@ def test_item_records_cut_anywhere_yield_every_record_of_every_format_once(tmp_p
                                for i in range(300)) + b"last")
     fixed = tmp_path / "a.bin"
     fixed.write_bytes(bytes(range(256)) * 12)
-    cases = [(tfr, "tfrecord", payloads),
-             (lines, "lines", [b"line %d" % i for i in range(300)] + [b"last"]),
-             (fixed, "fixed:16", [fixed.read_bytes()[i:i + 16] for i in range(0, 3072, 16)])]
+    return [(tfr, "tfrecord", payloads),
+            (lines, "lines", [b"line %d" % i for i in range(300)] + [b"last"]),
+            (fixed, "fixed:16", [fixed.read_bytes()[i:i + 16] for i in range(0, 3072, 16)])]
+
+
+def test_item_records_cut_anywhere_yield_every_record_of_every_format_once(tmp_path):
+    rng = np.random.default_rng(5)
+    cases = three_formats(tmp_path)
+    tfr, fixed = cases[0][0], cases[2][0]
     for path, fmt, expected in cases:
         size = path.stat().st_size
         for _ in range(5):
@@ -604,22 +612,11 @@ def test_claimed_records_stop_where_an_idle_loader_split_the_tail_off(tmp_path, 
     (split offsets are bytes), and the owner stops at the first record that starts past
     the split: between the two, every record once, in order."""
     from tailcut.pool._claimed_records import ClaimedRecords
-    rng = np.random.default_rng(7)
-    payloads = [bytes(rng.integers(0, 256, int(rng.integers(1, 300)), dtype=np.uint8))
-                for _ in range(300)]
-    tfr = tmp_path / "a.tfrecord"
-    tfr.write_bytes(b"".join(tailcut.encode_tfrecord(p) for p in payloads))
-    lines = tmp_path / "a.txt"
-    lines.write_bytes(b"".join(b"line %d\n" % i for i in range(2000)))
-    fixed = tmp_path / "a.bin"
-    fixed.write_bytes(bytes(range(256)) * 40)
-    cases = [(tfr, "tfrecord", None, payloads),
-             (lines, "lines", None, [b"line %d" % i for i in range(2000)]),
-             (fixed, "fixed", 16, [fixed.read_bytes()[i:i + 16] for i in range(0, 10240, 16)])]
-    for k, (path, fmt, size, expected) in enumerate(cases):
+    for k, (path, tag, expected) in enumerate(three_formats(tmp_path)):
+        fmt, _, size = tag.partition(":")
         opts = dict(num_epochs=1, name=f"{qname}-{k}", format=fmt)
         if size:
-            opts["record_bytes"] = size
+            opts["record_bytes"] = int(size)
         owner_q = tailcut.WorkQueue([str(path)], **opts)
         thief_q = tailcut.WorkQueue([str(path)], min_split_bytes=1, **opts)
         item = owner_q.take()
