@@ -184,6 +184,8 @@ HandlePtr OpenQueue(const py::object& works, const py::object& num_epochs,
       h->auto_ack = ToFlag(v, "auto_ack");
     } else if (key == "min_split_bytes") {
       min_split_bytes = ToU64(v, "min_split_bytes", 1);
+    } else if (key == "split_multiple") {
+      o.split_multiple = ToU64(v, "split_multiple", 1);
     } else if (key == "leases_per_client") {
       o.leases_per_client = ToU32(v, "leases_per_client");
     } else if (key == "attach_timeout") {

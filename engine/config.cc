@@ -263,6 +263,10 @@ QueueConfig ResolveConfig(const WorkQueueOptions& options) {
                 "queue '" + options.name + "': min_split_bytes is " +
                     std::to_string(options.min_split_bytes) +
                     "; it must be 1..2^48-1 (to turn tail splitting off, set split_tail=false)");
+  if (options.split_multiple == 0 || options.split_multiple > kMaxFileBytes)
+    throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name + "': split_multiple is " +
+                                                 std::to_string(options.split_multiple) +
+                                                 "; it must be 1..2^48-1 (1: split anywhere)");
   if (options.format.size() >= kFormatTagBytes)
     throw Error(ErrorKind::kInvalidArgument, "queue '" + options.name +
                                                  "': format tag longer than " +

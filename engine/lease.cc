@@ -639,6 +639,12 @@ bool ClientLeases::TrySplit(WorkItem* out, uint64_t below_ticket) noexcept {
           static_cast<uint64_t>(static_cast<double>(rest) * owner_rate / (owner_rate + our_rate));
     uint64_t split_units =
         x.claim == 0 && !victim_piece ? 1 : x.claim + std::max<uint64_t>(keep, 1);
+    if (options_.split_multiple > 1) {
+      // Up to the next multiple past the begin that the extent's units can say.
+      const uint64_t m = options_.split_multiple;
+      const uint64_t at = (split_units * victim_unit + m - 1) / m * m;
+      split_units = ExtentUnits(at, victim_unit);
+    }
     uint64_t split = victim_begin + split_units * victim_unit;
     if (split_units <= x.claim || split >= victim_end || victim_end - split < min_part)
       return false;

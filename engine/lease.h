@@ -191,6 +191,8 @@ class ClientLeases {
   struct Options {
     bool split_tail = true;
     uint64_t min_split_bytes = 1;
+    // Splits fall on multiples of this past the split item's begin (1: anywhere).
+    uint64_t split_multiple = 1;
     // FixedRecordBytes of the queue's format (0: any offset is a boundary).
     uint64_t record_bytes = 0;
   };

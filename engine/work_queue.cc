@@ -508,7 +508,8 @@ void WorkQueue::Impl::Register() {
     slot_ = s;
     leases_ = std::make_unique<ClientLeases>(
         table_.get(), &config_.paths, handle.path_token(), s,
-        ClientLeases::Options{options_.split_tail, options_.min_split_bytes, record_bytes_});
+        ClientLeases::Options{options_.split_tail, options_.min_split_bytes,
+                              options_.split_multiple, record_bytes_});
     handle.Reset(table_->num_leases());
     return;
   }

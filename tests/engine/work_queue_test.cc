@@ -275,6 +275,38 @@ TEST_F(WorkQueueTest, TakeSplitSplitsAnEarlierEpochsItemWhereTakeHandsOutTheNext
   EXPECT_EQ(a->TakeSplit(&null, 1), TakeStatus::kClosed);
 }
 
+// A thief with split_multiple (a pool loader's batch) splits at a multiple
+// of it past the item's begin, rounding up, so pieces of an item of whole
+// batches are whole batches; a piece splits on the same grid.
+TEST_F(WorkQueueTest, SplitsFallOnTheThiefsSplitMultiple) {
+  auto o = Options("multiple", dir_.Files("f", 1, {96 << 10}));
+  o.min_split_bytes = 1000;
+  o.num_clients = 3;
+  auto owner = WorkQueue::Open(o);
+  o.split_multiple = 1000;
+  auto thief = WorkQueue::Open(o);
+  auto second = WorkQueue::Open(o);
+  WorkItem it, piece, piece2;
+  ASSERT_EQ(owner->TryTake(&it), TakeStatus::kOk);
+  uint64_t end = 0;
+  ASSERT_EQ(owner->Claim(it, it.begin + 1500, &end), ItemStatus::kOk);
+  ASSERT_EQ(thief->TryTake(&piece), TakeStatus::kOk);
+  EXPECT_EQ((piece.begin - it.begin) % 1000, 0u) << piece.begin;
+  EXPECT_GE(piece.begin, it.begin + 2000) << "rounded up past the owner's claim";
+  ASSERT_EQ(owner->Claim(it, it.end, &end), ItemStatus::kOk);
+  EXPECT_EQ(end, piece.begin);
+  ASSERT_EQ(thief->Claim(piece, piece.begin + 1000, &end), ItemStatus::kOk);
+  ASSERT_EQ(second->TryTake(&piece2), TakeStatus::kOk);
+  EXPECT_EQ((piece2.begin - it.begin) % 1000, 0u) << piece2.begin;
+  EXPECT_EQ(piece2.end, it.end);
+  ASSERT_EQ(thief->Claim(piece, piece.end, &end), ItemStatus::kOk);
+  EXPECT_EQ(end, piece2.begin);
+  EXPECT_EQ(owner->Ack(it), ItemStatus::kOk);
+  EXPECT_EQ(thief->Ack(piece), ItemStatus::kOk);
+  EXPECT_EQ(second->Ack(piece2), ItemStatus::kOk);
+  EXPECT_EQ(owner->Stats().done, 1u);
+}
+
 TEST_F(WorkQueueTest, NoSplitWhenDisabledOrTheTailIsSmall) {
   const uint64_t size = 16 * kMiB;
   const std::string big = dir_.File("big", size);

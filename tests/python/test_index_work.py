@@ -235,3 +235,22 @@ def test_a_small_item_splits_and_min_split_bytes_is_the_thiefs_own(qname):
         q.close()
     with pytest.raises(tailcut.InvalidArgumentError, match="min_split_bytes"):
         tailcut.WorkQueue(num_samples=256, name=qname + "-bad", min_split_bytes=0)
+
+
+def test_a_thief_with_split_multiple_takes_whole_batches(qname):
+    """split_multiple (a pool loader's batch of samples): the split falls on a multiple
+    of it past the item's begin, so an item of whole batches splits into whole batches."""
+    owner = tailcut.WorkQueue(num_samples=256, num_slices=1, seed=1, name=qname)
+    thief = tailcut.WorkQueue(num_samples=256, num_slices=1, seed=1, name=qname,
+                              split_multiple=32, min_split_bytes=32)
+    item = owner.take()
+    assert item.claim(40) == 256
+    piece = thief.take(timeout=1)
+    assert piece.begin % 32 == 0 and 64 <= piece.begin < 256, piece
+    assert item.claim(256) == piece.begin
+    item.ack()
+    piece.ack()
+    owner.close()
+    thief.close()
+    with pytest.raises(tailcut.InvalidArgumentError, match="split_multiple"):
+        tailcut.WorkQueue(num_samples=256, name=qname + "-bad", split_multiple=0)

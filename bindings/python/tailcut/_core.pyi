@@ -266,6 +266,7 @@ class WorkQueue:
         lease_timeout: Optional[float] = ...,
         stop_timeout: Optional[float] = ...,
         min_split_bytes: int = ...,
+        split_multiple: int = ...,
         restore_state: Union[None, _Bytes, _StateDict] = ...,
         on_notice: Optional[Callable[[str], Any]] = ...,
         auto_ack: bool = ...,

@@ -134,6 +134,12 @@ struct WorkQueueOptions {
   // are split. Each part is at least min_split_bytes.
   bool split_tail = true;
   uint64_t min_split_bytes = 64 << 10;
+  // This process, as a thief, splits at a multiple of this many bytes (an
+  // index work: samples) past the item's begin, rounding its split point up
+  // (the owner keeps more): a pool loader's batch, so that an item of whole
+  // batches splits into pieces of whole batches and no short batch comes of
+  // a split. 1: anywhere. At most 2^48-1.
+  uint64_t split_multiple = 1;
   // A state from WorkQueue::SaveState(): a newly created queue continues from
   // it. Every process of the job may pass the same state.
   std::string restore_state;

@@ -344,22 +344,35 @@ def run_loader(dataset, ring_name, *, batch_size=None, slot_bytes, num_slots, co
 
 def _open_as_loader(dataset, stop_timeout, batch_size):
     """Opens this process's queue of `dataset` (a QueueDataset) as a loader's:
-    with its stop_timeout, and tails split off other loaders' items in pieces
-    of about a batch at least (min_split_bytes: a batch's bytes for fixed-size
-    records, its samples for an index work, 4 KiB otherwise; the queue's own
-    64 KiB would leave an item of a few batches whole to one loader). A queue
-    this process opened before keeps its own."""
+    with its stop_timeout and split_options. A queue this process opened
+    before keeps its own."""
     args = getattr(dataset, "_queue_args", None)
     if args is not None and getattr(dataset, "_queue_pid", None) != os.getpid():
         args["stop_timeout"] = stop_timeout
-        fmt = args.get("format") or ""
-        if args.get("num_samples") is not None or args.get("works") is None:
-            args.setdefault("min_split_bytes", batch_size)
-        elif fmt == "fixed" and args.get("record_bytes"):
-            args.setdefault("min_split_bytes", batch_size * args["record_bytes"])
-        else:
-            args.setdefault("min_split_bytes", MIN_SPLIT_BYTES)
+        split_options(dataset, batch_size)
     return dataset.queue
+
+
+def split_options(dataset, batch_size):
+    """Sets how this process splits tails off other loaders' items, where it
+    has not opened the dataset's queue yet: in whole batches where a batch's
+    size is known (split_multiple and min_split_bytes: a batch's samples for
+    an index work, its bytes for fixed-size records), so that an item of
+    whole batches never leaves a short one; else in parts of 4 KiB at least
+    (the queue's own 64 KiB would leave an item of a few batches whole to one
+    loader). A PooledLoader sets them for its rank too, which loads in its own
+    process with num_workers=0."""
+    args = getattr(dataset, "_queue_args", None)
+    if args is None or getattr(dataset, "_queue_pid", None) == os.getpid():
+        return
+    batch = None
+    if args.get("num_samples") is not None or args.get("works") is None:
+        batch = batch_size
+    elif (args.get("format") or "") == "fixed" and args.get("record_bytes"):
+        batch = batch_size * args["record_bytes"]
+    if batch is not None:
+        args.setdefault("split_multiple", batch)
+    args.setdefault("min_split_bytes", batch or MIN_SPLIT_BYTES)
 
 
 def start_loaders(dataset, ring_name, num_workers, worker_init_fn=None, first_id=0, **kwargs):

@@ -21,7 +21,7 @@ import tailcut.pool._lifecycle as _lifecycle
 import tailcut.pool._slots as _slots
 import tailcut.pool._status as _status
 from tailcut.pool._in_process import InProcessLoader
-from tailcut.pool._loader import RING_MAX_CLIENTS, start_loaders
+from tailcut.pool._loader import RING_MAX_CLIENTS, split_options, start_loaders
 from tailcut.pool._metrics import StepClock
 from tailcut.pool._recipe import recipe_for
 
@@ -330,6 +330,8 @@ class PooledLoader:
                                            self.local_world_size, self.num_slots)
             self._recipe = recipe_for(dataset, self._shares.unit, collate_fn, transform)
         self.weight = 1.0  # the loss factor of the last batch (balance)
+        if self._in_process:  # this rank loads: it splits as the loaders do
+            split_options(dataset, self._recipe.batch_size)
         # The epoch the samples of the last batch belong to: the iteration's, or an
         # earlier one for a batch carried over (or late), so a per-epoch count adds up.
         self.batch_epoch = None

@@ -23,9 +23,11 @@ _MAX_BYTES = 64 << 20
 _QUEUE_KEYS = {"works", "num_epochs", "shuffle", "seed", "prefix", "num_slices", "num_clients",
                "name", "format", "record_bytes", "max_clients", "keep_unfinished", "auto_ack",
                "leases_per_client", "attach_timeout", "lease_timeout", "coordinator", "host_id",
-               "global_ttl", "global_block_size", "num_samples", "samples_id"}
+               "global_ttl", "global_block_size", "num_samples", "samples_id", "min_split_bytes",
+               "split_multiple"}
 _QUEUE_COUNTS = {"num_samples": 1, "num_epochs": 1, "num_clients": 1, "max_clients": 1, "leases_per_client": 1,
-                 "seed": 0, "num_slices": 1, "record_bytes": 1, "global_block_size": 0}
+                 "seed": 0, "num_slices": 1, "record_bytes": 1, "global_block_size": 0,
+                 "min_split_bytes": 1, "split_multiple": 1}
 _QUEUE_FLAGS = ("shuffle", "keep_unfinished", "auto_ack")
 _QUEUE_SECONDS = ("attach_timeout", "lease_timeout", "global_ttl")
 _QUEUE_TEXTS = ("format", "coordinator", "host_id", "samples_id")
