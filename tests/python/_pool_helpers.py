@@ -3,6 +3,7 @@ transforms, in a module so that a loader started with `python3 -m tailcut.pool` 
 by reference (the job's main script cannot be)."""
 
 import os
+import pathlib
 import signal
 import socket
 import time
@@ -79,6 +80,31 @@ def tailcut_cli():
             return cli
     import pytest
     pytest.skip("the tailcut command is not built beside the package")
+
+
+def jsonl_lines(path):
+    """The lines of a job's step log (_pooled_ckpt_train.py, _pooled_nodes_job.py), parsed.
+    A SIGKILL may tear the last line a run wrote: a write that crosses a page of the file is
+    two copies, and a fatal signal between them ends it short. The writers start each line
+    with a newline, so a torn line stands alone; it is skipped here, only as the last line of
+    its run (the next line is another run's, or there is none)."""
+    import json
+    lines, torn = [], None
+    for text in pathlib.Path(path).read_text().splitlines():
+        if not text:
+            continue
+        try:
+            line = json.loads(text)
+        except ValueError:
+            assert torn is None, f"{path}: two torn lines in a row: {torn!r}, {text!r}"
+            torn = text
+            continue
+        if torn is not None:
+            assert not lines or line["run"] != lines[-1]["run"], \
+                f"{path}: a torn line {torn!r} inside run {line['run']}"
+            torn = None
+        lines.append(line)
+    return lines
 
 
 def free_port():

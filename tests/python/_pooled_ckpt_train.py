@@ -9,7 +9,8 @@ Every N steps (and at each epoch end) every rank calls loader.state_dict()
 and rank 0 saves {'loader': state, 'run': its torchrun run id} to
 OUT/ckpt.pt, atomically. Each rank
 appends one line per step to OUT/rank-R.jsonl: {'run', 'epoch', 'step',
-'ids'} (written with one unbuffered write, so a SIGKILL leaves whole lines),
+'ids'} (one unbuffered write, a newline first, so that a line a SIGKILL tears
+stands alone: _pool_helpers.jsonl_lines),
 {'ckpt', 'epoch', 'step'} after each checkpoint, and {'dropped', 'epoch',
 'ids'} for each leftover batch. --resume CKPT restores from it: with
 --one-call by loader.load_state_dict(state) alone, else also through the
@@ -73,7 +74,8 @@ def main():
                   os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     def write(**line):
-        os.write(log, (json.dumps(dict(line, run=run)) + "\n").encode())
+        # One write, a newline first: a SIGKILL may still tear it (_pool_helpers.jsonl_lines).
+        os.write(log, ("\n" + json.dumps(dict(line, run=run))).encode())
 
     state = torch.load(args.resume)["loader"] if args.resume else None
     restore_state = state["queue"] if state and not args.one_call else None

@@ -31,7 +31,8 @@ Checkpoints: every N steps (N > 0) and at each epoch end every rank calls
 loader.state_dict() (every host's part) and rank 0 saves {'loader': state,
 'run': $TORCHELASTIC_RUN_ID} to OUT_DIR/ckpt.pt, atomically; each rank then
 appends one line per step to OUT_DIR/steps-R.jsonl ({'run', 'node', 'epoch',
-'step', 'ids'}, one unbuffered write each, so a SIGKILL leaves whole lines),
+'step', 'ids'}, one unbuffered write each, a newline first, so that a line a
+SIGKILL tears stands alone: _pool_helpers.jsonl_lines),
 {'ckpt', 'epoch', 'step'} after each checkpoint and {'dropped', 'epoch', 'ids'}
 per leftover batch. --resume CKPT restores every node from rank 0's state: the
 same two lines on every node.
@@ -90,7 +91,8 @@ def main():
 
     def write(**line):
         if steps_log is not None:
-            os.write(steps_log, (json.dumps(dict(line, run=run, node=node)) + "\n").encode())
+            # A newline first: a SIGKILL may tear the write (_pool_helpers.jsonl_lines).
+            os.write(steps_log, ("\n" + json.dumps(dict(line, run=run, node=node))).encode())
 
     state = torch.load(args.resume)["loader"] if args.resume else None
     files = sorted(str(p) for p in pathlib.Path(data).glob("*.bin"))

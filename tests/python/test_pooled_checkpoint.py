@@ -22,7 +22,7 @@ from tailcut.pool import loader as pool_loader
 
 torch = pytest.importorskip("torch", reason="tailcut.torch needs PyTorch (python3-torch)")
 
-from _pool_helpers import free_port, write_ids  # noqa: E402,F401 (the stress script uses write_ids too)
+from _pool_helpers import free_port, jsonl_lines, write_ids  # noqa: E402,F401 (the stress script uses write_ids too)
 
 HERE = pathlib.Path(__file__).resolve().parent
 RANKS = 2
@@ -85,12 +85,11 @@ def finish(proc, timeout=120):
 
 
 def lines(out):
-    import json
     got = []
     for r in range(RANKS):
         path = out / f"rank-{r}.jsonl"
         if path.exists():
-            got += [dict(json.loads(t), rank=r) for t in path.read_text().splitlines()]
+            got += [dict(line, rank=r) for line in jsonl_lines(path)]
     return got
 
 

@@ -19,7 +19,7 @@ import tailcut
 
 torch = pytest.importorskip("torch")
 
-from _pool_helpers import free_port  # noqa: E402
+from _pool_helpers import free_port, jsonl_lines  # noqa: E402
 from test_global import REDIS, redis_url  # noqa: E402,F401 (the fixture)
 
 
@@ -320,7 +320,7 @@ def step_lines(out, ranks=NODES * PER_NODE):
     for r in range(ranks):
         path = out / f"steps-{r}.jsonl"
         if path.exists():
-            lines += [dict(json.loads(t), rank=r) for t in path.read_text().splitlines()]
+            lines += [dict(line, rank=r) for line in jsonl_lines(path)]
     return lines
 
 
