@@ -34,6 +34,9 @@ class MapSource(IndexDataset):
     def __init__(self, dataset, batch_size, *, drop_last=False, resume=None, **queue_options):
         # queue_options: those of PooledLoader that wrap() passes (shuffle, seed, name, ...).
         self.notices = QuietWhenFinished()
+        # Tails are split in whole batches, by the loaders and by a rank that loads in its
+        # own process (num_workers=0), which opens the queue here (pool/_loader.py).
+        self._split_options = dict(split_multiple=batch_size, min_split_bytes=batch_size)
         super().__init__(dataset, resume=resume, on_notice=self.notices, **queue_options)
         self.batch_size = batch_size
         self.drop_last = bool(drop_last)

@@ -87,6 +87,9 @@ class IndexDataset(QueueDataset):
             _args.flag("resume", resume)
         self.resume = _attempts.resume_default(resume)
         self._resumed = None  # as QueueDataset's
+        # A subclass's own split options (tailcut.pool's MapSource: whole batches), set
+        # before the queue opens, since they are this process's from then on.
+        self._queue_args.update(getattr(self, "_split_options", {}))
         if multiprocessing.parent_process() is None and get_worker_info() is None:
             self._resumed = _attempts.before_open(self._queue_args, self.resume)
         self.queue  # opens it: joins this process to the queue, checks the options
