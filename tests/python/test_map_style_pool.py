@@ -305,3 +305,17 @@ def test_a_batch_of_plain_values_only_comes_back_as_collated(one_rank):
     batches = list(loader)
     assert batches[0] == [f"sample {i}" for i in range(8)]  # default_collate: a list of str
     assert sorted(s for b in batches for s in b) == sorted(f"sample {i}" for i in range(40))
+
+
+def test_a_rank_that_loads_in_its_own_process_splits_in_whole_batches(qname):
+    """num_workers=0: the rank takes and splits items itself, through the queue its
+    MapSource opened at construction, which splits in whole batches (split_multiple) as
+    the loaders' do. It split anywhere before: in a 2-rank DDP run of test_dataloader_face
+    a short batch came of a split and the ranks padded with a repeat."""
+    loader = tailcut.pool.PooledLoader(Labelled(256), batch_size=8, num_workers=0, rank=0,
+                                       world_size=1, local_rank=0, name=qname, num_epochs=1,
+                                       num_slices=4)
+    assert loader.dataset.queue.open_args["split_multiple"] == 8
+    sizes = [len(labels) for _, labels in loader]
+    loader.close()
+    assert sizes == [8] * 32
